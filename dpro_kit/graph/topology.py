@@ -1,0 +1,169 @@
+"""Fine-grained communication topologies (dPRO §4.1, "communication topology").
+
+Each builder expands one :class:`~dpro_kit.trace.Collective` into ops between
+the tensor's In and Out virtual ops on every participating node:
+
+* producer ops (``SEND``) run on a **network link device**, so transfers that
+  share a link queue behind each other;
+* consumer ops (``RECV``) run on the receiver's ``comm`` stream;
+* a SEND and its RECV carry the same **transaction id** (:func:`txn_id`).  The
+  Middleman is the map from transaction id to measured duration: when a
+  communication-library patch recorded per-chunk events with these ids, their
+  durations are used; otherwise the comm cost model gives them.
+
+Register new schemes (tree, hierarchical, ...) in :data:`TOPOLOGIES`.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import networkx as nx
+
+from ..costmodel import CommModel
+from ..trace import Collective, Manifest, OpKind
+from .model import add_op, compute_device, op_key
+
+
+def txn_id(tensor: str, phase: str, step: int, chunk: int, src: str, dst: str) -> str:
+    """Transaction id of one transfer; collectors/patches must produce the same string."""
+    return f"{tensor}:{phase}:{step}:{chunk}:{src}->{dst}"
+
+
+class Links:
+    """Which link device a transfer from node *src* to node *dst* occupies.
+
+    Default: one device per ordered pair of hosts (``link:hA->hB``), so all
+    transfers from one machine to another queue on one link; two nodes on the
+    same host get a private pair link.  Bandwidth-sharing models replace this.
+    """
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.host = {n: i.host for n, i in manifest.nodes.items()}
+
+    def device(self, src: str, dst: str) -> str:
+        hs, hd = self.host[src], self.host[dst]
+        if hs == hd:
+            return f"link:{src}->{dst}"
+        return f"link:{hs}->{hd}"
+
+
+@dataclass
+class CommContext:
+    graph: nx.DiGraph
+    manifest: Manifest
+    model: CommModel
+    links: Links
+    measured: dict[str, float] = field(default_factory=dict)
+
+    def in_out(self, coll: Collective, node: str) -> tuple[str, str]:
+        """Add (once) the In/Out virtual ops of ``coll`` on ``node`` and join them to the local DFG."""
+        g = self.graph
+        kin, kout = op_key(node, f"In {coll.tensor}"), op_key(node, f"Out {coll.tensor}")
+        if kin not in g:
+            add_op(g, kin, node=node, kind=OpKind.VIRTUAL.value, name=f"In {coll.tensor}", tensor=coll.tensor,
+                   bytes=coll.bytes, priority=coll.priority)
+            add_op(g, kout, node=node, kind=OpKind.VIRTUAL.value, name=f"Out {coll.tensor}", tensor=coll.tensor,
+                   bytes=coll.bytes, priority=coll.priority)
+            g.add_edges_from((op_key(node, p), kin) for p in coll.inputs.get(node, []))
+            g.add_edges_from((kout, op_key(node, c)) for c in coll.outputs.get(node, []))
+        return kin, kout
+
+    def transfer(self, coll: Collective, *, phase: str, step: int, chunk: int, src: str, dst: str,
+                 nbytes: int) -> tuple[str, str]:
+        """Add a SEND (on the link) and its RECV (on ``dst``); return their keys."""
+        g = self.graph
+        txn = txn_id(coll.tensor, phase, step, chunk, src, dst)
+        link = self.links.device(src, dst)
+        send_m, recv_m = self.measured.get(f"SEND {txn}"), self.measured.get(f"RECV {txn}")
+        ks = op_key(src, f"SEND {txn}")
+        kr = op_key(dst, f"RECV {txn}")
+        common = dict(tensor=coll.tensor, bytes=int(nbytes), txn=txn, phase=phase, step=step, chunk=chunk,
+                      priority=coll.priority)
+        add_op(g, ks, node=src, device=link, kind=OpKind.SEND.value, name=f"SEND {coll.tensor}", peer=dst,
+               dur=send_m if send_m is not None else self.model.transfer_us(nbytes, link),
+               source="trace:txn" if send_m is not None else "model", **common)
+        add_op(g, kr, node=dst, device=compute_device(dst, "comm"), kind=OpKind.RECV.value,
+               name=f"RECV {coll.tensor}", peer=src, dur=recv_m if recv_m is not None else 0.0,
+               source="trace:txn" if recv_m is not None else "model", **common)
+        g.add_edge(ks, kr)
+        return ks, kr
+
+
+def split_bytes(total: int, parts: int) -> list[int]:
+    """Split ``total`` bytes into ``parts`` chunks that differ by at most one byte."""
+    base, rem = divmod(int(total), parts)
+    return [base + (1 if i < rem else 0) for i in range(parts)]
+
+
+def ring_allreduce(ctx: CommContext, coll: Collective) -> None:
+    """Ring AllReduce: 2(N-1) steps; in step s rank r sends one chunk (size/N) to rank r+1.
+
+    Reduce-scatter steps s = 0..N-2 send chunk (r-s) mod N; all-gather steps
+    s = N-1..2N-3 send chunk (r+1-(s-N+1)) mod N.  SEND(r, s) waits for In(r)
+    (s = 0) or for RECV(r, s-1) — the chunk it forwards; Out(r) waits for all of
+    r's RECVs and its last SEND.
+    """
+    ranks = coll.participants
+    n = len(ranks)
+    io = {r: ctx.in_out(coll, r) for r in ranks}
+    if n == 1:
+        ctx.graph.add_edge(*io[ranks[0]])
+        return
+    chunks = split_bytes(coll.bytes, n)
+    prev_recv: dict[int, str] = {}
+    last_send: dict[int, str] = {}
+    for s in range(2 * (n - 1)):
+        phase = "reduce_scatter" if s < n - 1 else "all_gather"
+        cur_recv: dict[int, str] = {}
+        for i, r in enumerate(ranks):
+            c = (i - s) % n if s < n - 1 else (i + 1 - (s - n + 1)) % n
+            j = (i + 1) % n
+            ks, kr = ctx.transfer(coll, phase=phase, step=s, chunk=c, src=r, dst=ranks[j], nbytes=chunks[c])
+            ctx.graph.add_edge(io[r][0] if s == 0 else prev_recv[i], ks)
+            ctx.graph.add_edge(kr, io[ranks[j]][1])
+            cur_recv[j] = kr
+            last_send[i] = ks
+        prev_recv = cur_recv
+    for i, r in enumerate(ranks):
+        ctx.graph.add_edge(last_send[i], io[r][1])
+
+
+def ps_push_pull(ctx: CommContext, coll: Collective) -> None:
+    """Parameter server: per partition p on server s, every worker PUSHes, s aggregates, then PULLs.
+
+    worker In -> SEND push (link w->s) -> RECV on s -> AGG on s (after all
+    workers' pushes of p) -> SEND pull (link s->w) -> RECV on w -> worker Out.
+    """
+    servers = ctx.manifest.servers()
+    if not servers:
+        from ..errors import GraphError
+        raise GraphError(f"tensor {coll.tensor!r} uses push_pull but the manifest lists no server node")
+    parts = coll.partitions or [{"bytes": coll.bytes,
+                                 "server": servers[zlib.crc32(coll.tensor.encode()) % len(servers)]}]
+    workers = coll.participants
+    io = {w: ctx.in_out(coll, w) for w in workers}
+    for p, part in enumerate(parts):
+        server, nbytes = str(part["server"]), int(part["bytes"])
+        agg_op = f"AGG {coll.tensor} p{p}"
+        kagg = op_key(server, agg_op)
+        agg_m = ctx.measured.get(f"AGG {agg_op}")
+        add_op(ctx.graph, kagg, node=server, device=compute_device(server, "compute"), kind=OpKind.AGG.value,
+               name=f"AGG {coll.tensor}", tensor=coll.tensor, bytes=nbytes, phase="aggregate", chunk=p,
+               dur=agg_m if agg_m is not None else 0.0, source="trace" if agg_m is not None else "model",
+               priority=coll.priority)
+        for w in workers:
+            ks, kr = ctx.transfer(coll, phase="push", step=0, chunk=p, src=w, dst=server, nbytes=nbytes)
+            ctx.graph.add_edge(io[w][0], ks)
+            ctx.graph.add_edge(kr, kagg)
+        for w in workers:
+            ks, kr = ctx.transfer(coll, phase="pull", step=1, chunk=p, src=server, dst=w, nbytes=nbytes)
+            ctx.graph.add_edge(kagg, ks)
+            ctx.graph.add_edge(kr, io[w][1])
+
+
+TOPOLOGIES: dict[str, Callable[[CommContext, Collective], None]] = {
+    "ring": ring_allreduce,
+    "ps": ps_push_pull,
+}

@@ -1,0 +1,245 @@
+"""Replayer (dPRO §4.3): simulate iterations of a global DFG, device by device.
+
+``compile_graph`` turns the networkx DFG into flat arrays once (CSR successor
+lists, durations, device ids, priorities); ``replay`` runs the compiled kernel
+in :mod:`._kernel` over one or several iterations and wraps the result in a
+:class:`ReplayResult`, which gives the iteration time, per-op start/end,
+per-device utilisation, the execution graph and its critical path.
+
+Several iterations are replayed by unrolling: iteration *i+1* is a copy of the
+graph whose ops are offset by ``i*n`` and joined to iteration *i* through the
+graph's ``iteration_edges``.  A partial replay is a replay of an induced
+subgraph (``replay(g, ops=[...])``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import networkx as nx
+import numpy as np
+import pandas as pd
+
+from ..errors import GraphError
+from ._kernel import simulate
+
+
+@dataclass
+class CompiledGraph:
+    """A DFG as arrays; index ``i`` is op ``keys[i]`` (keys are in a topological order)."""
+
+    keys: list[str]
+    dur: np.ndarray          # float64 us
+    device: np.ndarray       # int64, -1 = takes no device
+    devices: list[str]
+    priority: np.ndarray     # float64, lower runs first
+    indptr: np.ndarray       # int64 CSR over successors
+    succ: np.ndarray         # int64
+    indeg: np.ndarray        # int64
+    iter_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # iteration edges u -> v(next)
+    iter_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def n(self) -> int:
+        return len(self.keys)
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        src = np.repeat(np.arange(self.n, dtype=np.int64), np.diff(self.indptr))
+        return src, self.succ
+
+
+def csr_from_edges(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR successor arrays and in-degrees for ``n`` ops from edge arrays."""
+    order = np.argsort(src, kind="stable")
+    succ = dst[order].astype(np.int64)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
+    indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    return indptr, succ, indeg
+
+
+def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGraph:
+    """Flatten ``g`` (or the subgraph induced by ``ops``) for the kernel."""
+    if ops is not None:
+        g = g.subgraph(ops)
+    try:
+        keys = list(nx.topological_sort(g))
+    except nx.NetworkXUnfeasible:
+        cycle = nx.find_cycle(g)
+        raise GraphError("the dependency graph has a cycle: " + " -> ".join(repr(u) for u, _ in cycle[:6]),
+                         hint="an op cannot depend on itself; check the dependency files") from None
+    index = {k: i for i, k in enumerate(keys)}
+    n = len(keys)
+    nodes = g.nodes
+    dur = np.fromiter((nodes[k].get("dur", 0.0) for k in keys), dtype=np.float64, count=n)
+    bad = ~np.isfinite(dur) | (dur < 0)
+    if bad.any():
+        k = keys[int(np.flatnonzero(bad)[0])]
+        raise GraphError(f"op {k!r} has duration {nodes[k].get('dur')!r}; durations must be finite and >= 0")
+    prio = np.fromiter((nodes[k].get("priority", 0.0) for k in keys), dtype=np.float64, count=n)
+    dev_names: dict[str, int] = {}
+    device = np.empty(n, dtype=np.int64)
+    for i, k in enumerate(keys):
+        d = nodes[k].get("device", "")
+        device[i] = dev_names.setdefault(d, len(dev_names)) if d else -1
+    m = g.number_of_edges()
+    src = np.empty(m, dtype=np.int64)
+    dst = np.empty(m, dtype=np.int64)
+    for j, (u, v) in enumerate(g.edges()):
+        src[j] = index[u]
+        dst[j] = index[v]
+    indptr, succ, indeg = csr_from_edges(n, src, dst)
+    it = [(index[u], index[v]) for u, v in g.graph.get("iteration_edges", []) if u in index and v in index]
+    it_arr = np.array(it, dtype=np.int64).reshape(-1, 2)
+    return CompiledGraph(keys=keys, dur=dur, device=device, devices=list(dev_names), priority=prio,
+                         indptr=indptr, succ=succ, indeg=indeg, iter_src=it_arr[:, 0].copy(),
+                         iter_dst=it_arr[:, 1].copy())
+
+
+def unroll(cg: CompiledGraph, iterations: int) -> CompiledGraph:
+    """``iterations`` copies of ``cg`` joined by its iteration edges (one big DAG)."""
+    if iterations == 1:
+        return cg
+    n = cg.n
+    src0, dst0 = cg.edges()
+    offs = np.arange(iterations, dtype=np.int64) * n
+    src = [(src0[None, :] + offs[:, None]).ravel()]
+    dst = [(dst0[None, :] + offs[:, None]).ravel()]
+    if cg.iter_src.size:
+        src.append((cg.iter_src[None, :] + offs[:-1, None]).ravel())
+        dst.append((cg.iter_dst[None, :] + offs[1:, None]).ravel())
+    src_a, dst_a = np.concatenate(src), np.concatenate(dst)
+    total = n * iterations
+    indptr, succ, indeg = csr_from_edges(total, src_a, dst_a)
+    return CompiledGraph(keys=cg.keys, dur=np.tile(cg.dur, iterations), device=np.tile(cg.device, iterations),
+                         devices=cg.devices, priority=np.tile(cg.priority, iterations), indptr=indptr,
+                         succ=succ, indeg=indeg)
+
+
+@dataclass
+class ReplayResult:
+    """Simulated schedule of ``iterations`` iterations of a DFG.
+
+    Op ``i`` of iteration ``it`` is row ``it * n + i`` of ``start``/``end``.
+    """
+
+    graph: CompiledGraph
+    iterations: int
+    start: np.ndarray
+    end: np.ndarray
+    crit_pred: np.ndarray
+    dev_prev: np.ndarray
+    _nx: nx.DiGraph | None = None
+
+    @property
+    def n(self) -> int:
+        return self.graph.n
+
+    @property
+    def makespan_us(self) -> float:
+        return float(self.end.max(initial=0.0))
+
+    @property
+    def iteration_time_us(self) -> float:
+        """One iteration: the makespan when replaying one; else the steady-state gap between the last two."""
+        if self.iterations == 1:
+            return self.makespan_us
+        n = self.n
+        last = self.end[(self.iterations - 1) * n:].max(initial=0.0)
+        prev = self.end[(self.iterations - 2) * n:(self.iterations - 1) * n].max(initial=0.0)
+        return float(last - prev)
+
+    def iteration_of(self, row: np.ndarray | int) -> np.ndarray | int:
+        return row // self.n
+
+    def key(self, row: int) -> str:
+        return self.graph.keys[row % self.n]
+
+    def critical_path(self) -> list[int]:
+        """Rows on a longest path of the execution graph, in execution order.
+
+        The kernel records, for every op, the op whose end fixed its start (a
+        DFG predecessor or the previous op on its device); following those
+        links back from the op that ends last yields the critical path.
+        """
+        if self.end.size == 0:
+            return []
+        row = int(np.argmax(self.end))
+        path = [row]
+        while self.crit_pred[row] >= 0:
+            row = int(self.crit_pred[row])
+            path.append(row)
+        path.reverse()
+        return path
+
+    def device_of(self, row: int) -> str:
+        d = int(self.graph.device[row % self.n])
+        return self.graph.devices[d] if d >= 0 else ""
+
+    def device_busy_us(self) -> dict[str, float]:
+        dev = np.tile(self.graph.device, self.iterations)
+        busy = np.bincount(dev[dev >= 0], weights=(self.end - self.start)[dev >= 0],
+                           minlength=len(self.graph.devices))
+        return {name: float(busy[i]) for i, name in enumerate(self.graph.devices)}
+
+    def utilisation(self) -> dict[str, float]:
+        span = self.makespan_us or 1.0
+        return {d: b / span for d, b in self.device_busy_us().items()}
+
+    def execution_graph(self) -> nx.DiGraph:
+        """The DFG plus same-device ordering edges (for the first replayed iteration's keys).
+
+        With one iteration the vertices are the op keys; with several they are
+        ``(key, iteration)`` pairs.  Edge attribute ``order=True`` marks device-order edges.
+        """
+        cg = self.graph
+        rows = self.start.size
+        src, dst = _unrolled_edges(cg, self.iterations)
+        name = (lambda r: cg.keys[r]) if self.iterations == 1 else (lambda r: (cg.keys[r % cg.n], r // cg.n))
+        h = nx.DiGraph()
+        for r in range(rows):
+            h.add_node(name(r), start=float(self.start[r]), end=float(self.end[r]),
+                       dur=float(self.end[r] - self.start[r]), device=self.device_of(r))
+        h.add_edges_from((name(int(u)), name(int(v))) for u, v in zip(src, dst))
+        for r in range(rows):
+            p = int(self.dev_prev[r])
+            if p >= 0 and not h.has_edge(name(p), name(r)):
+                h.add_edge(name(p), name(r), order=True)
+        return h
+
+    def to_frame(self, g: nx.DiGraph | None = None) -> pd.DataFrame:
+        """One row per simulated op: key, iteration, device, start, end (+ node/kind/name if ``g`` given)."""
+        n = self.n
+        rows = np.arange(self.start.size)
+        df = pd.DataFrame({
+            "key": [self.graph.keys[r % n] for r in rows],
+            "iteration": rows // n,
+            "device": [self.device_of(int(r)) for r in rows],
+            "start": self.start, "end": self.end,
+        })
+        if g is not None:
+            for attr in ("node", "kind", "name", "tensor", "bytes", "phase", "step", "chunk", "peer"):
+                df[attr] = [g.nodes[k].get(attr) for k in df["key"]]
+        return df
+
+
+def _unrolled_edges(cg: CompiledGraph, iterations: int) -> tuple[np.ndarray, np.ndarray]:
+    u = unroll(cg, iterations)
+    return u.edges()
+
+
+def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[str] | None = None) -> ReplayResult:
+    """Simulate ``iterations`` iterations of ``g`` (or of the subgraph induced by ``ops``).
+
+    Raises :class:`~dpro_kit.errors.GraphError` for a cycle or a bad duration.
+    """
+    if iterations < 1:
+        raise GraphError(f"iterations must be >= 1, got {iterations}")
+    cg = g if isinstance(g, CompiledGraph) else compile_graph(g, ops)
+    u = unroll(cg, iterations)
+    start, end, crit, prev, done = simulate(u.dur, u.device, u.priority, u.indptr, u.succ, u.indeg,
+                                            np.zeros(u.dur.size), max(len(u.devices), 1))
+    if done < u.dur.size:
+        raise GraphError(f"only {done} of {u.dur.size} ops could run: the iteration edges form a cycle",
+                         hint="an op of iteration i+1 must not precede its own iteration's ops")
+    return ReplayResult(graph=cg, iterations=iterations, start=start, end=end, crit_pred=crit, dev_prev=prev)

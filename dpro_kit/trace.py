@@ -1,0 +1,454 @@
+"""Canonical trace model: manifest, event table, local dependencies, collectives.
+
+A *trace directory* holds ``manifest.json`` plus one folder per node (worker or
+parameter server) with that node's raw traces as collected.  Readers (see
+:mod:`dpro_kit.readers`) turn each node's raw files into the same three things:
+
+* rows of the **event table** (one row per executed op per profiled iteration),
+* the node's **local dependencies** (edges between op ids), and
+* the **collectives** the node takes part in (which tensor/bucket, how many
+  bytes, which ops produce it and which wait for it).
+
+Everything downstream (graph, alignment, replay, optimizer) works on a
+:class:`TraceSet`, never on raw files.  Columns and kinds are typed values, so no
+code has to guess what an op is from a substring of its name.  The format is
+specified in ``docs/trace-format.md``; bump :data:`FORMAT_VERSION` on any
+incompatible change.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from .errors import DproError, TraceFormatError, atomic_write_text
+
+FORMAT_NAME = "dpro-trace"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+
+class OpKind(str, enum.Enum):
+    """What an op does; drives which device it runs on and how it is analysed."""
+
+    FW = "FW"            # forward computation
+    BW = "BW"            # backward computation
+    UPDATE = "UPDATE"    # optimizer step / parameter update
+    COMM = "COMM"        # a whole collective as the framework saw it (coarse)
+    SEND = "SEND"        # producer of one transfer (occupies a network link)
+    RECV = "RECV"        # consumer of one transfer (on the receiver)
+    AGG = "AGG"          # aggregation of pushed gradients on a parameter server
+    IO = "IO"            # data loading / host-device copies
+    VIRTUAL = "VIRTUAL"  # In/Out markers of a tensor's communication (zero time)
+    OTHER = "OTHER"      # anything else the framework ran
+
+    @classmethod
+    def parse(cls, value: Any, *, path: str | None = None, record: str | None = None) -> "OpKind":
+        try:
+            return cls(str(value))
+        except ValueError:
+            raise TraceFormatError(
+                f"unknown op kind {value!r}", path=path, record=record,
+                hint="use one of " + ", ".join(k.value for k in cls)) from None
+
+
+COMPUTE_KINDS = frozenset({OpKind.FW, OpKind.BW, OpKind.UPDATE, OpKind.AGG, OpKind.IO, OpKind.OTHER})
+COMM_KINDS = frozenset({OpKind.COMM, OpKind.SEND, OpKind.RECV})
+
+#: Event-table columns, their dtypes and defaults for optional columns.
+#: ``start``/``dur`` are microseconds on the node's own clock.
+EVENT_COLUMNS: dict[str, tuple[str, Any]] = {
+    "node": ("string", None),        # worker/server name as in the manifest
+    "host": ("string", None),        # physical machine (filled from the manifest)
+    "stream": ("string", "compute"), # resource on the node: compute, comm, h2d ...
+    "op": ("string", None),          # op id, unique on the node within one iteration
+    "name": ("string", ""),          # human-readable name (framework op name)
+    "kind": ("string", None),        # an OpKind value
+    "iteration": ("int64", None),
+    "start": ("float64", None),      # us, node-local clock
+    "dur": ("float64", None),        # us
+    "tensor": ("string", ""),        # tensor / bucket this op sends or produces
+    "bytes": ("int64", 0),
+    "txn": ("string", ""),           # transaction id joining a SEND to its RECV
+    "phase": ("string", ""),         # reduce_scatter / all_gather / push / pull
+    "step": ("int64", -1),           # collective step (ring step)
+    "chunk": ("int64", -1),          # chunk / partition index
+    "peer": ("string", ""),          # the other node of a transfer
+}
+REQUIRED_EVENT_FIELDS = ("op", "kind", "iteration", "start", "dur")
+
+
+@dataclass
+class NodeInfo:
+    """One worker or server of the job."""
+
+    host: str
+    role: str = "worker"            # worker | server
+    rank: int = 0
+    dir: str | None = None          # folder with its raw traces, relative to the trace dir
+    format: str | None = None       # reader for its raw traces (defaults to manifest.raw_format)
+
+
+@dataclass
+class Manifest:
+    """Job-level facts about a trace directory (``manifest.json``)."""
+
+    job: str
+    framework: str
+    comm_backend: str
+    world_size: int
+    nodes: dict[str, NodeInfo]
+    iterations: list[int]
+    raw_format: str = "dpro-events"
+    tool_version: str = ""
+    created: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+
+    def node_dir(self, node: str) -> str:
+        info = self.nodes[node]
+        return info.dir if info.dir else f"{info.host}/{node}"
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["nodes"] = {k: {kk: vv for kk, vv in asdict(v).items() if vv is not None}
+                      for k, v in self.nodes.items()}
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any, *, path: str) -> "Manifest":
+        if not isinstance(d, dict):
+            raise TraceFormatError("manifest must be a JSON object", path=path)
+        if d.get("format") != FORMAT_NAME:
+            raise TraceFormatError(f"not a dpro trace manifest (format={d.get('format')!r})",
+                                   path=path, hint=f'expected "format": "{FORMAT_NAME}"')
+        version = d.get("version")
+        if version not in SUPPORTED_VERSIONS:
+            raise TraceFormatError(
+                f"unsupported trace format version {version!r}", path=path,
+                hint=f"this dpro reads versions {list(SUPPORTED_VERSIONS)}; upgrade dpro-kit or re-collect")
+        for key in ("job", "framework", "comm_backend", "world_size", "nodes", "iterations"):
+            if key not in d:
+                raise TraceFormatError(f"missing field {key!r}", path=path)
+        if not isinstance(d["nodes"], dict) or not d["nodes"]:
+            raise TraceFormatError("'nodes' must be a non-empty object of node name -> info", path=path)
+        nodes = {}
+        for name, info in d["nodes"].items():
+            if not isinstance(info, dict) or "host" not in info:
+                raise TraceFormatError("node entry needs at least a 'host'", path=path, record=f"nodes.{name}")
+            known = {k: info[k] for k in ("host", "role", "rank", "dir", "format") if k in info}
+            if known.get("role", "worker") not in ("worker", "server"):
+                raise TraceFormatError(f"role must be 'worker' or 'server', got {known['role']!r}",
+                                       path=path, record=f"nodes.{name}")
+            nodes[str(name)] = NodeInfo(**known)
+        n_workers = sum(1 for n in nodes.values() if n.role == "worker")
+        if int(d["world_size"]) != n_workers:
+            raise TraceFormatError(
+                f"world_size is {d['world_size']} but {n_workers} worker node(s) are listed", path=path,
+                hint="a rank's entry is missing from 'nodes'")
+        return cls(job=str(d["job"]), framework=str(d["framework"]), comm_backend=str(d["comm_backend"]),
+                   world_size=int(d["world_size"]), nodes=nodes, iterations=[int(i) for i in d["iterations"]],
+                   raw_format=str(d.get("raw_format", "dpro-events")), tool_version=str(d.get("tool_version", "")),
+                   created=str(d.get("created", "")), extra=dict(d.get("extra", {})),
+                   format=FORMAT_NAME, version=int(version))
+
+    def workers(self) -> list[str]:
+        return sorted((n for n, i in self.nodes.items() if i.role == "worker"), key=lambda n: self.nodes[n].rank)
+
+    def servers(self) -> list[str]:
+        return sorted((n for n, i in self.nodes.items() if i.role == "server"), key=lambda n: self.nodes[n].rank)
+
+
+@dataclass
+class Collective:
+    """One tensor (or fused bucket) synchronised across nodes.
+
+    ``inputs[node]`` are the op ids on ``node`` whose completion makes the tensor
+    ready to send (e.g. the backward ops producing the gradients of a bucket);
+    ``outputs[node]`` are the op ids that wait for the synchronised tensor.
+    ``op`` is ``allreduce`` (``algorithm`` ``ring``) or ``push_pull`` (parameter
+    server; ``partitions`` lists ``{"bytes", "server"}`` per partition).
+    """
+
+    tensor: str
+    op: str
+    bytes: int
+    participants: list[str]
+    algorithm: str = "ring"
+    inputs: dict[str, list[str]] = field(default_factory=dict)
+    outputs: dict[str, list[str]] = field(default_factory=dict)
+    params: list[str] = field(default_factory=list)
+    partitions: list[dict[str, Any]] = field(default_factory=list)
+    priority: float = 0.0
+
+    def to_node_json(self, node: str) -> dict[str, Any]:
+        """The entry a node's ``comm.json`` holds for this collective."""
+        d = {"tensor": self.tensor, "op": self.op, "algorithm": self.algorithm, "bytes": int(self.bytes),
+             "inputs": list(self.inputs.get(node, [])), "outputs": list(self.outputs.get(node, [])),
+             "params": list(self.params)}
+        if self.partitions:
+            d["partitions"] = list(self.partitions)
+        if self.priority:
+            d["priority"] = self.priority
+        return d
+
+
+@dataclass
+class NodeTrace:
+    """What a reader returns for one node."""
+
+    events: pd.DataFrame
+    edges: list[tuple[str, str]]
+    collectives: list[dict[str, Any]]
+
+
+@dataclass
+class TraceSet:
+    """A whole job's normalised traces: the input of every analysis."""
+
+    manifest: Manifest
+    events: pd.DataFrame
+    edges: dict[str, list[tuple[str, str]]]
+    collectives: list[Collective]
+    path: str | None = None
+
+    def nodes(self) -> list[str]:
+        return self.manifest.workers() + self.manifest.servers()
+
+    def mean_durations(self) -> pd.DataFrame:
+        """Per (node, op): mean duration over the profiled iterations, plus static columns."""
+        ev = self.events
+        if ev.empty:
+            return ev.copy()
+        static = [c for c in EVENT_COLUMNS if c not in ("iteration", "start", "dur")]
+        g = ev.groupby(["node", "op"], sort=False, observed=True)
+        first = g[static[2:]].first() if len(static) > 2 else None
+        out = g["dur"].mean().rename("dur").to_frame()
+        out["count"] = g["dur"].size()
+        if first is not None:
+            out = out.join(first.drop(columns=[c for c in ("op",) if c in first.columns], errors="ignore"))
+        return out.reset_index()
+
+
+# --------------------------------------------------------------------------- event table helpers
+
+def make_events(records: Iterable[dict[str, Any]] | pd.DataFrame, *, path: str | None = None) -> pd.DataFrame:
+    """Build a typed event table from records, checking every row.
+
+    Raises :class:`TraceFormatError` naming ``path`` and the record index on a
+    missing field, unknown kind, or a duration/start that is negative or not finite.
+    """
+    df = records.copy() if isinstance(records, pd.DataFrame) else pd.DataFrame.from_records(list(records))
+    if df.empty:
+        return empty_events()
+    for name in REQUIRED_EVENT_FIELDS:
+        if name not in df.columns:
+            raise TraceFormatError(f"events lack the required field {name!r}", path=path, record="events[0]")
+        missing = df[name].isna()
+        if missing.any():
+            i = int(np.flatnonzero(missing.to_numpy())[0])
+            raise TraceFormatError(f"field {name!r} is missing", path=path, record=f"events[{i}]")
+    for col, (dtype, default) in EVENT_COLUMNS.items():
+        if col not in df.columns:
+            df[col] = default if default is not None else ""
+        elif default is not None:
+            df[col] = df[col].fillna(default)
+    kinds = set(OpKind._value2member_map_)
+    bad = ~df["kind"].astype(str).isin(kinds)
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        OpKind.parse(df["kind"].iloc[i], path=path, record=f"events[{i}] (op {df['op'].iloc[i]!r})")
+    for col in ("start", "dur"):
+        try:
+            vals = pd.to_numeric(df[col], errors="raise").astype("float64")
+        except (ValueError, TypeError):
+            vals = pd.to_numeric(df[col], errors="coerce")
+        badv = ~np.isfinite(vals.to_numpy(dtype="float64", na_value=np.nan))
+        if col == "dur":
+            badv |= vals.to_numpy(dtype="float64", na_value=np.nan) < 0
+        if badv.any():
+            i = int(np.flatnonzero(badv)[0])
+            raise TraceFormatError(
+                f"{col} is {df[col].iloc[i]!r}; it must be a finite number" + (" >= 0" if col == "dur" else ""),
+                path=path, record=f"events[{i}] (op {df['op'].iloc[i]!r})",
+                hint="the trace is corrupt; re-collect this node")
+        df[col] = vals
+    for col, (dtype, _) in EVENT_COLUMNS.items():
+        try:
+            df[col] = df[col].astype(dtype)
+        except (ValueError, TypeError) as exc:
+            raise TraceFormatError(f"column {col!r} cannot be read as {dtype}: {exc}", path=path) from None
+    return df[list(EVENT_COLUMNS)].reset_index(drop=True)
+
+
+def empty_events() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, (t, _) in EVENT_COLUMNS.items()})
+
+
+def events_to_records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Event rows as plain JSON-able dicts, leaving out columns at their default."""
+    out = []
+    cols = list(EVENT_COLUMNS)
+    for row in df[cols].itertuples(index=False, name=None):
+        rec = {}
+        for col, val in zip(cols, row):
+            default = EVENT_COLUMNS[col][1]
+            if isinstance(val, (np.integer,)):
+                val = int(val)
+            elif isinstance(val, (np.floating,)):
+                val = float(val)
+            if col in ("node", "host"):
+                continue  # implied by the folder; filled in when reading
+            if default is not None and val == default:
+                continue
+            rec[col] = val
+        out.append(rec)
+    return out
+
+
+# --------------------------------------------------------------------------- reading and writing
+
+def read_json(path: str | os.PathLike, *, what: str = "file") -> Any:
+    """Parse a JSON file, turning every way it can fail into one clear error."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceFormatError(f"{what} not found", path=path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"cannot read {what}: {exc}", path=path) from None
+    if not text.strip():
+        raise TraceFormatError(f"{what} is empty", path=path, hint="the collection was interrupted; re-collect")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        trunc = exc.pos >= len(text.rstrip()) - 1
+        raise TraceFormatError(
+            f"{'truncated' if trunc else 'invalid'} JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+            path=path, hint="the file was cut short or is not JSON; re-collect this node") from None
+
+
+def load_manifest(trace_dir: str | os.PathLike) -> Manifest:
+    trace_dir = Path(trace_dir)
+    if not trace_dir.exists():
+        raise DproError("trace directory does not exist", path=trace_dir,
+                        hint="pass the folder written by `dpro profile`")
+    if not trace_dir.is_dir():
+        raise DproError("not a directory", path=trace_dir, hint="pass the trace folder, not a file in it")
+    mpath = trace_dir / "manifest.json"
+    if not mpath.exists():
+        empty = not any(trace_dir.iterdir())
+        raise DproError("directory is empty" if empty else "no manifest.json in the trace directory",
+                        path=trace_dir, hint="pass the folder written by `dpro profile` (it has manifest.json)")
+    return Manifest.from_json(read_json(mpath, what="manifest"), path=str(mpath))
+
+
+def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSet:
+    """Read a trace directory into a :class:`TraceSet` (all nodes, all iterations).
+
+    Each node's raw files are read by the reader registered for its format
+    (``manifest.raw_format`` or the node's own ``format``).
+    """
+    from .readers import get_reader  # late import: readers import this module
+
+    trace_dir = Path(trace_dir)
+    manifest = load_manifest(trace_dir)
+    frames, edges, raw_colls = [], {}, []
+    nodes = manifest.workers() + manifest.servers()
+    for i, node in enumerate(nodes):
+        info = manifest.nodes[node]
+        ndir = trace_dir / manifest.node_dir(node)
+        if not ndir.is_dir():
+            raise DproError(f"the trace of node {node!r} (rank {info.rank}) is missing", path=ndir,
+                            hint="copy that node's trace folder here or re-collect the job")
+        reader = get_reader(info.format or manifest.raw_format, path=str(trace_dir / "manifest.json"))
+        nt = reader(manifest, node, ndir)
+        ev = nt.events
+        ev["node"] = node
+        ev["host"] = info.host
+        frames.append(ev)
+        edges[node] = nt.edges
+        raw_colls.extend((node, c, ndir) for c in nt.collectives)
+        if progress is not None:
+            progress(i + 1, len(nodes))
+    events = pd.concat(frames, ignore_index=True) if frames else empty_events()
+    for col, (dtype, _) in EVENT_COLUMNS.items():
+        events[col] = events[col].astype(dtype)
+    collectives = merge_collectives(raw_colls, manifest)
+    return TraceSet(manifest=manifest, events=events, edges=edges, collectives=collectives, path=str(trace_dir))
+
+
+def merge_collectives(raw: list[tuple[str, dict[str, Any], Path]], manifest: Manifest) -> list[Collective]:
+    """Join the per-node ``comm.json`` entries of each tensor into one :class:`Collective`."""
+    by_tensor: dict[str, Collective] = {}
+    for node, c, ndir in raw:
+        where = str(ndir / "comm.json")
+        for key in ("tensor", "op", "bytes"):
+            if key not in c:
+                raise TraceFormatError(f"collective entry lacks {key!r}", path=where, record=str(c.get("tensor", "?")))
+        name = str(c["tensor"])
+        nbytes = int(c["bytes"])
+        if nbytes < 0:
+            raise TraceFormatError(f"negative size {nbytes}", path=where, record=name)
+        col = by_tensor.get(name)
+        if col is None:
+            col = Collective(tensor=name, op=str(c["op"]), bytes=nbytes, participants=[],
+                             algorithm=str(c.get("algorithm", "ring" if c["op"] == "allreduce" else "ps")),
+                             params=list(c.get("params", [])), partitions=list(c.get("partitions", [])),
+                             priority=float(c.get("priority", 0.0)))
+            by_tensor[name] = col
+        elif col.bytes != nbytes or col.op != c["op"]:
+            raise TraceFormatError(
+                f"node {node!r} says {c['op']} of {nbytes} bytes, another node says {col.op} of {col.bytes}",
+                path=where, record=name, hint="the nodes ran different models or bucket settings")
+        if manifest.nodes[node].role == "worker":
+            col.participants.append(node)
+        col.inputs[node] = [str(x) for x in c.get("inputs", [])]
+        col.outputs[node] = [str(x) for x in c.get("outputs", [])]
+    order = {n: (manifest.nodes[n].role != "worker", manifest.nodes[n].rank) for n in manifest.nodes}
+    for col in by_tensor.values():
+        col.participants.sort(key=order.__getitem__)
+    return list(by_tensor.values())
+
+
+def save_trace(ts: TraceSet, out_dir: str | os.PathLike) -> Path:
+    """Write ``ts`` as a trace directory in the native ``dpro-events`` format.
+
+    Writing is atomic per file and the manifest goes last, so a directory with
+    a manifest is always complete.  Refuses to write into an existing trace dir.
+    """
+    out = Path(out_dir)
+    if (out / "manifest.json").exists():
+        raise DproError("refusing to overwrite an existing trace directory", path=out,
+                        hint="choose a new output folder")
+    m = ts.manifest
+    new_nodes = {n: NodeInfo(host=i.host, role=i.role, rank=i.rank, dir=f"{i.host}/{n}", format=None)
+                 for n, i in m.nodes.items()}
+    for node, info in new_nodes.items():
+        ndir = out / info.dir
+        ev = ts.events[ts.events["node"] == node]
+        atomic_write_text(ndir / "events.json", json.dumps(
+            {"version": FORMAT_VERSION, "node": node, "events": events_to_records(ev)}, separators=(",", ":")))
+        atomic_write_text(ndir / "dag.json", json.dumps(
+            {"version": FORMAT_VERSION, "node": node, "edges": [list(e) for e in ts.edges.get(node, [])]},
+            separators=(",", ":")))
+        colls = [c.to_node_json(node) for c in ts.collectives if node in c.inputs or node in c.outputs]
+        atomic_write_text(ndir / "comm.json", json.dumps(
+            {"version": FORMAT_VERSION, "node": node, "collectives": colls}, indent=1))
+    man = Manifest(job=m.job, framework=m.framework, comm_backend=m.comm_backend, world_size=m.world_size,
+                   nodes=new_nodes, iterations=list(m.iterations), raw_format="dpro-events",
+                   tool_version=m.tool_version, created=m.created, extra=dict(m.extra))
+    atomic_write_text(out / "manifest.json", json.dumps(man.to_json(), indent=2))
+    return out
+
+
+def is_finite_nonneg(x: float) -> bool:
+    return math.isfinite(x) and x >= 0
