@@ -1,0 +1,30 @@
+# Two entry points (see README): `make demo` and `make test`. Both create .venv on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first and pinned: the local CPU wheel; `torch>=2.1` in the extras then resolves to it
+	# instead of pulling a CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[torch,test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py --out demo-out
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/replay_speed.py
+
+clean:
+	rm -rf $(VENV) demo-out .pytest_cache

@@ -1,0 +1,197 @@
+"""The ``dpro`` command line: a thin facade over the library.
+
+Conventions: every command has ``--json`` (one JSON object on stdout) and
+``--quiet``; progress goes to stderr and only on a terminal; a user mistake is
+one line on stderr and exit code 2; outputs are written atomically.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+import networkx as nx
+
+from . import __version__
+from .errors import DproError
+
+EXIT_BAD_INPUT = 2
+
+
+class _Progress:
+    """Progress on stderr for long steps; silent when piped, with --quiet or --json."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+
+    def step(self, label: str) -> Callable[[int, int], None] | None:
+        if not self.enabled:
+            return None
+
+        def report(done: int, total: int) -> None:
+            end = "\n" if done >= total else ""
+            click.echo(f"\r{label}: {done}/{total}", err=True, nl=False)
+            if end:
+                click.echo("", err=True)
+        return report
+
+    def note(self, msg: str) -> None:
+        if self.enabled:
+            click.echo(msg, err=True)
+
+
+def _load_graph_from(path: Path, progress: _Progress) -> tuple[nx.DiGraph, dict[str, Any]]:
+    """A global DFG from a trace directory, or from a saved graph file (.json/.graphml)."""
+    from .graph import build_global_dfg, load_graph
+    from .trace import load_trace
+
+    if path.is_file() and path.suffix in (".json", ".graphml") and path.name != "manifest.json":
+        return load_graph(path), {}
+    ts = load_trace(path, progress=progress.step("reading traces"))
+    progress.note(f"building the global DFG of {len(ts.nodes())} node(s)")
+    g = build_global_dfg(ts)
+    info = {"job": ts.manifest.job, "framework": ts.manifest.framework, "comm_backend": ts.manifest.comm_backend,
+            "world_size": ts.manifest.world_size, "profiled_iterations": ts.manifest.iterations}
+    measured = ts.manifest.extra.get("measured_iteration_ms")
+    if measured is not None:
+        info["measured_iteration_ms"] = float(measured)
+    return g, info
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="dpro")
+def cli() -> None:
+    """dpro: find out why distributed training is slow, and what to change.
+
+    \b
+    Typical use:
+      dpro replay TRACE_DIR             predict the iteration time, show the critical path
+      dpro replay TRACE_DIR --json      the same as one JSON object (for scripts and CI)
+      dpro graph TRACE_DIR -o dfg.json  export the global data-flow graph
+
+    Exit codes: 0 success, 2 bad input (one line on stderr says what and where).
+    """
+
+
+@cli.command(short_help="Predict the iteration time and show the critical path.")
+@click.argument("trace", type=click.Path(path_type=Path))
+@click.option("--iterations", "-n", default=1, show_default=True, type=click.IntRange(1, 1000),
+              help="Replay this many iterations back to back; the iteration time is the steady-state gap.")
+@click.option("--timeline", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the simulated timeline as Chrome/Perfetto trace JSON to this file.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(0, 10000),
+              help="How many of the longest critical-path ops to list.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+def replay(trace: Path, iterations: int, timeline: Path | None, top: int, as_json: bool, quiet: bool) -> None:
+    """Predict the iteration time of a job by replaying its global DFG.
+
+    TRACE is a trace directory (with manifest.json) or a graph file written by
+    `dpro graph`.  Prints the predicted iteration time, the computation /
+    communication / overlap / idle time of every node, and the longest ops on
+    the critical path.
+    """
+    from .analysis import breakdown, critical_path_summary
+    from .replay import replay as run_replay
+    from .timeline import replay_to_chrome, write_chrome
+
+    progress = _Progress(not (quiet or as_json))
+    g, info = _load_graph_from(trace, progress)
+    progress.note(f"replaying {g.number_of_nodes()} ops x {iterations} iteration(s)")
+    res = run_replay(g, iterations=iterations)
+    bd = breakdown(res, g)
+    cp = critical_path_summary(res, g, top=top)
+    if timeline is not None:
+        write_chrome(replay_to_chrome(res, g), timeline)
+    it_ms = res.iteration_time_us / 1e3
+    out: dict[str, Any] = {
+        "trace": str(trace), **info, "iterations_replayed": iterations, "iteration_time_ms": it_ms,
+        "makespan_ms": res.makespan_us / 1e3, "ops": g.number_of_nodes(), "edges": g.number_of_edges(),
+        "critical_path": cp["ops"], "critical_path_ms_by_kind": cp["by_kind_ms"], "critical_path_top": cp["top"],
+        "nodes": {r.node: {k: getattr(r, k) for k in ("compute_ms", "comm_ms", "overlap_ms", "idle_ms")}
+                  for r in bd.itertuples()},
+        "device_utilisation": res.utilisation(), "comm_model": g.graph.get("meta", {}).get("comm_model"),
+    }
+    if "measured_iteration_ms" in info:
+        out["error_pct"] = 100.0 * (it_ms - info["measured_iteration_ms"]) / info["measured_iteration_ms"]
+    if timeline is not None:
+        out["timeline"] = str(timeline)
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    _print_replay(out, bd, cp)
+
+
+def _print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
+    echo = click.echo
+    if "job" in out:
+        echo(f"job {out['job']}: {out['framework']} + {out['comm_backend']}, {out['world_size']} worker(s)")
+    cm = out.get("comm_model") or {}
+    echo(f"replayed {out['ops']} ops x {out['iterations_replayed']} iteration(s)"
+         + (f"; comm model {cm.get('origin')}: {cm.get('bandwidth_Mbps', 0):.0f} Mbit/s, "
+            f"{cm.get('latency_us', 0):.0f} us latency" if cm else ""))
+    line = f"predicted iteration time: {out['iteration_time_ms']:.3f} ms"
+    if "measured_iteration_ms" in out:
+        line += f"   (measured {out['measured_iteration_ms']:.3f} ms, error {out['error_pct']:+.1f} %)"
+    echo(click.style(line, bold=True))
+    echo("")
+    echo(f"{'node':<24}{'compute ms':>12}{'comm ms':>12}{'overlap ms':>12}{'idle ms':>12}")
+    for r in bd.itertuples():
+        echo(f"{r.node:<24}{r.compute_ms:>12.3f}{r.comm_ms:>12.3f}{r.overlap_ms:>12.3f}{r.idle_ms:>12.3f}")
+    echo("")
+    kinds = ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(cp["by_kind_ms"].items(), key=lambda kv: -kv[1]))
+    echo(f"critical path: {len(cp['ops'])} ops ({kinds})")
+    for t in cp["top"]:
+        echo(f"  {t['start_ms']:>10.3f} ms  {t['dur_ms']:>9.3f} ms  {t['kind']:<7} {t['device']:<28} {t['name']}")
+    if out.get("timeline"):
+        echo(f"\ntimeline written to {out['timeline']} (open in https://ui.perfetto.dev)")
+
+
+@cli.command(short_help="Export the global data-flow graph (JSON or GraphML).")
+@click.argument("trace_dir", type=click.Path(path_type=Path))
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Output file: .json (node-link) or .graphml.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+def graph(trace_dir: Path, output: Path, as_json: bool, quiet: bool) -> None:
+    """Build the global data-flow graph of a trace and save it (JSON or GraphML)."""
+    from collections import Counter
+
+    from .graph import save_graph
+    g, _ = _load_graph_from(trace_dir, _Progress(not (quiet or as_json)))
+    save_graph(g, output)
+    kinds = Counter(d["kind"] for _, d in g.nodes(data=True))
+    summary = {"output": str(output), "ops": g.number_of_nodes(), "edges": g.number_of_edges(),
+               "ops_by_kind": dict(sorted(kinds.items())),
+               "devices": len({d["device"] for _, d in g.nodes(data=True) if d["device"]})}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(f"wrote {output}: {summary['ops']} ops, {summary['edges']} edges, {summary['devices']} devices "
+                   f"({', '.join(f'{k} {v}' for k, v in summary['ops_by_kind'].items())})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI, turning user errors into one line and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="dpro", standalone_mode=False)
+    except DproError as exc:
+        click.echo(f"dpro: error: {exc.one_line()}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("dpro: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

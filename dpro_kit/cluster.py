@@ -1,0 +1,489 @@
+"""Emulated multi-host cluster on one Linux machine (network namespaces + tc).
+
+Why this exists
+---------------
+dPRO's replayer predicts iteration time from traces whose communication
+operators depend on link bandwidth.  Checking those predictions (and running
+realistic tests and benchmarks of the collectors) needs *real* collective
+communication over a link with a known, limited rate -- but a CI box or a
+laptop has one host.  :class:`EmulatedCluster` gives each "host" its own
+network namespace with one Ethernet-like interface, joins them with a Linux
+bridge, and shapes every host's link with ``tc ... tbf`` so that a
+``torch.distributed`` gloo job (or anything else using TCP/IP) sees a
+switched cluster with ``rate_mbit`` per-host links.
+
+Topology (nothing is created in, or attached to, the root namespace)::
+
+    <base>-h0 [eth0 10.213.0.1] ==veth== [h0]
+    <base>-h1 [eth0 10.213.0.2] ==veth== [h1]   <base>-br : bridge br0
+    ...                                         (h0, h1, ... are its ports)
+
+* ``<base>`` is ``<prefix>-<pid>-<counter>`` so concurrent instances (in one
+  process or many) never collide; :func:`cleanup_stale` can tell leftovers of
+  dead processes from live clusters by the pid.
+* The bridge lives in its own namespace ``<base>-br``, so the machine's real
+  interfaces, routes and firewall are never touched, and deleting the
+  namespaces removes every veth and the bridge with them (veth pairs die
+  when either end's namespace goes away).
+* Every veth pair is created directly across the two namespaces (``ip -n BR
+  link add hI ... peer name eth0 netns HOST``), so the root namespace never
+  sees even a transient interface and names cannot clash with other runs.
+* The subnet (default ``10.213.0.0/24``) exists only inside these namespaces;
+  two clusters may use the same subnet because their L2 domains are disjoint.
+
+Shaping
+-------
+Each host link is limited in BOTH directions with a token bucket filter:
+egress of the host-side ``eth0`` limits the host's *upload*, egress of the
+bridge-side port ``hI`` limits its *download*.  A host-to-host flow therefore
+passes the sender's upload shaper and then the receiver's download shaper,
+like a full-duplex NIC on a non-blocking switch.  The parameters (see
+:func:`tbf_params`) are::
+
+    tc qdisc replace dev DEV root tbf rate {R}mbit burst {B} latency {L}ms
+
+* ``burst`` B = max(64 KiB, R * 2 ms).  veth devices do TSO/GSO, so a single
+  skb can be a ~64 KiB super-packet; tbf segments any skb larger than the
+  bucket, which costs CPU on a small machine, so the bucket holds at least
+  one full GSO packet.  Above ~260 Mbit/s the bucket grows to 2 ms of line
+  rate so that hrtimer wake-up jitter (tens of microseconds when the 2 cores
+  are busy) never starves the link.  The bucket only lets B bytes pass "for
+  free" at the start of an idle period, i.e. it skews a transfer of S bytes
+  by at most B/S (< 1 % for multi-MB transfers).
+* ``latency`` L = 20 ms of queueing (tbf turns it into ``limit = R*L + B``
+  bytes).  A queue much shorter than a bandwidth-delay product makes a single
+  TCP flow lose packets and under-use the link; a long one only adds delay.
+  On the sender side TCP Small Queues keep the queue short anyway; the
+  receiver-side shaper sees traffic that the sender's shaper has already
+  paced to the same rate, so it rarely queues at all.
+* tbf counts whole frames (Ethernet header included), so TCP *goodput* with
+  a 1500-byte MTU is about 1448/1514 = 95.6 % of ``rate_mbit``.
+
+``rate_mbit=None`` leaves the links unshaped (veth speed, limited by CPU).
+
+Requirements: root (namespaces and qdiscs need ``CAP_NET_ADMIN`` /
+``CAP_SYS_ADMIN``), iproute2's ``ip`` with ``netns`` support and ``tc``.
+Missing pieces raise :class:`~dpro_kit.errors.DproError` saying what to do.
+
+Example::
+
+    with EmulatedCluster(hosts=2, rate_mbit=200) as c:
+        procs = c.run_all([sys.executable, "train.py", "--rank", "{i}"])
+        codes = [p.wait() for p in procs]
+"""
+from __future__ import annotations
+
+import atexit
+import ipaddress
+import itertools
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dpro_kit.errors import DproError
+
+__all__ = [
+    "EmulatedCluster",
+    "cleanup_stale",
+    "list_namespaces",
+    "tbf_params",
+    "check_prerequisites",
+    "DEFAULT_PREFIX",
+    "DEFAULT_SUBNET",
+    "HOST_IFACE",
+]
+
+#: Default name prefix of every namespace an :class:`EmulatedCluster` creates.
+DEFAULT_PREFIX = "dpk"
+#: Private subnet used inside the namespaces (never routed outside them).
+DEFAULT_SUBNET = "10.213.0.0/24"
+#: Name of the single interface inside each host namespace.  Namespaces are
+#: isolated, so every host can use the same name; that keeps
+#: ``GLOO_SOCKET_IFNAME`` identical on all ranks.
+HOST_IFACE = "eth0"
+_BRIDGE = "br0"
+
+_COUNTER = itertools.count()
+_COUNTER_LOCK = threading.Lock()
+_LIVE: "weakref.WeakSet[EmulatedCluster]" = weakref.WeakSet()
+_CMD_TIMEOUT_S = 30.0
+
+
+# ---------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------
+def tbf_params(rate_mbit: float) -> dict[str, Any]:
+    """Return the tbf ``burst`` (bytes) and ``latency`` (ms) used for a rate.
+
+    See the module docstring for why: the bucket holds at least one 64 KiB
+    GSO super-packet (so tbf never has to segment) and at least 2 ms of line
+    rate (so timer jitter never idles the link); 20 ms of queue keeps a single
+    TCP flow from losing packets at the shaper.
+    """
+    if rate_mbit <= 0:
+        raise DproError(f"rate_mbit must be > 0, got {rate_mbit}",
+                        hint="pass rate_mbit=None for unlimited links")
+    bytes_per_s = rate_mbit * 1e6 / 8
+    burst = max(64 * 1024, int(bytes_per_s * 0.002))
+    latency_ms = 20
+    return {"rate_mbit": rate_mbit, "burst": burst, "latency_ms": latency_ms,
+            "limit": int(bytes_per_s * latency_ms / 1000) + burst}
+
+
+def _run_cmd(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess:
+    """Run one ``ip``/``tc`` command, turning failures into :class:`DproError`."""
+    try:
+        cp = subprocess.run(list(argv), capture_output=True, text=True,
+                            timeout=_CMD_TIMEOUT_S)
+    except FileNotFoundError as exc:  # pragma: no cover - checked up front
+        raise DproError(f"command not found: {argv[0]}",
+                        hint="install iproute2 (ip, tc)") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise DproError(f"`{' '.join(argv)}` did not finish in {_CMD_TIMEOUT_S:.0f} s") from exc
+    if check and cp.returncode != 0:
+        raise DproError(f"`{' '.join(argv)}` failed (exit {cp.returncode}): "
+                        f"{cp.stderr.strip() or cp.stdout.strip()}",
+                        hint="emulated clusters need root and a kernel with network "
+                             "namespaces, veth, bridge and the tbf qdisc")
+    return cp
+
+
+def check_prerequisites() -> None:
+    """Raise :class:`DproError` unless we are root and ``ip``/``tc`` exist.
+
+    Checked before touching anything so that a user gets one actionable line
+    instead of a half-built cluster.
+    """
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        raise DproError("EmulatedCluster needs root (network namespaces, veth and "
+                        "tc qdiscs require CAP_NET_ADMIN/CAP_SYS_ADMIN)",
+                        hint="run as root, e.g. `sudo -E python ...`, or in a "
+                             "privileged container")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise DproError(f"`{tool}` not found on PATH",
+                            hint="install iproute2 (apt-get install iproute2)")
+
+
+def list_namespaces() -> list[str]:
+    """Names of all named network namespaces (``ip netns list``)."""
+    cp = _run_cmd(["ip", "netns", "list"], check=False)
+    if cp.returncode != 0:
+        return []
+    # lines look like "name" or "name (id: 3)"
+    return [ln.split()[0] for ln in cp.stdout.splitlines() if ln.strip()]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ns_regex(prefix: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(prefix)}-(\d+)-(\d+)-(br|h\d+)$")
+
+
+def _kill_ns_pids(ns: str) -> None:
+    """Kill processes still running inside namespace ``ns`` (by pid).
+
+    A namespace that still has processes survives ``ip netns del`` (it only
+    loses its name), so leftovers of our own runs are ended first.
+    """
+    cp = _run_cmd(["ip", "netns", "pids", ns], check=False)
+    pids = [int(p) for p in cp.stdout.split() if p.isdigit()]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            if pid == os.getpid():
+                continue
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(_pid_alive(p) for p in alive):
+            time.sleep(0.05)
+        pids = [p for p in alive if _pid_alive(p)]
+
+
+def _delete_ns(ns: str) -> None:
+    _kill_ns_pids(ns)
+    _run_cmd(["ip", "netns", "del", ns], check=False)
+
+
+def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[str]:
+    """Delete namespaces left behind by killed runs; return their names.
+
+    Only namespaces named ``<prefix>-<pid>-<n>-...`` whose creating process
+    ``pid`` is gone are removed, so clusters of concurrent live runs are safe.
+    ``force=True`` removes every namespace with the prefix regardless.
+    Deleting a namespace also deletes the veths and the bridge inside it, so
+    nothing else can be left over.
+    """
+    check_prerequisites()
+    rx = _ns_regex(prefix)
+    removed = []
+    for ns in list_namespaces():
+        m = rx.match(ns)
+        if not m:
+            continue
+        if not force and _pid_alive(int(m.group(1))):
+            continue
+        _delete_ns(ns)
+        removed.append(ns)
+    return removed
+
+
+# ---------------------------------------------------------------------------
+# the cluster
+# ---------------------------------------------------------------------------
+class EmulatedCluster:
+    """``hosts`` network namespaces on a shaped, bridged private subnet.
+
+    Parameters
+    ----------
+    hosts:
+        Number of emulated hosts (namespaces), 1..(usable IPs in ``subnet``).
+    rate_mbit:
+        Per-host link rate in Mbit/s, applied to upload and download, or
+        ``None`` for unshaped links.
+    prefix:
+        Namespace name prefix (see :func:`cleanup_stale`).  Must be short and
+        made of ``[A-Za-z0-9_]``.
+    subnet:
+        IPv4 network the hosts get addresses in; host ``i`` gets the
+        ``i``-th usable address (``10.213.0.1`` for host 0 by default).
+
+    Use as a context manager (or call :meth:`close`): namespaces are removed
+    on normal exit, on exceptions, and -- as a last resort -- at interpreter
+    exit.  After ``kill -9`` use :func:`cleanup_stale`.
+    """
+
+    def __init__(self, hosts: int = 2, rate_mbit: float | None = None, *,
+                 prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET) -> None:
+        check_prerequisites()
+        if not isinstance(hosts, int) or hosts < 1:
+            raise DproError(f"hosts must be a positive integer, got {hosts!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_]{1,16}", prefix):
+            raise DproError(f"invalid prefix {prefix!r}",
+                            hint="use 1-16 characters from [A-Za-z0-9_]")
+        try:
+            net = ipaddress.ip_network(subnet, strict=True)
+        except ValueError as exc:
+            raise DproError(f"invalid subnet {subnet!r}: {exc}",
+                            hint="e.g. 10.213.0.0/24") from exc
+        if not isinstance(net, ipaddress.IPv4Network):
+            raise DproError(f"subnet {subnet} is not IPv4", hint="e.g. 10.213.0.0/24")
+        if not net.is_private:
+            raise DproError(f"subnet {subnet} is not a private range",
+                            hint="use an RFC 1918 network such as 10.213.0.0/24")
+        addrs = itertools.islice(net.hosts(), hosts)
+        self._ips = [str(a) for a in addrs]
+        if len(self._ips) < hosts:
+            raise DproError(f"subnet {subnet} has room for {len(self._ips)} hosts, "
+                            f"{hosts} requested", hint="use a larger subnet")
+        self.hosts = hosts
+        self.rate_mbit = rate_mbit
+        self.prefix = prefix
+        self.subnet = net
+        self.tbf = tbf_params(rate_mbit) if rate_mbit is not None else None
+        with _COUNTER_LOCK:
+            n = next(_COUNTER)
+        self.name = f"{prefix}-{os.getpid()}-{n}"
+        self.bridge_ns = f"{self.name}-br"
+        self.host_ns = [f"{self.name}-h{i}" for i in range(hosts)]
+        self._procs: list[subprocess.Popen] = []
+        self._created: list[str] = []
+        self._closed = False
+        _LIVE.add(self)
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- construction -------------------------------------------------------
+    def _build(self) -> None:
+        ip, plen = _run_cmd, self.subnet.prefixlen
+        for ns in [self.bridge_ns, *self.host_ns]:
+            ip(["ip", "netns", "add", ns])
+            self._created.append(ns)
+            ip(["ip", "-n", ns, "link", "set", "lo", "up"])
+        br = self.bridge_ns
+        # STP off (the default): ports forward immediately, no 15 s delay.
+        ip(["ip", "-n", br, "link", "add", _BRIDGE, "type", "bridge", "stp_state", "0"])
+        ip(["ip", "-n", br, "link", "set", _BRIDGE, "up"])
+        for i, hns in enumerate(self.host_ns):
+            port = f"h{i}"
+            # Both ends are created directly in their target namespaces.
+            ip(["ip", "-n", br, "link", "add", port, "type", "veth",
+                "peer", "name", HOST_IFACE, "netns", hns])
+            ip(["ip", "-n", br, "link", "set", port, "master", _BRIDGE])
+            ip(["ip", "-n", br, "link", "set", port, "up"])
+            ip(["ip", "-n", hns, "addr", "add", f"{self._ips[i]}/{plen}", "dev", HOST_IFACE])
+            ip(["ip", "-n", hns, "link", "set", HOST_IFACE, "up"])
+            if self.tbf is not None:
+                self._shape(hns, HOST_IFACE)  # host upload
+                self._shape(br, port)         # host download
+        self._wait_carrier()
+
+    def _shape(self, ns: str, dev: str) -> None:
+        t = self.tbf
+        assert t is not None
+        _run_cmd(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
+                  "rate", f"{t['rate_mbit']}mbit", "burst", str(t["burst"]),
+                  "latency", f"{t['latency_ms']}ms"])
+
+    def _wait_carrier(self, timeout_s: float = 5.0) -> None:
+        """Wait until every host interface reports LOWER_UP (carrier)."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(self.host_ns)
+        while pending and time.monotonic() < deadline:
+            pending = [ns for ns in pending if "LOWER_UP" not in
+                       _run_cmd(["ip", "-n", ns, "link", "show", HOST_IFACE]).stdout]
+            if pending:
+                time.sleep(0.02)
+
+    # -- queries ------------------------------------------------------------
+    def host_ip(self, i: int) -> str:
+        """IPv4 address of host ``i`` (only reachable from inside the cluster)."""
+        return self._ips[self._check(i)]
+
+    def iface(self, i: int) -> str:
+        """Interface name inside host ``i`` (for ``GLOO_SOCKET_IFNAME``)."""
+        self._check(i)
+        return HOST_IFACE
+
+    def netns(self, i: int) -> str:
+        """Name of host ``i``'s network namespace (for ``ip netns exec``)."""
+        return self.host_ns[self._check(i)]
+
+    @property
+    def master_addr(self) -> str:
+        """Host 0's address: the conventional ``MASTER_ADDR`` for rank 0."""
+        return self._ips[0]
+
+    def host_env(self, i: int) -> dict[str, str]:
+        """Environment a process on host ``i`` gets by default from :meth:`run`.
+
+        ``DPRO_HOST`` (``host<i>``), ``HOST_RANK``, ``NHOSTS``, ``MASTER_ADDR``
+        and ``GLOO_SOCKET_IFNAME`` -- enough for a one-process-per-host
+        ``torch.distributed`` gloo job.
+        """
+        self._check(i)
+        return {"DPRO_HOST": f"host{i}", "HOST_RANK": str(i), "NHOSTS": str(self.hosts),
+                "MASTER_ADDR": self.master_addr, "GLOO_SOCKET_IFNAME": HOST_IFACE}
+
+    def substitute(self, i: int, argv: Sequence[str]) -> list[str]:
+        """Replace ``{i}``, ``{ip}``, ``{iface}``, ``{master}`` in each argument.
+
+        Plain string replacement (not ``str.format``), so other braces -- e.g.
+        in ``python -c`` code -- are left alone.
+        """
+        subs = {"{i}": str(i), "{ip}": self.host_ip(i), "{iface}": self.iface(i),
+                "{master}": self.master_addr}
+        out = []
+        for a in argv:
+            for k, v in subs.items():
+                a = a.replace(k, v)
+            out.append(a)
+        return out
+
+    def _check(self, i: int) -> int:
+        if not 0 <= i < self.hosts:
+            raise DproError(f"host index {i} out of range 0..{self.hosts - 1}")
+        return i
+
+    # -- processes ----------------------------------------------------------
+    def run(self, i: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
+            *, inherit_env: bool = True, **popen_kwargs: Any) -> subprocess.Popen:
+        """Start ``argv`` inside host ``i``; return its :class:`subprocess.Popen`.
+
+        The process environment is ``os.environ`` (unless ``inherit_env`` is
+        false) + :meth:`host_env` + ``env``.  ``ip netns exec`` execs the
+        command in place, so the returned Popen's pid *is* the command.
+        Processes still running at :meth:`close` are terminated.
+        """
+        if self._closed:
+            raise DproError("EmulatedCluster is closed")
+        full_env = dict(os.environ) if inherit_env else {}
+        full_env.update(self.host_env(i))
+        if env:
+            full_env.update(env)
+        proc = subprocess.Popen(["ip", "netns", "exec", self.netns(i), *argv],
+                                env=full_env, **popen_kwargs)
+        self._procs.append(proc)
+        return proc
+
+    def run_all(self, argvs: Sequence[str] | Sequence[Sequence[str]],
+                env: Mapping[str, str] | None = None,
+                **popen_kwargs: Any) -> list[subprocess.Popen]:
+        """Start one process per host.
+
+        ``argvs`` is either one argv used on every host (with the
+        :meth:`substitute` placeholders filled per host) or a list of
+        ``hosts`` argvs, one per host.
+        """
+        if argvs and not isinstance(argvs[0], str):
+            per_host = [list(a) for a in argvs]  # type: ignore[arg-type]
+            if len(per_host) != self.hosts:
+                raise DproError(f"run_all got {len(per_host)} commands for "
+                                f"{self.hosts} hosts")
+        else:
+            per_host = [self.substitute(i, argvs) for i in range(self.hosts)]  # type: ignore[arg-type]
+        return [self.run(i, a, env=env, **popen_kwargs) for i, a in enumerate(per_host)]
+
+    # -- teardown -----------------------------------------------------------
+    def close(self) -> None:
+        """Stop our processes and delete every namespace (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for p in self._procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self._procs:
+            try:
+                p.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for ns in reversed(self._created):
+            _delete_ns(ns)
+        self._created.clear()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> "EmulatedCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"EmulatedCluster(name={self.name!r}, hosts={self.hosts}, "
+                f"rate_mbit={self.rate_mbit}, closed={self._closed})")
+
+
+@atexit.register
+def _close_live_clusters() -> None:
+    """Last-resort cleanup for clusters never closed (e.g. ``sys.exit`` paths)."""
+    for c in list(_LIVE):
+        try:
+            c.close()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass

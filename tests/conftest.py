@@ -1,0 +1,55 @@
+"""Shared fixtures: small traces written through the public trace model (hand-built, documented)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dpro_kit.trace import Collective, Manifest, NodeInfo, TraceSet, make_events, save_trace
+
+
+def tiny_traceset(workers: int = 2, iterations: int = 3, layers: int = 3, hosts: int | None = None,
+                  bucket_bytes: int = 4_000_000) -> TraceSet:
+    """A hand-built data-parallel job in the canonical model (not recorded from a real run).
+
+    Per worker and iteration: FW l0..l{L-1}, BW l{L-1}..l0, one COMM event per
+    bucket and one UPDATE.  Two buckets: the gradients of the last layer, and the rest.
+    Durations vary a little across iterations so that means are exercised.
+    """
+    hosts = hosts or workers
+    nodes = {f"w{r}": NodeInfo(host=f"h{r % hosts}", role="worker", rank=r) for r in range(workers)}
+    manifest = Manifest(job="tiny", framework="synthetic", comm_backend="ring", world_size=workers, nodes=nodes,
+                        iterations=list(range(iterations)))
+    records, edges = [], {}
+    for w in nodes:
+        t = 0.0
+        for it in range(iterations):
+            jitter = 1.0 + 0.1 * ((it % 3) - 1)
+            ops = [(f"fw{l}", "FW", 100.0 * (l + 1)) for l in range(layers)]
+            ops += [(f"bw{l}", "BW", 200.0 * (l + 1)) for l in reversed(range(layers))]
+            for op, kind, d in ops:
+                records.append({"node": w, "op": op, "kind": kind, "iteration": it, "start": t, "dur": d * jitter})
+                t += d * jitter
+            for b in range(2):
+                records.append({"node": w, "op": f"allreduce_b{b}", "kind": "COMM", "iteration": it, "start": t,
+                                "dur": 900.0 * jitter, "tensor": f"bucket{b}", "bytes": bucket_bytes // (b + 1),
+                                "stream": "comm"})
+            records.append({"node": w, "op": "update", "kind": "UPDATE", "iteration": it, "start": t + 1000,
+                            "dur": 50.0})
+            t += 2000
+        chain = [f"fw{l}" for l in range(layers)] + [f"bw{l}" for l in reversed(range(layers))]
+        edges[w] = list(zip(chain, chain[1:])) + [("bw0", "update")]
+    colls = [Collective(tensor="bucket0", op="allreduce", bytes=bucket_bytes, participants=list(nodes),
+                        inputs={w: [f"bw{layers - 1}"] for w in nodes}, outputs={w: ["update"] for w in nodes},
+                        params=[f"l{layers - 1}.weight"]),
+             Collective(tensor="bucket1", op="allreduce", bytes=bucket_bytes // 2, participants=list(nodes),
+                        inputs={w: ["bw0"] for w in nodes}, outputs={w: ["update"] for w in nodes},
+                        params=[f"l{l}.weight" for l in range(layers - 1)])]
+    events = make_events(records)
+    events["host"] = events["node"].map({n: i.host for n, i in nodes.items()}).astype("string")
+    return TraceSet(manifest=manifest, events=events, edges=edges, collectives=colls)
+
+
+@pytest.fixture
+def tiny_trace_dir(tmp_path: Path) -> Path:
+    return save_trace(tiny_traceset(), tmp_path / "trace")
