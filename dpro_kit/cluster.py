@@ -53,13 +53,24 @@ like a full-duplex NIC on a non-blocking switch.  The parameters (see
 * ``latency`` L = 20 ms of queueing (tbf turns it into ``limit = R*L + B``
   bytes).  A queue much shorter than a bandwidth-delay product makes a single
   TCP flow lose packets and under-use the link; a long one only adds delay.
-  On the sender side TCP Small Queues keep the queue short anyway; the
-  receiver-side shaper sees traffic that the sender's shaper has already
-  paced to the same rate, so it rarely queues at all.
+  The sender-side shaper may still drop a few packets (TCP Small Queues
+  allow up to ``tcp_limit_output_bytes``, 4 MiB on recent kernels, per
+  socket); those are local drops that TCP retransmits at once, and measured
+  goodput stays within ~5 % of the rate.  The receiver-side shaper sees
+  traffic the sender's shaper already paced to the same rate, so it queues
+  only when several hosts send to one (fan-in) -- which is exactly the case
+  it exists for.
 * tbf counts whole frames (Ethernet header included), so TCP *goodput* with
   a 1500-byte MTU is about 1448/1514 = 95.6 % of ``rate_mbit``.
 
 ``rate_mbit=None`` leaves the links unshaped (veth speed, limited by CPU).
+
+Caveats: every "host" shares the machine's CPUs, so compute-heavy ranks
+slow each other down and the emulation is only faithful while the link, not
+the CPU, is the bottleneck (on 2 cores that holds comfortably up to a few
+hundred Mbit/s; unshaped veth reaches many Gbit/s).  tbf models bandwidth
+and queueing only -- no propagation delay, loss or jitter (netem would be
+needed for that).
 
 Requirements: root (namespaces and qdiscs need ``CAP_NET_ADMIN`` /
 ``CAP_SYS_ADMIN``), iproute2's ``ip`` with ``netns`` support and ``tc``.

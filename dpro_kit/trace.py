@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -222,20 +221,6 @@ class TraceSet:
 
     def nodes(self) -> list[str]:
         return self.manifest.workers() + self.manifest.servers()
-
-    def mean_durations(self) -> pd.DataFrame:
-        """Per (node, op): mean duration over the profiled iterations, plus static columns."""
-        ev = self.events
-        if ev.empty:
-            return ev.copy()
-        static = [c for c in EVENT_COLUMNS if c not in ("iteration", "start", "dur")]
-        g = ev.groupby(["node", "op"], sort=False, observed=True)
-        first = g[static[2:]].first() if len(static) > 2 else None
-        out = g["dur"].mean().rename("dur").to_frame()
-        out["count"] = g["dur"].size()
-        if first is not None:
-            out = out.join(first.drop(columns=[c for c in ("op",) if c in first.columns], errors="ignore"))
-        return out.reset_index()
 
 
 # --------------------------------------------------------------------------- event table helpers
@@ -448,7 +433,3 @@ def save_trace(ts: TraceSet, out_dir: str | os.PathLike) -> Path:
                    tool_version=m.tool_version, created=m.created, extra=dict(m.extra))
     atomic_write_text(out / "manifest.json", json.dumps(man.to_json(), indent=2))
     return out
-
-
-def is_finite_nonneg(x: float) -> bool:
-    return math.isfinite(x) and x >= 0
