@@ -237,6 +237,8 @@ def make_events(records: Iterable[dict[str, Any]] | pd.DataFrame, *, path: str |
     for name in REQUIRED_EVENT_FIELDS:
         if name not in df.columns:
             raise TraceFormatError(f"events lack the required field {name!r}", path=path, record="events[0]")
+        if name in ("start", "dur"):
+            continue  # NaN there is a bad value, reported below with the value
         missing = df[name].isna()
         if missing.any():
             i = int(np.flatnonzero(missing.to_numpy())[0])
@@ -261,11 +263,19 @@ def make_events(records: Iterable[dict[str, Any]] | pd.DataFrame, *, path: str |
             badv |= vals.to_numpy(dtype="float64", na_value=np.nan) < 0
         if badv.any():
             i = int(np.flatnonzero(badv)[0])
+            raw = df[col].iloc[i]
+            shown = "missing or NaN" if pd.isna(raw) else f"{raw!r}"
             raise TraceFormatError(
-                f"{col} is {df[col].iloc[i]!r}; it must be a finite number" + (" >= 0" if col == "dur" else ""),
+                f"field {col!r} is {shown}; it must be a finite number" + (" >= 0" if col == "dur" else ""),
                 path=path, record=f"events[{i}] (op {df['op'].iloc[i]!r})",
                 hint="the trace is corrupt; re-collect this node")
         df[col] = vals
+    it = pd.to_numeric(df["iteration"], errors="coerce")
+    bad_it = ~np.isfinite(it.to_numpy(dtype="float64", na_value=np.nan)) | (it % 1 != 0).to_numpy()
+    if bad_it.any():
+        i = int(np.flatnonzero(bad_it)[0])
+        raise TraceFormatError(f"iteration is {df['iteration'].iloc[i]!r}; it must be an integer", path=path,
+                               record=f"events[{i}] (op {df['op'].iloc[i]!r})")
     for col, (dtype, _) in EVENT_COLUMNS.items():
         try:
             df[col] = df[col].astype(dtype)
@@ -425,7 +435,8 @@ def save_trace(ts: TraceSet, out_dir: str | os.PathLike) -> Path:
         atomic_write_text(ndir / "dag.json", json.dumps(
             {"version": FORMAT_VERSION, "node": node, "edges": [list(e) for e in ts.edges.get(node, [])]},
             separators=(",", ":")))
-        colls = [c.to_node_json(node) for c in ts.collectives if node in c.inputs or node in c.outputs]
+        colls = [c.to_node_json(node) for c in ts.collectives
+                 if node in c.participants or node in c.inputs or node in c.outputs]
         atomic_write_text(ndir / "comm.json", json.dumps(
             {"version": FORMAT_VERSION, "node": node, "collectives": colls}, indent=1))
     man = Manifest(job=m.job, framework=m.framework, comm_backend=m.comm_backend, world_size=m.world_size,

@@ -132,5 +132,8 @@ def load_graph(path: str | os.PathLike) -> nx.DiGraph:
             raise TraceFormatError(f"cannot read GraphML: {exc}", path=path) from None
         g.graph["iteration_edges"] = [tuple(e) for e in json.loads(g.graph.get("iteration_edges", "[]"))]
         g.graph["meta"] = json.loads(g.graph.get("meta", "{}"))
+        for key in g.nodes:
+            for a, v in NODE_DEFAULTS.items():
+                g.nodes[key].setdefault(a, v)
         return g
     return from_json(read_json(path, what="graph file"), path=str(path))

@@ -9,9 +9,11 @@ frameworks' engines, and later scheduling work (TicTac, DeFT) only sets
 priorities.
 
 Events are processed in time order from one global heap, so the simulated
-start times never go backwards and every op that can be ready at time *t* is in
-its device's queue before the device picks at *t* (releases at *t* are handled
-before device wake-ups at *t*).  Ops whose device is ``-1`` (virtual In/Out
+start times never go backwards, and every op that can be ready at time *t* is in
+its device's queue before a device picks a positive-time op at *t*: releases at
+*t* come before wake-ups at *t*, and a wake-up whose pick would take time is
+deferred (flag 2) until the zero-time ops that run at *t* (e.g. RECVs with no
+measured time) have released their successors.  Ops whose device is ``-1`` (virtual In/Out
 markers, pure delays) take no device: they run as soon as they are ready.
 
 For each op we also record which op determined its start (the predecessor that
@@ -56,9 +58,11 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev):  # prag
     indeg = indeg0.copy()
     clock = np.zeros(ndev, dtype=np.float64)
     last = np.full(ndev, -1, dtype=np.int64)
-    busy = np.zeros(ndev, dtype=np.bool_)      # running an op or holding a pending wake-up
+    waiting = np.zeros(ndev, dtype=np.bool_)   # a wake-up for the device is in the event heap
+    deferred = np.full(ndev, -np.inf)          # time of the device's last deferred (flag 2) wake-up
 
-    # global events: (time, flag, id); flag 0 = op released, 1 = device wake-up
+    # global events: (time, flag, id); flag 0 = op released, 1 = device wake-up,
+    # 2 = wake-up deferred until every zero-time cascade at this time has run
     events = [(0.0, np.int64(0), np.int64(0))]
     events.pop()
     queues = [[(0.0, 0.0, np.int64(0))] for _ in range(ndev)]
@@ -74,36 +78,36 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev):  # prag
         t, flag, x = heapq.heappop(events)
         if flag == 0:
             d = device[x]
-            if d < 0:
-                s = t
-                start[x] = s
-                end[x] = s + dur[x]
-                crit_pred[x] = ready_pred[x]
-                n_done += 1
-                for k in range(indptr[x], indptr[x + 1]):
-                    v = succ[k]
-                    if end[x] >= ready[v]:
-                        ready[v] = end[x]
-                        ready_pred[v] = x
-                    indeg[v] -= 1
-                    if indeg[v] == 0:
-                        heapq.heappush(events, (ready[v], np.int64(0), v))
+            if d >= 0:
+                heapq.heappush(queues[d], (priority[x], t, x))
+                if not waiting[d]:
+                    waiting[d] = True
+                    heapq.heappush(events, (t, np.int64(1), np.int64(d)))
+                elif dur[x] == 0.0 and deferred[d] == t and clock[d] <= t:
+                    # a zero-time op joined a device that is holding back a positive-time pick at t
+                    heapq.heappush(events, (t, np.int64(1), np.int64(d)))
                 continue
-            heapq.heappush(queues[d], (priority[x], t, x))
-            if not busy[d]:
-                busy[d] = True
-                heapq.heappush(events, (t, np.int64(1), np.int64(d)))
+            o = x                      # takes no device: runs as soon as it is ready
+            start[o] = t
+            e = t + dur[o]
+            crit_pred[o] = ready_pred[o]
         else:
             d = x
+            if clock[d] > t:           # stale duplicate: the device is busy, a later wake-up exists
+                continue
             q = queues[d]
             if len(q) == 0:
-                busy[d] = False
+                waiting[d] = False
+                continue
+            if flag == 1 and dur[q[0][2]] > 0.0:
+                # picking a positive-time op now could miss ops that zero-time ops on other
+                # devices release at this same time t: decide after them
+                deferred[d] = t
+                heapq.heappush(events, (t, np.int64(2), np.int64(d)))
                 continue
             _p, r, o = heapq.heappop(q)
-            s = t if t > clock[d] else clock[d]
-            start[o] = s
-            e = s + dur[o]
-            end[o] = e
+            start[o] = t               # the device is free (clock <= t) and o is ready (r <= t)
+            e = t + dur[o]
             if last[d] >= 0 and clock[d] >= r:
                 crit_pred[o] = last[d]
             else:
@@ -111,14 +115,15 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev):  # prag
             dev_prev[o] = last[d]
             last[d] = o
             clock[d] = e
-            n_done += 1
-            heapq.heappush(events, (e, np.int64(1), d))
-            for k in range(indptr[o], indptr[o + 1]):
-                v = succ[k]
-                if e >= ready[v]:
-                    ready[v] = e
-                    ready_pred[v] = o
-                indeg[v] -= 1
-                if indeg[v] == 0:
-                    heapq.heappush(events, (ready[v], np.int64(0), v))
+            heapq.heappush(events, (e, np.int64(1), np.int64(d)))
+        end[o] = e
+        n_done += 1
+        for k in range(indptr[o], indptr[o + 1]):
+            v = succ[k]
+            if e >= ready[v]:
+                ready[v] = e
+                ready_pred[v] = o
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(events, (ready[v], np.int64(0), v))
     return start, end, crit_pred, dev_prev, n_done

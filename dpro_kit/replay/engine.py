@@ -41,7 +41,8 @@ class CompiledGraph:
 
     @property
     def n(self) -> int:
-        return len(self.keys)
+        """Number of ops in the arrays (an unrolled graph keeps the keys of one iteration)."""
+        return int(self.dur.size)
 
     def edges(self) -> tuple[np.ndarray, np.ndarray]:
         src = np.repeat(np.arange(self.n, dtype=np.int64), np.diff(self.indptr))
@@ -58,10 +59,29 @@ def csr_from_edges(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray
     return indptr, succ, indeg
 
 
+def induced_subgraph(g: nx.DiGraph, ops: Iterable[str]) -> nx.DiGraph:
+    """Copy of the subgraph induced by ``ops``, keeping ``g``'s node and edge order.
+
+    (``g.subgraph`` may iterate over a set, which would make tie-breaking, and so
+    partial replays, depend on the interpreter's hash seed.)
+    """
+    keep = set(ops)
+    unknown = [k for k in keep if k not in g]
+    if unknown:
+        raise GraphError(f"partial replay names {len(unknown)} op(s) not in the graph, e.g. {sorted(unknown)[0]!r}")
+    order = [k for k in g if k in keep]
+    h = nx.DiGraph()
+    h.graph.update(g.graph)
+    h.add_nodes_from((k, g.nodes[k]) for k in order)
+    h.add_edges_from((u, v) for u, v in g.edges(order) if v in keep)
+    h.graph["iteration_edges"] = [(u, v) for u, v in g.graph.get("iteration_edges", []) if u in keep and v in keep]
+    return h
+
+
 def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGraph:
     """Flatten ``g`` (or the subgraph induced by ``ops``) for the kernel."""
     if ops is not None:
-        g = g.subgraph(ops)
+        g = induced_subgraph(g, ops)
     try:
         keys = list(nx.topological_sort(g))
     except nx.NetworkXUnfeasible:
@@ -235,6 +255,8 @@ def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[
     """
     if iterations < 1:
         raise GraphError(f"iterations must be >= 1, got {iterations}")
+    if ops is not None and isinstance(g, CompiledGraph):
+        raise GraphError("partial replay (ops=...) needs the networkx graph, not a compiled one")
     cg = g if isinstance(g, CompiledGraph) else compile_graph(g, ops)
     u = unroll(cg, iterations)
     start, end, crit, prev, done = simulate(u.dur, u.device, u.priority, u.indptr, u.succ, u.indeg,
