@@ -38,6 +38,7 @@ def available() -> list[str]:
     return sorted(_READERS)
 
 
-from . import native  # noqa: E402  (registers the built-in readers)
+from . import native, torch_kineto  # noqa: E402  (the built-in readers; neither imports a framework)
 
 register_reader("dpro-events", native.read_node)
+register_reader("torch-kineto", torch_kineto.read_node)

@@ -23,8 +23,6 @@ execution graph in O(n).
 """
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 try:  # numba is a core dependency; the fallback keeps dpro usable where it cannot load
@@ -39,6 +37,36 @@ except Exception:  # pragma: no cover - exercised only without numba
         return lambda f: f
 
 
+@njit(inline="always")
+def _before(t1, k1, t2, k2):
+    return t1 < t2 or (t1 == t2 and k1 < k2)
+
+
+@njit(inline="always")
+def _q_before(p1, r1, i1, p2, r2, i2):
+    if p1 != p2:
+        return p1 < p2
+    if r1 != r2:
+        return r1 < r2
+    return i1 < i2
+
+
+@njit(inline="always")
+def _ev_push(ev_t, ev_k, ne, t, k):
+    """Push (t, k) on the event heap holding ne entries (capacity is never exceeded, see below)."""
+    j = ne
+    while j > 0:
+        pj = (j - 1) >> 1
+        if _before(t, k, ev_t[pj], ev_k[pj]):
+            ev_t[j] = ev_t[pj]
+            ev_k[j] = ev_k[pj]
+            j = pj
+        else:
+            break
+    ev_t[j] = t
+    ev_k[j] = k
+
+
 @njit(cache=True)
 def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev):  # pragma: no cover - compiled
     """Replay a DAG given as CSR successor arrays.
@@ -47,83 +75,180 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev):  # prag
     op that determined op i's start (-1 if none), ``dev_prev[i]`` the op that
     ran before i on its device (-1 if none), ``n_done`` the number of ops
     executed (< n means the graph has a cycle).
+
+    Same algorithm and results as the list/tuple version; the heaps are flat
+    arrays and the per-op state is packed by op for cache locality.
     """
     n = dur.shape[0]
-    start = np.zeros(n, dtype=np.float64)
-    end = np.zeros(n, dtype=np.float64)
-    ready = ready0.copy()
-    ready_pred = np.full(n, -1, dtype=np.int64)
-    crit_pred = np.full(n, -1, dtype=np.int64)
-    dev_prev = np.full(n, -1, dtype=np.int64)
-    indeg = indeg0.copy()
+    # hot per-op state packed by op: one or two cache lines per op instead of one per array
+    F = np.empty((n, 4), dtype=np.float64)        # dur, priority, ready, (unused)
+    I = np.empty((n + 1, 4), dtype=np.int64)      # device, indeg, ready_pred, first successor
+    for i in range(n):
+        F[i, 0] = dur[i]
+        F[i, 1] = priority[i]
+        F[i, 2] = ready0[i]
+        I[i, 0] = device[i]
+        I[i, 1] = indeg0[i]
+        I[i, 2] = -1
+        I[i, 3] = indptr[i]
+    I[n, 3] = indptr[n]
+    OUT_T = np.empty((n, 2), dtype=np.float64)    # start, end
+    OUT_P = np.empty((n, 2), dtype=np.int64)      # crit_pred, dev_prev
     clock = np.zeros(ndev, dtype=np.float64)
     last = np.full(ndev, -1, dtype=np.int64)
-    waiting = np.zeros(ndev, dtype=np.bool_)   # a wake-up for the device is in the event heap
-    deferred = np.full(ndev, -np.inf)          # time of the device's last deferred (flag 2) wake-up
+    waiting = np.zeros(ndev, dtype=np.bool_)
+    deferred = np.full(ndev, -np.inf)
 
-    # global events: (time, flag, id); flag 0 = op released, 1 = device wake-up,
-    # 2 = wake-up deferred until every zero-time cascade at this time has run
-    events = [(0.0, np.int64(0), np.int64(0))]
-    events.pop()
-    queues = [[(0.0, 0.0, np.int64(0))] for _ in range(ndev)]
-    for q in queues:
-        q.pop()
+    # event heap of (time, key): key < n: op released; n + d: device wake-up; n + ndev + d: deferred
+    # wake-up.  (time, key) orders exactly as (time, flag, id).
+    # capacity: at most n events are pending at any time -- each op accounts for its own pending
+    # release, or for the one pending wake-up of the chain its release started (every processed
+    # wake-up pushes at most one wake-up); checked with NUMBA_BOUNDSCHECK=1 and capacity n + 1.
+    cap = n + ndev + 16
+    ev_t = np.empty(cap, dtype=np.float64)
+    ev_k = np.empty(cap, dtype=np.int64)
+    ne = 0
+    # per-device queues: a heap per device in its own segment of three shared arrays
+    qoff = np.zeros(ndev + 1, dtype=np.int64)
+    for i in range(n):
+        if device[i] >= 0:
+            qoff[device[i] + 1] += 1
+    for d in range(ndev):
+        qoff[d + 1] += qoff[d]
+    qlen = np.zeros(ndev, dtype=np.int64)
+    m_all = max(qoff[ndev], 1)
+    q_p = np.empty(m_all, dtype=np.float64)
+    q_r = np.empty(m_all, dtype=np.float64)
+    q_i = np.empty(m_all, dtype=np.int64)
 
     for i in range(n):
-        if indeg[i] == 0:
-            heapq.heappush(events, (ready[i], np.int64(0), np.int64(i)))
+        if I[i, 1] == 0:
+            _ev_push(ev_t, ev_k, ne, F[i, 2], i)
+            ne += 1
 
     n_done = 0
-    while len(events) > 0:
-        t, flag, x = heapq.heappop(events)
-        if flag == 0:
-            d = device[x]
+    W1 = n
+    W2 = n + ndev
+    while ne > 0:
+        t = ev_t[0]
+        x = ev_k[0]
+        ne -= 1
+        if ne > 0:                       # sift the last entry down from the root
+            lt = ev_t[ne]
+            lk = ev_k[ne]
+            j = 0
+            while True:
+                c = 2 * j + 1
+                if c >= ne:
+                    break
+                if c + 1 < ne and _before(ev_t[c + 1], ev_k[c + 1], ev_t[c], ev_k[c]):
+                    c += 1
+                if _before(ev_t[c], ev_k[c], lt, lk):
+                    ev_t[j] = ev_t[c]
+                    ev_k[j] = ev_k[c]
+                    j = c
+                else:
+                    break
+            ev_t[j] = lt
+            ev_k[j] = lk
+        if x < W1:                                   # release of op x
+            d = I[x, 0]
             if d >= 0:
-                heapq.heappush(queues[d], (priority[x], t, x))
+                base = qoff[d]
+                p = F[x, 1]
+                j = qlen[d]
+                qlen[d] = j + 1
+                while j > 0:
+                    pj = (j - 1) >> 1
+                    if _q_before(p, t, x, q_p[base + pj], q_r[base + pj], q_i[base + pj]):
+                        q_p[base + j] = q_p[base + pj]
+                        q_r[base + j] = q_r[base + pj]
+                        q_i[base + j] = q_i[base + pj]
+                        j = pj
+                    else:
+                        break
+                q_p[base + j] = p
+                q_r[base + j] = t
+                q_i[base + j] = x
                 if not waiting[d]:
                     waiting[d] = True
-                    heapq.heappush(events, (t, np.int64(1), np.int64(d)))
-                elif dur[x] == 0.0 and deferred[d] == t and clock[d] <= t:
-                    # a zero-time op joined a device that is holding back a positive-time pick at t
-                    heapq.heappush(events, (t, np.int64(1), np.int64(d)))
+                    _ev_push(ev_t, ev_k, ne, t, W1 + d)
+                    ne += 1
+                elif F[x, 0] == 0.0 and deferred[d] == t and clock[d] <= t:
+                    _ev_push(ev_t, ev_k, ne, t, W1 + d)
+                    ne += 1
                 continue
-            o = x                      # takes no device: runs as soon as it is ready
-            start[o] = t
-            e = t + dur[o]
-            crit_pred[o] = ready_pred[o]
-        else:
-            d = x
-            if clock[d] > t:           # stale duplicate: the device is busy, a later wake-up exists
+            o = x
+            e = t + F[o, 0]
+            OUT_T[o, 0] = t
+            OUT_T[o, 1] = e
+            OUT_P[o, 0] = I[o, 2]
+            OUT_P[o, 1] = -1
+        else:                                        # device wake-up
+            if x < W2:
+                d = x - W1
+                flag = 1
+            else:
+                d = x - W2
+                flag = 2
+            if clock[d] > t:
                 continue
-            q = queues[d]
-            if len(q) == 0:
+            m = qlen[d]
+            if m == 0:
                 waiting[d] = False
                 continue
-            if flag == 1 and dur[q[0][2]] > 0.0:
-                # picking a positive-time op now could miss ops that zero-time ops on other
-                # devices release at this same time t: decide after them
+            base = qoff[d]
+            o = q_i[base]
+            if flag == 1 and F[o, 0] > 0.0:
                 deferred[d] = t
-                heapq.heappush(events, (t, np.int64(2), np.int64(d)))
+                _ev_push(ev_t, ev_k, ne, t, W2 + d)
+                ne += 1
                 continue
-            _p, r, o = heapq.heappop(q)
-            start[o] = t               # the device is free (clock <= t) and o is ready (r <= t)
-            e = t + dur[o]
+            r = q_r[base]
+            m -= 1                                   # pop the queue's head
+            qlen[d] = m
+            if m > 0:
+                lp = q_p[base + m]
+                lr = q_r[base + m]
+                li = q_i[base + m]
+                j = 0
+                while True:
+                    c = 2 * j + 1
+                    if c >= m:
+                        break
+                    if c + 1 < m and _q_before(q_p[base + c + 1], q_r[base + c + 1], q_i[base + c + 1],
+                                               q_p[base + c], q_r[base + c], q_i[base + c]):
+                        c += 1
+                    if _q_before(q_p[base + c], q_r[base + c], q_i[base + c], lp, lr, li):
+                        q_p[base + j] = q_p[base + c]
+                        q_r[base + j] = q_r[base + c]
+                        q_i[base + j] = q_i[base + c]
+                        j = c
+                    else:
+                        break
+                q_p[base + j] = lp
+                q_r[base + j] = lr
+                q_i[base + j] = li
+            e = t + F[o, 0]
+            OUT_T[o, 0] = t
+            OUT_T[o, 1] = e
             if last[d] >= 0 and clock[d] >= r:
-                crit_pred[o] = last[d]
+                OUT_P[o, 0] = last[d]
             else:
-                crit_pred[o] = ready_pred[o]
-            dev_prev[o] = last[d]
+                OUT_P[o, 0] = I[o, 2]
+            OUT_P[o, 1] = last[d]
             last[d] = o
             clock[d] = e
-            heapq.heappush(events, (e, np.int64(1), np.int64(d)))
-        end[o] = e
+            _ev_push(ev_t, ev_k, ne, e, W1 + d)
+            ne += 1
         n_done += 1
-        for k in range(indptr[o], indptr[o + 1]):
-            v = succ[k]
-            if e >= ready[v]:
-                ready[v] = e
-                ready_pred[v] = o
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                heapq.heappush(events, (ready[v], np.int64(0), v))
-    return start, end, crit_pred, dev_prev, n_done
+        for kk in range(I[o, 3], I[o + 1, 3]):       # release successors
+            v = succ[kk]
+            if e >= F[v, 2]:
+                F[v, 2] = e
+                I[v, 2] = o
+            I[v, 1] -= 1
+            if I[v, 1] == 0:
+                _ev_push(ev_t, ev_k, ne, F[v, 2], v)
+                ne += 1
+    return (OUT_T[:, 0].copy(), OUT_T[:, 1].copy(), OUT_P[:, 0].copy(), OUT_P[:, 1].copy(), n_done)

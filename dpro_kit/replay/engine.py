@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import GraphError
-from ._kernel import simulate
+from ._kernel import njit, simulate
 
 
 @dataclass
@@ -78,40 +78,88 @@ def induced_subgraph(g: nx.DiGraph, ops: Iterable[str]) -> nx.DiGraph:
     return h
 
 
+@njit(cache=True)
+def _generations_order(indptr, succ, indeg0):  # pragma: no cover - compiled
+    """``nx.topological_sort``'s order (generation by generation, children in edge insertion
+    order) on a CSR built from ``g.adj`` in insertion order; shorter than n if there is a cycle."""
+    n = indeg0.size
+    indeg = indeg0.copy()
+    order = np.empty(n, dtype=np.int64)
+    m = 0
+    for i in range(n):
+        if indeg[i] == 0:
+            order[m] = i
+            m += 1
+    lo = 0
+    while lo < m:
+        hi = m
+        for j in range(lo, hi):
+            u = order[j]
+            for k in range(indptr[u], indptr[u + 1]):
+                v = succ[k]
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    order[m] = v
+                    m += 1
+        lo = hi
+    return order[:m]
+
+
 def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGraph:
     """Flatten ``g`` (or the subgraph induced by ``ops``) for the kernel."""
     if ops is not None:
         g = induced_subgraph(g, ops)
-    try:
-        keys = list(nx.topological_sort(g))
-    except nx.NetworkXUnfeasible:
+    keys0 = list(g)                                   # insertion order
+    n = len(keys0)
+    index0 = dict(zip(keys0, range(n)))
+    dur0 = np.empty(n, dtype=np.float64)
+    prio0 = np.empty(n, dtype=np.float64)
+    dev0 = np.empty(n, dtype=np.int64)
+    dev_names: dict[str, int] = {}
+    for i, (k, d) in enumerate(g.nodes(data=True)):  # one pass over the attribute dicts
+        dur0[i] = d.get("dur", 0.0)
+        prio0[i] = d.get("priority", 0.0)
+        dv = d.get("device", "")
+        dev0[i] = dev_names.setdefault(dv, len(dev_names)) if dv else -1
+    m = g.number_of_edges()
+    src0 = np.empty(m, dtype=np.int64)
+    dst0 = np.empty(m, dtype=np.int64)
+    j = 0
+    for u, nbrs in g.adj.items():                     # successors in insertion order
+        iu = index0[u]
+        for v in nbrs:
+            src0[j] = iu
+            dst0[j] = index0[v]
+            j += 1
+    ip0, s0, deg0 = csr_from_edges(n, src0, dst0)
+    order = _generations_order(ip0, s0, deg0)
+    if order.size < n:
         cycle = nx.find_cycle(g)
         raise GraphError("the dependency graph has a cycle: " + " -> ".join(repr(u) for u, _ in cycle[:6]),
-                         hint="an op cannot depend on itself; check the dependency files") from None
-    index = {k: i for i, k in enumerate(keys)}
-    n = len(keys)
-    nodes = g.nodes
-    dur = np.fromiter((nodes[k].get("dur", 0.0) for k in keys), dtype=np.float64, count=n)
+                         hint="an op cannot depend on itself; check the dependency files")
+    keys = [keys0[i] for i in order]
+    dur = dur0[order]
     bad = ~np.isfinite(dur) | (dur < 0)
     if bad.any():
         k = keys[int(np.flatnonzero(bad)[0])]
-        raise GraphError(f"op {k!r} has duration {nodes[k].get('dur')!r}; durations must be finite and >= 0")
-    prio = np.fromiter((nodes[k].get("priority", 0.0) for k in keys), dtype=np.float64, count=n)
-    dev_names: dict[str, int] = {}
-    device = np.empty(n, dtype=np.int64)
-    for i, k in enumerate(keys):
-        d = nodes[k].get("device", "")
-        device[i] = dev_names.setdefault(d, len(dev_names)) if d else -1
-    m = g.number_of_edges()
-    src = np.empty(m, dtype=np.int64)
-    dst = np.empty(m, dtype=np.int64)
-    for j, (u, v) in enumerate(g.edges()):
-        src[j] = index[u]
-        dst[j] = index[v]
-    indptr, succ, indeg = csr_from_edges(n, src, dst)
-    it = [(index[u], index[v]) for u, v in g.graph.get("iteration_edges", []) if u in index and v in index]
+        raise GraphError(f"op {k!r} has duration {g.nodes[k].get('dur')!r}; durations must be finite and >= 0")
+    inv = np.empty(n, dtype=np.int64)
+    inv[order] = np.arange(n, dtype=np.int64)
+    # devices numbered in order of first appearance in the topological order (as before)
+    dev_t = dev0[order]
+    used = dev_t >= 0
+    ids, first = np.unique(dev_t[used], return_index=True)
+    by_first = ids[np.argsort(first, kind="stable")]
+    remap = np.full(max(len(dev_names), 1), -1, dtype=np.int64)
+    remap[by_first] = np.arange(by_first.size, dtype=np.int64)
+    device = np.where(used, remap[np.maximum(dev_t, 0)], -1)
+    names = list(dev_names)
+    devices = [names[int(i)] for i in by_first]
+    indptr, succ, indeg = csr_from_edges(n, inv[src0], inv[dst0])
+    it = [(inv[index0[u]], inv[index0[v]]) for u, v in g.graph.get("iteration_edges", [])
+          if u in index0 and v in index0]
     it_arr = np.array(it, dtype=np.int64).reshape(-1, 2)
-    return CompiledGraph(keys=keys, dur=dur, device=device, devices=list(dev_names), priority=prio,
+    return CompiledGraph(keys=keys, dur=dur, device=device, devices=devices, priority=prio0[order],
                          indptr=indptr, succ=succ, indeg=indeg, iter_src=it_arr[:, 0].copy(),
                          iter_dst=it_arr[:, 1].copy())
 

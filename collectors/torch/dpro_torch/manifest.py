@@ -1,0 +1,127 @@
+"""Write ``manifest.json`` for a directory of per-rank ``meta.json`` files.
+
+Every rank calls :func:`try_write_manifest` after writing its own ``meta.json``;
+the rank that finds all ``world_size`` ranks present writes the manifest (the
+last one to finish always does; several writers write the same content).
+When ranks ran on machines without a shared file system, copy their
+``<host>/<rank>/`` folders into one directory and run::
+
+    python -m dpro_torch.manifest DIR
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import markers as M
+
+MANIFEST_FORMAT = "dpro-trace"
+MANIFEST_VERSION = 1
+RAW_FORMAT = "torch-kineto"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def find_metas(root: Path) -> list[tuple[Path, dict[str, Any]]]:
+    out = []
+    for p in sorted(root.glob("*/*/meta.json")):
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("format") == M.META_FORMAT:
+            out.append((p, doc))
+    return out
+
+
+def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    by_rank: dict[int, tuple[Path, dict]] = {}
+    for p, doc in metas:
+        by_rank[int(doc["rank"])] = (p, doc)
+    world = max(int(d["world_size"]) for _, d in metas)
+    missing = sorted(set(range(world)) - set(by_rank))
+    if missing:
+        raise ValueError(f"meta.json missing for rank(s) {missing} under {root}")
+    nodes, iters = {}, None
+    for r in range(world):
+        p, doc = by_rank[r]
+        rel = p.parent.relative_to(root).as_posix()
+        # node names say where the rank ran (<host>/<rank>, docs/trace-format.md)
+        nodes[f"{doc['host']}/{r}"] = {"host": doc["host"], "role": "worker", "rank": r, "dir": rel}
+        steps = set(doc.get("window", {}).get("profiled_steps", [])) if doc.get("trace_file") else set()
+        iters = steps if iters is None else iters & steps
+    d0 = by_rank[0][1]
+    medians = {f"{by_rank[r][1]['host']}/{r}": (by_rank[r][1].get("measured") or {}).get("median_unprofiled_us")
+               for r in range(world)}
+    known = [v for v in medians.values() if v]
+    ddp0 = (d0.get("ddp") or [{}])[0]
+    return {
+        "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
+        "job": d0.get("job", "job"), "framework": "pytorch", "comm_backend": d0.get("backend") or "unknown",
+        "world_size": world, "nodes": nodes, "iterations": sorted(iters or []),
+        "raw_format": RAW_FORMAT,
+        "tool_version": f"dpro_torch/{_version()} torch/{d0.get('torch_version', '?')}",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "extra": {"collector": "dpro_torch", "run_id": d0.get("run_id", ""),
+                  "ddp": {k: ddp0.get(k) for k in ("bucket_cap_bytes", "gradient_as_bucket_view",
+                                                   "find_unused_parameters", "static_graph", "device")},
+                  # median wall time of the unprofiled iterations; the job's is its slowest rank's
+                  "measured_iteration_ms": round(max(known) / 1e3, 4) if known else None,
+                  "measured_iteration_ms_per_node": {n: (round(v / 1e3, 4) if v else None)
+                                                     for n, v in medians.items()}},
+    }
+
+
+def _version() -> str:
+    from . import __version__
+    return __version__
+
+
+def try_write_manifest(root: str | os.PathLike, *, run_id: str | None = None) -> bool:
+    """Write ``root/manifest.json`` if every rank's meta.json (of this run) is there."""
+    root = Path(root)
+    metas = find_metas(root)
+    if run_id is not None:
+        metas = [(p, d) for p, d in metas if d.get("run_id") == run_id]
+    if not metas:
+        return False
+    world = max(int(d["world_size"]) for _, d in metas)
+    if len({int(d["rank"]) for _, d in metas}) < world:
+        return False
+    _atomic_write(root / "manifest.json", json.dumps(build_manifest(root, metas), indent=2))
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="write manifest.json for a dpro_torch trace directory")
+    ap.add_argument("dir")
+    args = ap.parse_args(argv)
+    root = Path(args.dir)
+    metas = find_metas(root)
+    if not metas:
+        print(f"{root}: no */*/meta.json written by dpro_torch", file=sys.stderr)
+        return 2
+    try:
+        doc = build_manifest(root, metas)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    _atomic_write(root / "manifest.json", json.dumps(doc, indent=2))
+    print(root / "manifest.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,603 @@
+"""Reader for PyTorch traces recorded by the ``dpro_torch`` collector (raw format ``torch-kineto``).
+
+A node folder holds ``meta.json`` (written by ``collectors/torch/dpro_torch``)
+and the Kineto (chrome-trace JSON) trace it names (``kineto_trace.json``, or
+``.json.gz``).  What the reader takes from where:
+
+* **iterations** - the ``dpro::step_end`` markers on the training thread; the
+  ``i``-th marker ends profiled step ``meta.window.profiled_steps[i]``, the
+  first iteration starts after the ``dpro::clock_sync`` markers;
+* **ops** - one row per *top-level* op per iteration: the outermost Kineto
+  event on a compute thread that is not a ``record_function`` range wrapping
+  other ops (framework ranges such as ``DistributedDataParallel.forward`` or
+  ``Optimizer.step#SGD.step`` are looked through; a range with nothing inside,
+  such as ``Optimizer.zero_grad``, is an op).  The op id is ``name#k``, the
+  ``k``-th op of that name in the iteration on that thread, so the same op has
+  the same id in every iteration;
+* **kind** - only from the collector's phase markers: inside
+  ``dpro::forward`` -> FW, ``dpro::backward`` -> BW, ``dpro::optimizer_step``
+  -> UPDATE, anything else (data, loss, zero_grad) -> OTHER; collectives run by
+  the communication library -> COMM.  Op names are never inspected for this;
+* **stream** - ``compute`` for the training thread and any autograd thread: on
+  CPU both run on the same cores and the training thread blocks inside
+  ``backward()`` while an autograd thread works, so one device per node is the
+  faithful model; ``comm`` for collectives; ``gpu:<stream>`` for CUDA kernels;
+* **communication** - gloo: the launch ``c10d::<collective>`` (the c10d
+  operator namespace) on a compute thread and the ``gloo:<collective>`` range
+  on a gloo worker thread, paired per collective type in launch order; the
+  worker range is the COMM event (stream ``comm``).  NCCL (*untested: only
+  CPU traces could be recorded here*): the launches paired in order with the
+  ``nccl*`` kernels on CUDA streams; other CUDA kernels become ops on stream
+  ``gpu:<stream>`` after the top-level CPU op that launched them (Kineto
+  ``External id``);
+* **DDP buckets** - ``meta.ddp[0].buckets`` (composition after DDP's bucket
+  rebuild, in reduction order); the ``j``-th allreduce launched inside the
+  backward phase of an iteration is bucket ``j``.  Each bucket becomes one
+  collective (``allreduce``/``ring``).  ``inputs``: the backward op that
+  launched it.  The ``dpro::grad_ready/<param>`` markers give the op in which
+  the bucket's last gradient became ready (``ready_op`` in the collective
+  entry; DDP launches then, or later when it holds a bucket back to keep bucket
+  order); it stands in for the launch op when no launch was recorded.
+  ``outputs``: the op after the last bucket's launch op on that thread - the
+  first op of DDP's finalize, which waits for the reduced buckets (the first
+  UPDATE op if there is none).  Ranges on gloo worker threads can end late
+  (the thread is descheduled after it completed the work), so the reader does
+  not infer waits from their end times;
+* **host time** - on the training thread the Python time between two
+  top-level ops is charged to the op that follows (``start`` moves back to the
+  previous op's end; ``dur`` grows), except from the bucket-wait op to the end
+  of the backward phase, where the gaps are waiting for the allreduces, not
+  work.  Eager PyTorch spends a large share of a small model's iteration in the
+  interpreter; without this the replay would miss it.
+  ``manifest.extra["torch_kineto"]["host_gaps"] = "keep"`` turns it off;
+* **COMM durations** - collectives that ran at the same time on a node (gloo
+  has two worker threads) share its one network path, so each COMM event's
+  ``dur`` is the time it ran alone plus an equal share of the time it
+  overlapped others (its ``start`` is as recorded).  Only the fitted
+  communication model reads these durations.
+
+Times are microseconds since the Unix epoch (Kineto ``ts`` + the trace's
+``baseTimeNanoseconds``; the ``dpro::clock_sync`` marker checks this against
+``time.time_ns()`` and corrects it when the two clocks disagree), so the nodes
+of one machine share a clock.  As float64 such values step by 0.25 us;
+durations are exact (computed in integer nanoseconds).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import TraceFormatError
+from ..trace import Manifest, NodeTrace, OpKind, make_events, read_json
+
+META_FORMAT = "dpro-torch-meta"
+META_VERSIONS = (1,)
+
+# collector markers (collectors/torch/dpro_torch/markers.py; also listed in meta.json)
+MARKERS = {"forward": "dpro::forward", "backward": "dpro::backward", "optimizer": "dpro::optimizer_step",
+           "step_end": "dpro::step_end", "clock_sync": "dpro::clock_sync", "grad_ready_prefix": "dpro::grad_ready/"}
+MARKER_NS = "dpro::"
+
+#: operator namespace of c10d collectives as dispatched on the launching thread (gloo and NCCL)
+C10D_NS = "c10d::"
+#: c10d launch op -> collective name used for tensor/op ids
+C10D_COLLECTIVES = {
+    "c10d::allreduce_": "allreduce", "c10d::allreduce_coalesced_": "allreduce",
+    "c10d::broadcast_": "broadcast", "c10d::allgather_": "allgather", "c10d::_allgather_base_": "allgather",
+    "c10d::allgather_into_tensor_coalesced_": "allgather", "c10d::reduce_scatter_": "reduce_scatter",
+    "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "c10d::reduce_": "reduce", "c10d::gather_": "gather", "c10d::scatter_": "scatter",
+    "c10d::alltoall_": "alltoall", "c10d::alltoall_base_": "alltoall", "c10d::barrier": "barrier",
+    "c10d::send": "send", "c10d::recv_": "recv",
+}
+#: ranges gloo's worker threads record around the collective they execute
+GLOO_WORKER = {
+    "gloo:all_reduce": "allreduce", "gloo:broadcast": "broadcast", "gloo:all_gather": "allgather",
+    "gloo:reduce_scatter": "reduce_scatter", "gloo:reduce": "reduce", "gloo:gather": "gather",
+    "gloo:scatter": "scatter", "gloo:all_to_all": "alltoall", "gloo:barrier": "barrier",
+    "gloo:send": "send", "gloo:recv": "recv",
+}
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+CPU_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
+ANNOTATION_CAT = "user_annotation"
+PYTHON_CAT = "python_function"  # with_stack traces: Python frames, looked through like annotations
+
+
+@dataclass
+class Ev:
+    name: str
+    cat: str
+    tid: Any
+    pid: Any
+    start: int            # ns since the epoch
+    dur: int              # ns
+    args: dict[str, Any]
+    children: list["Ev"] = field(default_factory=list)
+    parent: "Ev | None" = None
+
+    @property
+    def end(self) -> int:
+        return self.start + self.dur
+
+
+@dataclass
+class _Op:
+    ev: Ev
+    thread: str           # "" for the training thread, "t<j>/" for other compute threads, "gpu<s>/" for streams
+    stream: str
+    kind: str
+    iteration: int
+    op: str = ""
+    start: int = 0
+    dur: int = 0
+
+
+# --------------------------------------------------------------------------- reading files
+
+def _load_meta(node_dir: Path) -> dict[str, Any]:
+    path = node_dir / "meta.json"
+    meta = read_json(path, what="dpro_torch meta file")
+    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
+        raise TraceFormatError("not a dpro_torch meta.json", path=path, hint=f'expected "format": "{META_FORMAT}"')
+    if meta.get("version") not in META_VERSIONS:
+        raise TraceFormatError(f"unsupported meta.json version {meta.get('version')!r}", path=path,
+                               hint=f"this reader understands versions {list(META_VERSIONS)}")
+    for key in ("rank", "window", "ddp"):
+        if key not in meta:
+            raise TraceFormatError(f"meta.json lacks {key!r}", path=path)
+    if not meta.get("trace_file"):
+        w = meta.get("window", {})
+        done = len(meta.get("steps", []))
+        raise TraceFormatError(
+            f"no Kineto trace was written (the job ran {done} iteration(s); the profiling window was "
+            f"{w.get('start_step')}:{w.get('stop_step')})", path=path,
+            hint="profile iterations the job actually reaches (DPRO_STEPS)")
+    return meta
+
+
+def _load_kineto(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise TraceFormatError("Kineto trace not found", path=path, hint="copy the whole node folder")
+    if path.suffix == ".gz":
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except (OSError, EOFError, ValueError) as exc:
+            raise TraceFormatError(f"cannot read gzipped trace: {exc}", path=path,
+                                   hint="the file is truncated or corrupt; re-collect this node") from None
+    else:
+        doc = read_json(path, what="Kineto trace")
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise TraceFormatError("not a Kineto/chrome trace (no 'traceEvents' list)", path=path)
+    return doc
+
+
+def _events(doc: dict[str, Any], path: Path) -> list[Ev]:
+    base = int(doc.get("baseTimeNanoseconds", 0) or 0)
+    out = []
+    for i, e in enumerate(doc["traceEvents"]):
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        cat = e.get("cat", "")
+        if cat not in CPU_CATS and cat not in GPU_CATS and cat != "gpu_user_annotation":
+            continue
+        try:
+            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            raise TraceFormatError("event without a numeric ts/dur", path=path, record=f"traceEvents[{i}]") from None
+        if not (dur >= 0):
+            raise TraceFormatError(f"negative or invalid duration {dur!r}", path=path, record=f"traceEvents[{i}]")
+        out.append(Ev(name=str(e.get("name", "")), cat=cat, tid=e.get("tid"), pid=e.get("pid"),
+                      start=round(ts * 1000) + base, dur=round(dur * 1000), args=e.get("args") or {}))
+    return out
+
+
+def _nest(evs: list[Ev]) -> list[Ev]:
+    """Build the call tree of one thread's events; return the roots."""
+    evs = sorted(evs, key=lambda e: (e.start, -e.dur))
+    roots, stack = [], []
+    for e in evs:
+        while stack and e.start >= stack[-1].end:
+            stack.pop()
+        while stack and e.end > stack[-1].end:  # overlaps without nesting: treat as a sibling
+            stack.pop()
+        if stack:
+            e.parent = stack[-1]
+            stack[-1].children.append(e)
+        else:
+            roots.append(e)
+        stack.append(e)
+    return roots
+
+
+def _top_level(roots: list[Ev]) -> list[Ev]:
+    """Outermost ops: look through record_function ranges that wrap other events."""
+    out = []
+    todo = list(reversed(roots))
+    while todo:
+        e = todo.pop()
+        if (e.cat == ANNOTATION_CAT and e.children) or e.cat == PYTHON_CAT:
+            todo.extend(reversed(e.children))  # a Python frame without ops inside is host time
+        else:
+            out.append(e)
+    return out
+
+
+def _contains(intervals: list[tuple[int, int, Any]], t: int) -> Any:
+    """The payload of the interval (sorted, non-overlapping) that contains time ``t``, else None."""
+    lo, hi = 0, len(intervals)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if intervals[mid][0] <= t:
+            lo = mid + 1
+        else:
+            hi = mid
+    i = lo - 1
+    if i >= 0 and intervals[i][0] <= t < intervals[i][1]:
+        return intervals[i][2]
+    return None
+
+
+def _root_of(e: Ev, tops: dict[int, Any]) -> Ev | None:
+    while e is not None and id(e) not in tops:
+        e = e.parent
+    return e
+
+
+# --------------------------------------------------------------------------- the reader
+
+def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
+    node_dir = Path(node_dir)
+    meta = _load_meta(node_dir)
+    tpath = node_dir / str(meta["trace_file"])
+    doc = _load_kineto(tpath)
+    opts = (manifest.extra.get("torch_kineto") or {}) if isinstance(manifest.extra, dict) else {}
+    fold_gaps = str(opts.get("host_gaps", "fold")) != "keep"
+    return parse_node(meta, doc, path=tpath, fold_gaps=fold_gaps)
+
+
+def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_gaps: bool = True) -> NodeTrace:
+    mk = dict(MARKERS)
+    mk.update({k: v for k, v in (meta.get("markers") or {}).items() if isinstance(v, str)})
+    phase_of_marker = {mk["forward"]: OpKind.FW.value, mk["backward"]: OpKind.BW.value,
+                       mk["optimizer"]: OpKind.UPDATE.value}
+    evs = _events(doc, path)
+    cpu = [e for e in evs if e.cat in CPU_CATS]
+    gpu = [e for e in evs if e.cat in GPU_CATS]
+
+    # ---- threads ----------------------------------------------------------------------
+    by_tid: dict[Any, list[Ev]] = defaultdict(list)
+    for e in cpu:
+        by_tid[(e.pid, e.tid)].append(e)
+    main_key = next((k for k in by_tid if k[1] == meta.get("main_tid")), None)
+    if main_key is None or not any(e.name.startswith(MARKER_NS) for e in by_tid[main_key]):
+        counts = Counter(k for k, es in by_tid.items() for e in es if e.name.startswith(MARKER_NS))
+        if not counts:
+            raise TraceFormatError("the trace has no dpro:: markers", path=path,
+                                   hint="record it with the dpro_torch collector (collectors/torch)")
+        main_key = counts.most_common(1)[0][0]
+    main = by_tid[main_key]
+    markers = [e for e in main if e.name.startswith(MARKER_NS)]
+    main = [e for e in main if not e.name.startswith(MARKER_NS)]
+
+    # ---- clock -------------------------------------------------------------------------
+    offset_ns = 0
+    sync = sorted((e for e in markers if e.name == mk["clock_sync"]), key=lambda e: e.start)
+    sync_meta = (meta.get("clock") or {}).get("sync") or []
+    pairs = list(zip(sync, sync_meta))
+    if pairs:  # the marker whose time.time_ns() bracket is tightest
+        s, m = min(pairs, key=lambda p: int(p[1]["time_ns_after"]) - int(p[1]["time_ns_before"]))
+        lo, hi = int(m["time_ns_before"]), int(m["time_ns_after"])
+        if not (lo <= s.start and s.end <= hi):  # the two clocks disagree: move Kineto's onto time.time_ns()
+            offset_ns = (lo + hi) // 2 - (s.start + s.dur // 2)
+
+    # ---- iterations ----------------------------------------------------------------------
+    ends = sorted((e for e in markers if e.name == mk["step_end"]), key=lambda e: e.start)
+    steps = [int(s) for s in meta["window"].get("profiled_steps", [])]
+    if not ends or not steps:
+        raise TraceFormatError("no complete profiled iteration in the trace (no dpro::step_end marker)", path=path,
+                               hint="the job stopped inside the first profiled iteration; profile earlier steps")
+    if len(ends) > len(steps):
+        raise TraceFormatError(f"{len(ends)} step_end markers but meta.json lists {len(steps)} profiled steps",
+                               path=path, hint="meta.json does not belong to this trace")
+    steps = steps[:len(ends)]
+    t0 = sync[-1].end if sync else min(e.start for e in main)
+    windows, prev = [], t0
+    for it, e in zip(steps, ends):
+        windows.append((prev, e.start, it))
+        prev = e.end
+
+    def iteration_of(t: int) -> int | None:
+        return _contains(windows, t)
+
+    phases = sorted(((e.start, e.end, phase_of_marker[e.name]) for e in markers if e.name in phase_of_marker))
+    phases = _flatten(phases)
+
+    # ---- communication worker threads and compute threads -----------------------------------
+    comm_worker: list[Ev] = []
+    compute_threads: list[tuple[Any, list[Ev]]] = [(main_key, main)]
+    for key, es in sorted(by_tid.items(), key=lambda kv: min(e.start for e in kv[1])):
+        if key == main_key:
+            continue
+        work = [e for e in es if e.name in GLOO_WORKER]
+        if work:
+            comm_worker.extend(work)
+            busy = _flatten(sorted((w.start, w.end, True) for w in work))
+            # whatever runs inside a collective on its worker thread is part of the collective
+            es = [e for e in es if e.name not in GLOO_WORKER and not _contains(busy, e.start)]
+        es = [e for e in es if not e.name.startswith(MARKER_NS)]
+        if es and any(iteration_of(e.start) is not None for e in es):
+            compute_threads.append((key, es))
+
+    # ---- top-level ops ----------------------------------------------------------------------
+    ops: list[_Op] = []
+    op_spans: dict[Any, list[tuple[int, int, _Op]]] = {}  # thread -> (start, end, top-level op), sorted
+    for j, (key, es) in enumerate(compute_threads):
+        prefix = "" if j == 0 else f"t{j}/"
+        spans = []
+        for e in _top_level(_nest(es)):
+            it = iteration_of(e.start)
+            if it is None:
+                continue
+            kind = _contains(phases, e.start) or OpKind.OTHER.value
+            o = _Op(ev=e, thread=prefix, stream="compute", kind=kind, iteration=it, start=e.start, dur=e.dur)
+            ops.append(o)
+            spans.append((e.start, max(e.end, e.start + 1), o))
+        op_spans[key] = sorted(spans, key=lambda x: x[0])
+    # gradient-ready markers (on whichever thread ran autograd): param index -> [(time, top-level op)]
+    gprefix = mk["grad_ready_prefix"]
+    ready: dict[int, list[tuple[int, _Op]]] = defaultdict(list)
+    for key, es in by_tid.items():
+        for e in es:
+            if e.name.startswith(gprefix) and key in op_spans:
+                o = _contains(op_spans[key], e.start)
+                if o is not None and e.name[len(gprefix):].isdigit():
+                    ready[int(e.name[len(gprefix):])].append((e.start, o))
+    # CUDA kernels (untested here): one op per kernel, on its stream
+    gpu_comm: list[Ev] = []
+    for e in sorted(gpu, key=lambda e: e.start):
+        it = iteration_of(e.start)
+        if it is None:
+            continue
+        if e.name.lower().startswith("nccl"):
+            gpu_comm.append(e)
+            continue
+        kind = _contains(phases, e.start) or OpKind.OTHER.value
+        ops.append(_Op(ev=e, thread=f"gpu{e.tid}/", stream=f"gpu:{e.tid}", kind=kind, iteration=it,
+                       start=e.start, dur=e.dur))
+
+    # stable ids: name#k per (iteration, thread)
+    ops.sort(key=lambda o: (o.iteration, o.thread, o.start))
+    counter: dict[tuple[int, str, str], int] = defaultdict(int)
+    for o in ops:
+        key = (o.iteration, o.thread, o.ev.name)
+        o.op = f"{o.thread}{o.ev.name}#{counter[key]}"
+        counter[key] += 1
+    seqs: dict[tuple[int, str], list[_Op]] = defaultdict(list)  # (iteration, thread) -> ops in order
+    for o in ops:
+        if not o.thread.startswith("gpu"):
+            seqs[(o.iteration, o.thread)].append(o)
+    for seq in seqs.values():
+        seq.sort(key=lambda o: o.start)
+    top_ids = {id(o.ev): o for seq in seqs.values() for o in seq}
+
+    # ---- collectives: launches on a compute thread (the training thread on CPU, the autograd
+    # thread on CUDA), work on gloo worker threads / NCCL kernels ---------------------------------
+    launches = sorted((e for _, es in compute_threads for e in es if e.name in C10D_COLLECTIVES),
+                      key=lambda e: e.start)
+    work_by_type: dict[str, list[Ev]] = defaultdict(list)
+    for e in sorted(comm_worker, key=lambda e: e.start):
+        work_by_type[GLOO_WORKER[e.name]].append(e)
+    if not comm_worker and gpu_comm:  # NCCL: kernels in launch order
+        work_by_type["*"] = gpu_comm
+    taken: dict[str, int] = defaultdict(int)
+    pairs: list[tuple[Ev, Ev | None, str]] = []
+    for e in launches:
+        coll = C10D_COLLECTIVES[e.name]
+        queue = work_by_type.get(coll) or work_by_type.get("*") or []
+        key = coll if coll in work_by_type else "*"
+        w = queue[taken[key]] if taken[key] < len(queue) else None
+        taken[key] += 1
+        pairs.append((e, w, coll))
+
+    ddp = (meta.get("ddp") or [{}])[0] if meta.get("ddp") else {}
+    buckets = ddp.get("buckets") or []
+    params = ddp.get("params") or []
+    pname = {int(p["index"]): str(p["name"]) for p in params}
+    pbytes = {int(p["index"]): int(p["bytes"]) for p in params}
+    bucket_info = []
+    for j, b in enumerate(buckets):
+        idx = [int(i) for i in b["params"]]
+        if any(i not in pname for i in idx):
+            raise TraceFormatError(f"DDP bucket {j} names a parameter missing from meta.json", path=path)
+        bucket_info.append({"tensor": f"bucket{j}", "params": idx, "names": [pname[i] for i in idx],
+                            "bytes": sum(pbytes[i] for i in idx)})
+
+    comm_rows: list[dict[str, Any]] = []
+    per_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)  # j -> [{iteration, launch_op, work}]
+    n_other: dict[tuple[int, str], int] = defaultdict(int)
+    n_bucket: dict[int, int] = defaultdict(int)
+    for launch, work, coll in pairs:
+        it = iteration_of(launch.start)
+        if it is None:
+            continue
+        top = _root_of(launch, top_ids)
+        in_bw = _contains(phases, launch.start) == OpKind.BW.value
+        j = n_bucket[it] if (coll == "allreduce" and in_bw) else None
+        if j is not None and j < len(bucket_info):
+            n_bucket[it] += 1
+            b = bucket_info[j]
+            tensor, nbytes, op_id = b["tensor"], b["bytes"], f"allreduce:{b['tensor']}"
+            per_bucket[j].append({"iteration": it, "launch": top_ids[id(top)].op if top is not None else None,
+                                  "work": work})
+        else:
+            k = n_other[(it, coll)]
+            n_other[(it, coll)] += 1
+            tensor, nbytes, op_id = "", 0, f"{coll}#{k}"
+        if work is not None:
+            comm_rows.append({"op": op_id, "name": work.name, "kind": OpKind.COMM.value, "iteration": it,
+                              "start": work.start, "dur": work.dur, "stream": "comm", "tensor": tensor,
+                              "bytes": nbytes, "_ev": work})
+    # collectives that ran at the same time (gloo has several worker threads) share the node's one
+    # network path: charge each the time it had to itself plus an equal share of overlapped time
+    shares = _exclusive_ns([(r["_ev"].start, r["_ev"].end) for r in comm_rows])
+    for r, sh in zip(comm_rows, shares):
+        r["dur"] = sh
+        del r["_ev"]
+    if bucket_info:
+        for it in steps:
+            if n_bucket.get(it, 0) != len(bucket_info):
+                raise TraceFormatError(
+                    f"iteration {it}: {n_bucket.get(it, 0)} bucket allreduces launched in backward, "
+                    f"but DDP has {len(bucket_info)} buckets", path=path,
+                    hint="buckets changed inside the profiled window (profile later steps) or the model "
+                         "launches its own allreduce in backward")
+
+    # per bucket and iteration: the op in which its last gradient became ready
+    for j, b in enumerate(bucket_info):
+        last: dict[int, tuple[int, _Op]] = {}
+        for i in b["params"]:
+            for t, o in ready.get(i, []):
+                if o.iteration not in last or t > last[o.iteration][0]:
+                    last[o.iteration] = (t, o)
+        b["ready"] = {it: o.op for it, (t, o) in last.items()}
+    collectives, wait_op = _collectives(bucket_info, per_bucket, seqs)
+
+    # ---- host gaps (training thread) --------------------------------------------------------
+    if fold_gaps:
+        for (it, thread), seq in seqs.items():
+            if thread != "":
+                continue
+            w0 = next(w[0] for w in windows if w[2] == it)
+            prev_end, waiting = w0, False
+            for o in seq:
+                # from the wait op to the end of the backward phase the training thread waits for
+                # buckets (DDP finalize): those gaps are waiting, not host work
+                waiting = (waiting and o.kind == OpKind.BW.value) or o.op == wait_op
+                if not waiting and o.start > prev_end:
+                    o.dur += o.start - prev_end
+                    o.start = prev_end
+                prev_end = max(prev_end, o.ev.end)
+
+    # ---- rows ----------------------------------------------------------------------------
+    rows = [{"op": o.op, "name": o.ev.name, "kind": o.kind, "iteration": o.iteration,
+             "start": (o.start + offset_ns) / 1e3, "dur": o.dur / 1e3, "stream": o.stream} for o in ops]
+    for r in comm_rows:
+        r["start"] = (r["start"] + offset_ns) / 1e3
+        r["dur"] = r["dur"] / 1e3
+    rows.extend(comm_rows)
+    events = make_events(rows, path=str(path))
+    edges = _edges(ops, steps)
+    return NodeTrace(events=events, edges=edges, collectives=collectives)
+
+
+def _flatten(intervals: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Phase intervals sorted and made non-overlapping (a later phase cuts an earlier one short)."""
+    out: list[tuple[int, int, str]] = []
+    for s, e, p in intervals:
+        if out and out[-1][1] > s:
+            ps, _, pp = out[-1]
+            out[-1] = (ps, s, pp)
+        out.append((s, e, p))
+    return [x for x in out if x[1] > x[0]]
+
+
+def _mode(values: list[Any]) -> Any:
+    values = [v for v in values if v is not None]
+    return Counter(values).most_common(1)[0][0] if values else None
+
+
+def _collectives(bucket_info, per_bucket, seqs) -> tuple[list[dict[str, Any]], str | None]:
+    """One allreduce collective per DDP bucket (see the module docstring); returns them and the wait op."""
+    if not bucket_info:
+        return [], None
+    launch = {j: _mode([x["launch"] for x in per_bucket.get(j, [])]) for j in range(len(bucket_info))}
+    ready = {j: _mode(list(b.get("ready", {}).values())) for j, b in enumerate(bucket_info)}
+    for j in launch:  # no launch seen (e.g. its thread was not recognised): the gradient-ready op
+        launch[j] = launch[j] or ready[j]
+    # the op that waits for the reduced buckets: the op after the last bucket's launch op, on its thread
+    waits = []
+    for (it, thread), seq in seqs.items():
+        ids = [o.op for o in seq]
+        pos = [ids.index(launch[j]) for j in launch if launch[j] in ids]
+        if pos and max(pos) + 1 < len(ids):
+            waits.append(ids[max(pos) + 1])
+    wait = _mode(waits)
+    if wait is None:  # fall back: the first UPDATE op
+        for (it, thread) in sorted(seqs):
+            ups = [o.op for o in seqs[(it, thread)] if o.kind == OpKind.UPDATE.value]
+            if ups:
+                wait = ups[0]
+                break
+    out = []
+    for j, b in enumerate(bucket_info):
+        out.append({"tensor": b["tensor"], "op": "allreduce", "algorithm": "ring", "bytes": int(b["bytes"]),
+                    "params": list(b["names"]), "inputs": [launch[j]] if launch[j] else [],
+                    "outputs": [wait] if wait else [],
+                    # informational (not part of the comm.json schema): where the last gradient was ready
+                    "ready_op": ready[j]})
+    return out, wait
+
+
+def _exclusive_ns(intervals: list[tuple[int, int]]) -> list[float]:
+    """Per interval: its length with time shared equally among the intervals active at once."""
+    points = sorted({t for iv in intervals for t in iv})
+    share = [0.0] * len(intervals)
+    if len(points) < 2:
+        return [float(e - s) for s, e in intervals]
+    starts = sorted(range(len(intervals)), key=lambda i: intervals[i][0])
+    active: set[int] = set()
+    nxt = 0
+    for a, b in zip(points, points[1:]):
+        while nxt < len(starts) and intervals[starts[nxt]][0] <= a:
+            active.add(starts[nxt])
+            nxt += 1
+        active = {i for i in active if intervals[i][1] > a}
+        if active:
+            part = (b - a) / len(active)
+            for i in active:
+                share[i] += part
+    return share
+
+
+def _edges(ops: list[_Op], steps: list[int]) -> list[tuple[str, str]]:
+    """Per-thread program order, plus backward-after-forward and optimizer-after-backward across threads."""
+    seqs: dict[int, dict[str, list[_Op]]] = defaultdict(lambda: defaultdict(list))
+    for o in ops:
+        seqs[o.iteration][o.thread].append(o)
+    # representative iteration: the one whose op sequence is the most common
+    sig = {it: tuple(o.op for th in sorted(t) for o in sorted(t[th], key=lambda o: o.start))
+           for it, t in seqs.items()}
+    if not sig:
+        return []
+    common = Counter(sig.values()).most_common(1)[0][0]
+    rep = next(it for it in steps if sig.get(it) == common)
+    edges: list[tuple[str, str]] = []
+    threads = {th: sorted(lst, key=lambda o: o.start) for th, lst in seqs[rep].items()}
+    for th, lst in threads.items():
+        edges.extend((a.op, b.op) for a, b in zip(lst, lst[1:]))
+    cpu = [lst for th, lst in threads.items() if not th.startswith("gpu")]
+    last = {k: [lst_k[-1].op for lst_k in ([o for o in lst if o.kind == k] for lst in cpu) if lst_k]
+            for k in (OpKind.FW.value, OpKind.BW.value)}
+    first = {k: [lst_k[0].op for lst_k in ([o for o in lst if o.kind == k] for lst in cpu) if lst_k]
+             for k in (OpKind.BW.value, OpKind.UPDATE.value)}
+    edges.extend((a, b) for a in last[OpKind.FW.value] for b in first[OpKind.BW.value])
+    edges.extend((a, b) for a in last[OpKind.BW.value] for b in first[OpKind.UPDATE.value])
+    # GPU kernels after the CPU op that launched them (Kineto correlation / External id)
+    ext = {}
+    for lst in cpu:
+        for o in lst:
+            x = o.ev.args.get("External id")
+            if x is not None:
+                ext[x] = o.op
+    for th, lst in threads.items():
+        if th.startswith("gpu"):
+            for o in lst:
+                src = ext.get(o.ev.args.get("External id"))
+                if src:
+                    edges.append((src, o.op))
+    return list(dict.fromkeys(edges))

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""A plain PyTorch DDP training job used to record real traces for dpro.
+
+gloo on CPU (NCCL when CUDA is available), synthetic data, three small model
+families.  Launch it either with torchrun::
+
+    torchrun --nproc-per-node 2 examples/ddp/train.py --model mlp
+
+or let it spawn its own ranks on this machine::
+
+    python examples/ddp/train.py --nproc 2 --model mlp
+
+Each iteration (forward, loss, backward, optimizer.step) is timed with a wall
+clock on every rank; the script prints rank 0's times and a final median line,
+and ``--json-out FILE`` writes every rank's times.  The loop is deliberately
+ordinary: the dpro collector (``collectors/torch``) profiles it unchanged when
+its environment variables are set (see ``dpro_torch.auto``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+# --------------------------------------------------------------------------- models
+
+class MLP(nn.Module):
+    def __init__(self, d_in: int = 256, hidden: int = 512, layers: int = 4, classes: int = 10) -> None:
+        super().__init__()
+        dims = [d_in] + [hidden] * (layers - 1)
+        self.body = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.head = nn.Linear(dims[-1], classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.body:
+            x = F.relu(layer(x))
+        return self.head(x)
+
+
+class CNN(nn.Module):
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.conv3 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 4 * 4, 128)
+        self.fc2 = nn.Linear(128, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv3(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+class TinyLM(nn.Module):
+    """A small decoder-only transformer language model (causal self-attention)."""
+
+    def __init__(self, vocab: int = 2000, d_model: int = 128, heads: int = 4, layers: int = 2,
+                 seq: int = 64) -> None:
+        super().__init__()
+        self.seq = seq
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq, d_model)
+        layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=4 * d_model, dropout=0.0,
+                                           batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+        # no registered buffers: DDP would broadcast them before every forward (an extra collective)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(pos)
+        mask = nn.Transformer.generate_square_subsequent_mask(idx.shape[1], device=idx.device)
+        x = self.blocks(x, mask=mask, is_causal=True)
+        return self.head(self.norm(x))
+
+
+def build(model: str, batch: int, device: torch.device):
+    """Model, a batch generator and a loss function for ``model``."""
+    if model == "mlp":
+        net = MLP()
+        def batch_fn():
+            return torch.randn(batch, 256, device=device), torch.randint(0, 10, (batch,), device=device)
+        loss_fn = F.cross_entropy
+    elif model == "cnn":
+        net = CNN()
+        def batch_fn():
+            return torch.randn(batch, 3, 32, 32, device=device), torch.randint(0, 10, (batch,), device=device)
+        loss_fn = F.cross_entropy
+    elif model == "transformer":
+        net = TinyLM()
+        def batch_fn():
+            tokens = torch.randint(0, 2000, (batch, net.seq + 1), device=device)
+            return tokens[:, :-1], tokens[:, 1:]
+        def loss_fn(logits, target):
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+    else:
+        raise SystemExit(f"unknown model {model!r}")
+    return net.to(device), batch_fn, loss_fn
+
+
+# --------------------------------------------------------------------------- training
+
+def train(args: argparse.Namespace) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()) \
+        if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(args.seed)                 # same initial weights everywhere (DDP broadcasts anyway)
+    net, batch_fn, loss_fn = build(args.model, args.batch_size, device)
+    torch.manual_seed(args.seed + 1 + rank)      # different data per rank
+    model = DDP(net, device_ids=[device.index] if cuda else None, bucket_cap_mb=args.bucket_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    n_params = sum(p.numel() for p in net.parameters())
+    if rank == 0:
+        print(f"model={args.model} params={n_params} ({n_params * 4 / 2**20:.2f} MiB fp32) world={world} "
+              f"backend={dist.get_backend()} bucket_mb={args.bucket_mb} batch={args.batch_size} "
+              f"threads={torch.get_num_threads()}", flush=True)
+
+    times = []
+    total = args.warmup + args.iters
+    for it in range(total):
+        t0 = time.perf_counter()
+        x, y = batch_fn()
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        loss = loss_fn(out, y)
+        loss.backward()
+        opt.step()
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        if rank == 0 and not args.quiet:
+            tag = "warmup" if it < args.warmup else "iter"
+            print(f"{tag} {it:4d} time_ms={dt * 1e3:.3f}", flush=True)
+
+    measured = times[args.warmup:]
+    all_times = [None] * world
+    dist.all_gather_object(all_times, measured)
+    if rank == 0:
+        per_iter_max = [max(ts[i] for ts in all_times) for i in range(len(measured))]
+        med = statistics.median(measured) if measured else float("nan")
+        print(f"median_iteration_ms={med * 1e3:.3f} (rank 0, {len(measured)} iterations after "
+              f"{args.warmup} warm-up; slowest-rank median "
+              f"{statistics.median(per_iter_max) * 1e3 if measured else float('nan'):.3f})", flush=True)
+        if args.json_out:
+            doc = {"model": args.model, "world_size": world, "backend": dist.get_backend(),
+                   "bucket_mb": args.bucket_mb, "batch_size": args.batch_size, "warmup": args.warmup,
+                   "iters": args.iters, "seed": args.seed, "params": n_params, "torch": torch.__version__,
+                   "threads_per_rank": torch.get_num_threads(), "host": socket.gethostname(),
+                   "first_measured_iteration": args.warmup,
+                   "iteration_times_s": {str(r): ts for r, ts in enumerate(all_times)},
+                   "median_iteration_s": med,
+                   "median_slowest_rank_iteration_s": statistics.median(per_iter_max) if measured else None}
+            tmp = args.json_out + f".tmp{os.getpid()}"
+            with open(tmp, "w") as fh:
+                json.dump(doc, fh, indent=1)
+            os.replace(tmp, args.json_out)
+
+
+def _worker(local_rank: int, args: argparse.Namespace) -> None:
+    os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(local_rank)
+    os.environ["WORLD_SIZE"] = os.environ["LOCAL_WORLD_SIZE"] = str(args.nproc)
+    _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    dist.init_process_group(backend)
+    try:
+        train(args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=("cnn", "mlp", "transformer"), default="mlp")
+    p.add_argument("--nproc", type=int, default=0,
+                   help="spawn this many ranks here (without torchrun); 0 = use the torchrun environment")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--iters", type=int, default=20, help="measured iterations (after warm-up)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch.set_num_threads per rank (0 = leave the default)")
+    p.add_argument("--json-out", default="", help="write per-iteration times of every rank here (rank 0)")
+    p.add_argument("--quiet", action="store_true", help="print only the summary lines")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.nproc and "LOCAL_RANK" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        import torch.multiprocessing as mp
+        mp.spawn(_worker, args=(args,), nprocs=args.nproc, join=True)
+    else:
+        if "RANK" not in os.environ:
+            sys.exit("not launched by torchrun: pass --nproc N to spawn N ranks here")
+        _run(args)
+
+
+if __name__ == "__main__":
+    main()
