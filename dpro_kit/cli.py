@@ -7,6 +7,7 @@ one line on stderr and exit code 2; outputs are written atomically.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -69,6 +70,7 @@ def cli() -> None:
     Typical use:
       dpro replay TRACE_DIR             predict the iteration time, show the critical path
       dpro replay TRACE_DIR --json      the same as one JSON object (for scripts and CI)
+      dpro profile -o T -- torchrun ...  profile a job without changing it
       dpro graph TRACE_DIR -o dfg.json  export the global data-flow graph
 
     Exit codes: 0 success, 2 bad input (one line on stderr says what and where).
@@ -173,6 +175,72 @@ def graph(trace_dir: Path, output: Path, as_json: bool, quiet: bool) -> None:
                    f"({', '.join(f'{k} {v}' for k, v in summary['ops_by_kind'].items())})")
 
 
+@cli.command(short_help="Run a training command with the profiler enabled (no code change).",
+             context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--out", "-o", default="dpro-trace", show_default=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Trace directory to write (one folder per rank under <host>/<rank>/, plus manifest.json).")
+@click.option("--steps", default="10:15", show_default=True,
+              help="Profile iterations A..B-1 (counted at optimizer.step()); A >= 2 skips DDP's bucket rebuild.")
+@click.option("--host", default=None, help="Host name recorded for the ranks (default: $DPRO_HOST or hostname).")
+@click.option("--framework", type=click.Choice(["torch"]), default="torch", show_default=True,
+              help="Which collector to enable.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary after the job ends.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def profile(out: Path, steps: str, host: str | None, framework: str, as_json: bool, command: tuple[str, ...]) -> None:
+    """Profile COMMAND (e.g. `python train.py`, `torchrun ...`) without changing it.
+
+    \b
+      dpro profile --out trace -- torchrun --nproc_per_node 2 train.py
+      dpro profile --steps 20:25 --host node3 -- python train.py --epochs 1
+
+    The collector is switched on through the environment: every Python process
+    the command starts imports it, marks iterations at optimizer.step() and
+    profiles steps A..B-1 after warm-up. The job's output and exit code pass
+    through unchanged; if it crashes or is killed, what was collected stays
+    readable. Then run `dpro replay OUT`.
+    """
+    import signal
+    import subprocess
+
+    from dpro_torch.launch import profile_env
+    from dpro_torch.recorder import parse_steps
+
+    try:
+        parse_steps(steps)
+    except ValueError as exc:
+        raise DproError(f"--steps {steps!r}: {exc}", hint="use A:B with 1 <= A < B, e.g. 10:15") from None
+    cmd = list(command[1:] if command[:1] == ("--",) else command)
+    if not cmd:
+        raise DproError("no command given", hint="put the training command after --")
+    if (out / "manifest.json").exists():
+        raise DproError("refusing to overwrite an existing trace directory", path=out,
+                        hint="choose a new --out folder")
+    out.mkdir(parents=True, exist_ok=True)
+    env = profile_env(str(out), steps, host or os.environ.get("DPRO_HOST"))
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        raise DproError(f"cannot start {cmd[0]!r}: {exc.strerror}", hint="check the command after --") from None
+    forwarded = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        forwarded[sig] = signal.signal(sig, lambda s, _f: proc.send_signal(s))
+    try:
+        code = proc.wait()
+    finally:
+        for sig, old in forwarded.items():
+            signal.signal(sig, old)
+    from dpro_torch.manifest import find_metas, try_write_manifest
+    have_manifest = (out / "manifest.json").exists() or try_write_manifest(out, run_id=env.get("DPRO_RUN_ID"))
+    ranks = len([1 for _, d in find_metas(out) if d.get("run_id") == env.get("DPRO_RUN_ID")])
+    summary = {"out": str(out), "exit_code": code, "ranks_written": ranks, "manifest": have_manifest}
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(f"dpro: {ranks} rank trace(s) in {out}" + ("" if have_manifest else " (incomplete: no manifest)")
+                   + (f"; next: dpro replay {out}" if have_manifest else ""), err=True)
+    sys.exit(code if code >= 0 else 128 - code)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turning user errors into one line and exit code 2."""
     try:
@@ -188,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
     except BrokenPipeError:
         return 0
     return 0
