@@ -43,22 +43,30 @@ class _Progress:
             click.echo(msg, err=True)
 
 
-def _load_graph_from(path: Path, progress: _Progress) -> tuple[nx.DiGraph, dict[str, Any]]:
-    """A global DFG from a trace directory, or from a saved graph file (.json/.graphml)."""
+def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None) -> tuple[nx.DiGraph, dict[str, Any]]:
+    """A global DFG from a trace directory (optionally transformed by a what-if), or from a graph file."""
+    from .costmodel import fit_from_events
     from .graph import build_global_dfg, load_graph
     from .trace import load_trace
+    from .whatif import apply
 
     if path.is_file() and path.suffix in (".json", ".graphml") and path.name != "manifest.json":
+        if whatif is not None and whatif.any():
+            raise DproError("what-if options need a trace directory, not a graph file", path=path)
         return load_graph(path), {}
     ts = load_trace(path, progress=progress.step("reading traces"))
-    progress.note(f"building the global DFG of {len(ts.nodes())} node(s)")
-    g = build_global_dfg(ts)
     info = {"job": ts.manifest.job, "framework": ts.manifest.framework, "comm_backend": ts.manifest.comm_backend,
             "world_size": ts.manifest.world_size, "profiled_iterations": ts.manifest.iterations}
+    model = fit_from_events(ts.events, ts.manifest.world_size)
+    if whatif is not None and whatif.any():
+        ts, model = apply(ts, model, whatif)
+        info["whatif"] = whatif.describe()
+        info["world_size"] = ts.manifest.world_size
     measured = ts.manifest.extra.get("measured_iteration_ms")
-    if measured is not None:
+    if measured is not None and "whatif" not in info:
         info["measured_iteration_ms"] = float(measured)
-    return g, info
+    progress.note(f"building the global DFG of {len(ts.nodes())} node(s)")
+    return build_global_dfg(ts, comm_model=model), info
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -85,22 +93,41 @@ def cli() -> None:
               help="Write the simulated timeline as Chrome/Perfetto trace JSON to this file.")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(0, 10000),
               help="How many of the longest critical-path ops to list.")
+@click.option("--bucket-mb", type=float, default=None,
+              help="What if: re-group gradients into DDP buckets of this size (MiB, like bucket_cap_mb).")
+@click.option("--first-bucket-mb", type=float, default=1.0, show_default=True,
+              help="What if: size cap of the first bucket (DDP's default is 1 MiB).")
+@click.option("--bandwidth-mbps", type=float, default=None,
+              help="What if: every network link at this line rate (Mbit/s; TCP goodput ~95.6 %% of it).")
+@click.option("--world-size", type=click.IntRange(1), default=None,
+              help="What if: this many workers (profiled ranks replicated, ring re-formed).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
-def replay(trace: Path, iterations: int, timeline: Path | None, top: int, as_json: bool, quiet: bool) -> None:
+def replay(trace: Path, iterations: int, timeline: Path | None, top: int, bucket_mb: float | None,
+           first_bucket_mb: float, bandwidth_mbps: float | None, world_size: int | None, as_json: bool,
+           quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
     TRACE is a trace directory (with manifest.json) or a graph file written by
     `dpro graph`.  Prints the predicted iteration time, the computation /
     communication / overlap / idle time of every node, and the longest ops on
     the critical path.
+
+    \b
+    What-if: predict a configuration you did not profile, e.g.
+      dpro replay T --bucket-mb 1          smaller DDP buckets
+      dpro replay T --bandwidth-mbps 200   slower network
+      dpro replay T --world-size 8         more workers
     """
     from .analysis import breakdown, critical_path_summary
     from .replay import replay as run_replay
     from .timeline import replay_to_chrome, write_chrome
+    from .whatif import WhatIf
 
     progress = _Progress(not (quiet or as_json))
-    g, info = _load_graph_from(trace, progress)
+    wi = WhatIf(bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, bandwidth_mbps=bandwidth_mbps,
+                world_size=world_size)
+    g, info = _load_graph_from(trace, progress, wi)
     progress.note(f"replaying {g.number_of_nodes()} ops x {iterations} iteration(s)")
     res = run_replay(g, iterations=iterations)
     bd = breakdown(res, g)
@@ -134,6 +161,8 @@ def _print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
     echo(f"replayed {out['ops']} ops x {out['iterations_replayed']} iteration(s)"
          + (f"; comm model {cm.get('origin')}: {cm.get('bandwidth_Mbps', 0):.0f} Mbit/s, "
             f"{cm.get('latency_us', 0):.0f} us latency" if cm else ""))
+    if out.get("whatif"):
+        echo("what if: " + ", ".join(f"{k.replace('_', ' ')} = {v}" for k, v in out["whatif"].items()))
     line = f"predicted iteration time: {out['iteration_time_ms']:.3f} ms"
     if "measured_iteration_ms" in out:
         line += f"   (measured {out['measured_iteration_ms']:.3f} ms, error {out['error_pct']:+.1f} %)"

@@ -187,6 +187,10 @@ class Collective:
     params: list[str] = field(default_factory=list)
     partitions: list[dict[str, Any]] = field(default_factory=list)
     priority: float = 0.0
+    #: optional, aligned with ``params``: bytes of each parameter's gradient, and per node
+    #: the op in which each gradient became ready (lets what-if analyses re-bucket tensors)
+    param_bytes: list[int] = field(default_factory=list)
+    param_ready: dict[str, list[str]] = field(default_factory=dict)
 
     def to_node_json(self, node: str) -> dict[str, Any]:
         """The entry a node's ``comm.json`` holds for this collective."""
@@ -197,6 +201,10 @@ class Collective:
             d["partitions"] = list(self.partitions)
         if self.priority:
             d["priority"] = self.priority
+        if self.param_bytes:
+            d["param_bytes"] = [int(b) for b in self.param_bytes]
+        if node in self.param_ready:
+            d["param_ready"] = list(self.param_ready[node])
         return d
 
 
@@ -398,7 +406,8 @@ def merge_collectives(raw: list[tuple[str, dict[str, Any], Path]], manifest: Man
             col = Collective(tensor=name, op=str(c["op"]), bytes=nbytes, participants=[],
                              algorithm=str(c.get("algorithm", "ring" if c["op"] == "allreduce" else "ps")),
                              params=list(c.get("params", [])), partitions=list(c.get("partitions", [])),
-                             priority=float(c.get("priority", 0.0)))
+                             priority=float(c.get("priority", 0.0)),
+                             param_bytes=[int(b) for b in c.get("param_bytes", [])])
             by_tensor[name] = col
         elif col.bytes != nbytes or col.op != c["op"]:
             raise TraceFormatError(
@@ -408,6 +417,15 @@ def merge_collectives(raw: list[tuple[str, dict[str, Any], Path]], manifest: Man
             col.participants.append(node)
         col.inputs[node] = [str(x) for x in c.get("inputs", [])]
         col.outputs[node] = [str(x) for x in c.get("outputs", [])]
+        if "param_ready" in c:
+            ready = [str(x) for x in c["param_ready"]]
+            if len(ready) != len(col.params):
+                raise TraceFormatError(f"param_ready has {len(ready)} entries for {len(col.params)} params",
+                                       path=where, record=name)
+            col.param_ready[node] = ready
+        if col.param_bytes and len(col.param_bytes) != len(col.params):
+            raise TraceFormatError(f"param_bytes has {len(col.param_bytes)} entries for {len(col.params)} params",
+                                   path=where, record=name)
     order = {n: (manifest.nodes[n].role != "worker", manifest.nodes[n].rank) for n in manifest.nodes}
     for col in by_tensor.values():
         col.participants.sort(key=order.__getitem__)

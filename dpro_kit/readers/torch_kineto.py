@@ -465,6 +465,9 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
                 if o.iteration not in last or t > last[o.iteration][0]:
                     last[o.iteration] = (t, o)
         b["ready"] = {it: o.op for it, (t, o) in last.items()}
+        # per parameter: the op in which its gradient became ready (most common over iterations)
+        b["param_ready"] = [_mode([o.op for _t, o in ready.get(i, [])]) for i in b["params"]]
+        b["param_bytes"] = [pbytes[i] for i in b["params"]]
     collectives, wait_op = _collectives(bucket_info, per_bucket, seqs)
 
     # ---- host gaps (training thread) --------------------------------------------------------
@@ -539,7 +542,8 @@ def _collectives(bucket_info, per_bucket, seqs) -> tuple[list[dict[str, Any]], s
                     "params": list(b["names"]), "inputs": [launch[j]] if launch[j] else [],
                     "outputs": [wait] if wait else [],
                     # informational (not part of the comm.json schema): where the last gradient was ready
-                    "ready_op": ready[j]})
+                    "ready_op": ready[j], "param_bytes": list(b["param_bytes"]),
+                    **({"param_ready": list(b["param_ready"])} if all(b["param_ready"]) else {})})
     return out, wait
 
 

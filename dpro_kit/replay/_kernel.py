@@ -68,7 +68,7 @@ def _ev_push(ev_t, ev_k, ne, t, k):
 
 
 @njit(cache=True)
-def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev):  # pragma: no cover - compiled
+def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak):  # pragma: no cover - compiled
     """Replay a DAG given as CSR successor arrays.
 
     Returns ``start, end, crit_pred, dev_prev, n_done``: ``crit_pred[i]`` is the
@@ -76,8 +76,11 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev):  # prag
     ran before i on its device (-1 if none), ``n_done`` the number of ops
     executed (< n means the graph has a cycle).
 
-    Same algorithm and results as the list/tuple version; the heaps are flat
-    arrays and the per-op state is packed by op for cache locality.
+    ``tiebreak[i]`` is op i's rank in the last tie-break of its device queue
+    (after priority and ready time).  It is separate from the op's index so the
+    caller can number ops for memory locality (see ``engine.locality_order``)
+    without changing the schedule.  The heaps are flat arrays and the per-op
+    state is packed by op, because at 1 M ops the run is bound by cache misses.
     """
     n = dur.shape[0]
     # hot per-op state packed by op: one or two cache lines per op instead of one per array
@@ -120,6 +123,7 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev):  # prag
     q_p = np.empty(m_all, dtype=np.float64)
     q_r = np.empty(m_all, dtype=np.float64)
     q_i = np.empty(m_all, dtype=np.int64)
+    q_t = np.empty(m_all, dtype=np.int64)    # tie-break rank of the queued op (see docstring)
 
     for i in range(n):
         if I[i, 1] == 0:
@@ -156,20 +160,23 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev):  # prag
             if d >= 0:
                 base = qoff[d]
                 p = F[x, 1]
+                tbx = tiebreak[x]
                 j = qlen[d]
                 qlen[d] = j + 1
                 while j > 0:
                     pj = (j - 1) >> 1
-                    if _q_before(p, t, x, q_p[base + pj], q_r[base + pj], q_i[base + pj]):
+                    if _q_before(p, t, tbx, q_p[base + pj], q_r[base + pj], q_t[base + pj]):
                         q_p[base + j] = q_p[base + pj]
                         q_r[base + j] = q_r[base + pj]
                         q_i[base + j] = q_i[base + pj]
+                        q_t[base + j] = q_t[base + pj]
                         j = pj
                     else:
                         break
                 q_p[base + j] = p
                 q_r[base + j] = t
                 q_i[base + j] = x
+                q_t[base + j] = tbx
                 if not waiting[d]:
                     waiting[d] = True
                     _ev_push(ev_t, ev_k, ne, t, W1 + d)
@@ -211,24 +218,27 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev):  # prag
                 lp = q_p[base + m]
                 lr = q_r[base + m]
                 li = q_i[base + m]
+                lt2 = q_t[base + m]
                 j = 0
                 while True:
                     c = 2 * j + 1
                     if c >= m:
                         break
-                    if c + 1 < m and _q_before(q_p[base + c + 1], q_r[base + c + 1], q_i[base + c + 1],
-                                               q_p[base + c], q_r[base + c], q_i[base + c]):
+                    if c + 1 < m and _q_before(q_p[base + c + 1], q_r[base + c + 1], q_t[base + c + 1],
+                                               q_p[base + c], q_r[base + c], q_t[base + c]):
                         c += 1
-                    if _q_before(q_p[base + c], q_r[base + c], q_i[base + c], lp, lr, li):
+                    if _q_before(q_p[base + c], q_r[base + c], q_t[base + c], lp, lr, lt2):
                         q_p[base + j] = q_p[base + c]
                         q_r[base + j] = q_r[base + c]
                         q_i[base + j] = q_i[base + c]
+                        q_t[base + j] = q_t[base + c]
                         j = c
                     else:
                         break
                 q_p[base + j] = lp
                 q_r[base + j] = lr
                 q_i[base + j] = li
+                q_t[base + j] = lt2
             e = t + F[o, 0]
             OUT_T[o, 0] = t
             OUT_T[o, 1] = e

@@ -291,6 +291,53 @@ class ReplayResult:
         return df
 
 
+@njit(cache=True)
+def _earliest_starts(dur, indptr, succ):  # pragma: no cover - compiled
+    """Start times with unlimited devices (indices must be a topological order)."""
+    est = np.zeros(dur.size)
+    for u in range(dur.size):
+        e = est[u] + dur[u]
+        for k in range(indptr[u], indptr[u + 1]):
+            if e > est[succ[k]]:
+                est[succ[k]] = e
+    return est
+
+
+def locality_order(cg: CompiledGraph) -> np.ndarray:
+    """A renumbering (new index -> old index) that follows simulated time.
+
+    The kernel visits ops in time order; numbered in topological-generation
+    order, consecutive visits are ~10^5 indices apart on a 1 M-op graph and
+    every array access is a cache miss.  Sorting by (earliest start with
+    unlimited devices, old index) keeps a topological order and puts ops that
+    run together next to each other in memory (~1.5x faster at 1 M ops).
+    """
+    est = _earliest_starts(cg.dur, cg.indptr, cg.succ)
+    return np.lexsort((np.arange(cg.n), est))
+
+
+def _simulate_local(cg: CompiledGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Run the kernel on ``cg`` renumbered for locality; results in ``cg``'s numbering.
+
+    The old index is passed as the queue tie-break, so the schedule is the one
+    the original numbering defines.
+    """
+    n = cg.n
+    order = locality_order(cg)
+    inv = np.empty(n, dtype=np.int64)
+    inv[order] = np.arange(n, dtype=np.int64)
+    src, dst = cg.edges()
+    indptr, succ, indeg = csr_from_edges(n, inv[src], inv[dst])
+    s, e, c, p, done = simulate(cg.dur[order], cg.device[order], cg.priority[order], indptr, succ, indeg,
+                                np.zeros(n), max(len(cg.devices), 1), order.astype(np.int64))
+    start, end = np.empty(n), np.empty(n)
+    crit, prev = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    start[order], end[order] = s, e
+    crit[order] = np.where(c >= 0, order[np.maximum(c, 0)], -1)
+    prev[order] = np.where(p >= 0, order[np.maximum(p, 0)], -1)
+    return start, end, crit, prev, done
+
+
 def _unrolled_edges(cg: CompiledGraph, iterations: int) -> tuple[np.ndarray, np.ndarray]:
     u = unroll(cg, iterations)
     return u.edges()
@@ -307,8 +354,7 @@ def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[
         raise GraphError("partial replay (ops=...) needs the networkx graph, not a compiled one")
     cg = g if isinstance(g, CompiledGraph) else compile_graph(g, ops)
     u = unroll(cg, iterations)
-    start, end, crit, prev, done = simulate(u.dur, u.device, u.priority, u.indptr, u.succ, u.indeg,
-                                            np.zeros(u.dur.size), max(len(u.devices), 1))
+    start, end, crit, prev, done = _simulate_local(u)
     if done < u.dur.size:
         raise GraphError(f"only {done} of {u.dur.size} ops could run: the iteration edges form a cycle",
                          hint="an op of iteration i+1 must not precede its own iteration's ops")
