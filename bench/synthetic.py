@@ -26,7 +26,7 @@ What a graph looks like (per worker rank ``w<r>`` on host ``h<r // ranks_per_hos
   :mod:`dpro_kit.graph.topology` (``ring_allreduce`` / ``ps_push_pull``) through
   a ``CommContext`` with a ``CommModel``: In/Out virtual ops, SEND ops on link
   devices, RECV ops on ``<node>:comm``, transaction ids, AGG ops on servers.
-* Like :func:`dpro_kit.graph.build._add_iteration_boundaries`, every node gets a
+* Like :func:`dpro_kit.graph.build.add_iteration_boundaries`, every node gets a
   zero-time ``STEP_END`` op after its sinks, and ``graph["iteration_edges"]``
   joins it to the node's first ops of the next iteration.
 
@@ -54,11 +54,12 @@ import networkx as nx
 import numpy as np
 
 from dpro_kit.costmodel import CommModel, LinkModel
+from dpro_kit.graph.build import add_iteration_boundaries
 from dpro_kit.graph.model import add_op, compute_device, op_key
 from dpro_kit.graph.topology import CommContext, Links, ps_push_pull, ring_allreduce, split_bytes
 from dpro_kit.trace import Collective, Manifest, NodeInfo, OpKind
 
-__all__ = ["SynthSpec", "synthetic_dfg", "dfg_with_about", "spec_for_about", "count_ops", "add_iteration_boundaries"]
+__all__ = ["SynthSpec", "synthetic_dfg", "dfg_with_about", "spec_for_about", "count_ops"]
 
 #: inter-host link (25 Gbit/s, 10 us) and intra-host pair link (NVLink-class, 3 us)
 INTER_HOST = LinkModel(latency_us=10.0, bandwidth_Bps=25e9 / 8)
@@ -248,34 +249,6 @@ def _agg_measured(m: _Model) -> dict[str, float]:
         for p, part in enumerate(parts):
             out[f"AGG AGG bucket{k_b} p{p}"] = 2.0 + part["bytes"] / 20e3
     return out
-
-
-_NOT_FIRST = {OpKind.VIRTUAL.value, OpKind.SEND.value, OpKind.RECV.value}
-
-
-def add_iteration_boundaries(g: nx.DiGraph) -> None:
-    """Same rule as ``dpro_kit.graph.build._add_iteration_boundaries`` (linear time).
-
-    Per node: a zero-time ``STEP_END`` after the node's sinks (ops with no
-    successor on the same node); ``graph["iteration_edges"]`` joins it to the
-    node's sources (no predecessor on the node) that are not VIRTUAL/SEND/RECV.
-    """
-    nodes = g.nodes
-    by_node: dict[str, list[str]] = defaultdict(list)
-    for k, d in g.nodes(data=True):
-        by_node[d["node"]].append(k)
-    iteration_edges = []
-    for node, keys in by_node.items():
-        if not node:
-            continue
-        sinks = [k for k in keys if not any(nodes[v]["node"] == node for v in g.successors(k))]
-        sources = [k for k in keys if nodes[k]["kind"] not in _NOT_FIRST
-                   and not any(nodes[u]["node"] == node for u in g.predecessors(k))]
-        end = add_op(g, op_key(node, "STEP_END"), node=node, device="", kind=OpKind.VIRTUAL.value,
-                     name="end of iteration", dur=0.0)
-        g.add_edges_from((s, end) for s in sinks)
-        iteration_edges.extend((end, s) for s in sources)
-    g.graph["iteration_edges"] = iteration_edges
 
 
 # --------------------------------------------------------------------------- sizing

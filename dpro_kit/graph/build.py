@@ -79,7 +79,7 @@ def build_global_dfg(ts: TraceSet, *, comm_model: CommModel | None = None,
                              path=ts.path, hint="known: " + ", ".join(sorted(TOPOLOGIES)))
         builder(ctx, coll)
 
-    _add_iteration_boundaries(g, ts)
+    add_iteration_boundaries(g)
     g.graph["meta"] = {"job": m.job, "framework": m.framework, "comm_backend": m.comm_backend,
                        "world_size": m.world_size, "comm_model": model.describe(),
                        "hosts": {n: i.host for n, i in m.nodes.items()}}
@@ -108,13 +108,16 @@ def _measured_comm(ev: pd.DataFrame) -> dict[str, float]:
 _NOT_FIRST = {OpKind.VIRTUAL.value, OpKind.SEND.value, OpKind.RECV.value}
 
 
-def _add_iteration_boundaries(g: nx.DiGraph, ts: TraceSet) -> None:
+def add_iteration_boundaries(g: nx.DiGraph) -> None:
     """Per node: a zero-time STEP_END op after its last ops; it precedes its first ops next iteration.
 
     This is the default rule for replaying several iterations: a node starts
     iteration i+1 only after it finished iteration i (including the Out op of
-    every tensor, i.e. its parameters are up to date).
+    every tensor, i.e. its parameters are up to date).  "Last" ops have no
+    successor on the same node; "first" ops have no predecessor on the node and
+    are not communication or virtual ops.  Linear in the graph size.
     """
+    nodes = g.nodes
     by_node: dict[str, list[str]] = defaultdict(list)
     for k, d in g.nodes(data=True):
         by_node[d["node"]].append(k)
@@ -122,9 +125,9 @@ def _add_iteration_boundaries(g: nx.DiGraph, ts: TraceSet) -> None:
     for node, keys in by_node.items():
         if not node:
             continue
-        sub = g.subgraph(keys)
-        sinks = [k for k in keys if sub.out_degree(k) == 0]
-        sources = [k for k in keys if sub.in_degree(k) == 0 and g.nodes[k]["kind"] not in _NOT_FIRST]
+        sinks = [k for k in keys if not any(nodes[v]["node"] == node for v in g.successors(k))]
+        sources = [k for k in keys if nodes[k]["kind"] not in _NOT_FIRST
+                   and not any(nodes[u]["node"] == node for u in g.predecessors(k))]
         end = add_op(g, op_key(node, "STEP_END"), node=node, device="", kind=OpKind.VIRTUAL.value,
                      name="end of iteration", dur=0.0)
         g.add_edges_from((s, end) for s in sinks)
