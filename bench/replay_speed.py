@@ -8,8 +8,8 @@ default, ``--comm ps`` for parameter servers) is built with networkx (not
 timed), then timed, median of ``--repeat`` runs:
 
 * ``compile``: ``dpro_kit.replay.compile_graph(g)`` (networkx -> arrays);
-* ``kernel``: the replay of the compiled arrays as ``replay()`` runs it
-  (locality renumbering + ``dpro_kit.replay._kernel.simulate``) (numba compilation excluded by a warm-up call);
+* ``kernel``: ``dpro_kit.replay._kernel.simulate`` on the compiled (and, for
+  several iterations, unrolled) arrays, as ``replay()`` runs it (numba compilation excluded by a warm-up call);
 * ``end-to-end``: ``dpro_kit.replay.replay(g)`` from the networkx graph
   (compile + unroll + simulate + result);
 * ``naive``: ``bench/naive_replay.py`` (plain Python over the networkx graph), run
@@ -42,7 +42,7 @@ import naive_replay  # noqa: E402
 import synthetic  # noqa: E402
 from dpro_kit.replay import compile_graph, replay, unroll  # noqa: E402
 from dpro_kit.replay._kernel import HAVE_NUMBA  # noqa: E402
-from dpro_kit.replay.engine import _simulate_local  # noqa: E402
+from dpro_kit.replay.engine import run_kernel  # noqa: E402
 
 
 def _timed(fn, repeat: int) -> tuple[float, float, object]:
@@ -60,7 +60,7 @@ def _timed(fn, repeat: int) -> tuple[float, float, object]:
 
 def _kernel(cg, iterations: int):
     u = unroll(cg, iterations)
-    return lambda: _simulate_local(u)   # locality renumbering + the compiled loop
+    return lambda: run_kernel(u)
 
 
 def measure(g, *, iterations: int, repeat: int, naive: bool, naive_repeat: int) -> dict:

@@ -79,7 +79,8 @@ META_VERSIONS = (1,)
 
 # collector markers (collectors/torch/dpro_torch/markers.py; also listed in meta.json)
 MARKERS = {"forward": "dpro::forward", "backward": "dpro::backward", "optimizer": "dpro::optimizer_step",
-           "step_end": "dpro::step_end", "clock_sync": "dpro::clock_sync", "grad_ready_prefix": "dpro::grad_ready/"}
+           "step_end": "dpro::step_end", "clock_sync": "dpro::clock_sync", "grad_ready_prefix": "dpro::grad_ready/",
+           "calibrate": "dpro::calibrate"}
 MARKER_NS = "dpro::"
 
 #: operator namespace of c10d collectives as dispatched on the launching thread (gloo and NCCL)
@@ -257,10 +258,52 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     doc = _load_kineto(tpath)
     opts = (manifest.extra.get("torch_kineto") or {}) if isinstance(manifest.extra, dict) else {}
     fold_gaps = str(opts.get("host_gaps", "fold")) != "keep"
-    return parse_node(meta, doc, path=tpath, fold_gaps=fold_gaps)
+    sub = str(opts.get("profiler_overhead", "subtract")) != "keep"
+    return parse_node(meta, doc, path=tpath, fold_gaps=fold_gaps, subtract_overhead=sub)
 
 
-def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_gaps: bool = True) -> NodeTrace:
+def profiler_overhead_ns(meta: dict[str, Any], main: list[Ev], markers: list[Ev]) -> float:
+    """The profiler's cost per recorded event, from the collector's calibration (0 when there is none).
+
+    ``meta.profiler_overhead`` holds the wall times (ns) of the same C++ loop of
+    small ops run ``calls`` times without the profiler (``plain_ns``) and inside
+    the ``dpro::calibrate`` range with it (``profiled_ns``); the events the
+    profiler recorded inside that range, divided by ``calls``, are the events per
+    loop.  Cost per event = (min profiled - min plain) / events per loop.
+    """
+    po = meta.get("profiler_overhead") or {}
+    try:
+        plain, prof = min(int(x) for x in po["plain_ns"]), min(int(x) for x in po["profiled_ns"])
+        calls = int(po["calls"])
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+    name = po.get("marker") or MARKERS["calibrate"]
+    ranges = [m for m in markers if m.name == name]
+    if not ranges or calls <= 0:
+        return 0.0
+    r = ranges[0]
+    inside = sum(1 for e in main if r.start <= e.start and e.end <= r.end)
+    per_call = inside / calls
+    if per_call < 1:
+        return 0.0
+    return max(0.0, (prof - plain) / per_call)
+
+
+def _subtree_sizes(roots: list[Ev]) -> dict[int, int]:
+    """id(event) -> number of recorded events in its subtree (itself included)."""
+    size: dict[int, int] = {}
+    order, todo = [], list(roots)
+    while todo:
+        e = todo.pop()
+        order.append(e)
+        todo.extend(e.children)
+    for e in reversed(order):  # children before parents
+        size[id(e)] = 1 + sum(size[id(c)] for c in e.children)
+    return size
+
+
+def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_gaps: bool = True,
+               subtract_overhead: bool = True) -> NodeTrace:
     mk = dict(MARKERS)
     mk.update({k: v for k, v in (meta.get("markers") or {}).items() if isinstance(v, str)})
     phase_of_marker = {mk["forward"]: OpKind.FW.value, mk["backward"]: OpKind.BW.value,
@@ -336,10 +379,13 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
     # ---- top-level ops ----------------------------------------------------------------------
     ops: list[_Op] = []
     op_spans: dict[Any, list[tuple[int, int, _Op]]] = {}  # thread -> (start, end, top-level op), sorted
+    sizes: dict[int, int] = {}  # id(event) -> events recorded inside it (itself included)
     for j, (key, es) in enumerate(compute_threads):
         prefix = "" if j == 0 else f"t{j}/"
         spans = []
-        for e in _top_level(_nest(es)):
+        roots = _nest(es)
+        sizes.update(_subtree_sizes(roots))
+        for e in _top_level(roots):
             it = iteration_of(e.start)
             if it is None:
                 continue
@@ -485,6 +531,13 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
                     o.dur += o.start - prev_end
                     o.start = prev_end
                 prev_end = max(prev_end, o.ev.end)
+
+    # ---- profiler overhead (measured by the collector right before the window) ---------------
+    per_event = profiler_overhead_ns(meta, main, markers) if subtract_overhead else 0.0
+    if per_event > 0:
+        for o in ops:
+            if not o.thread.startswith("gpu"):
+                o.dur = max(0, o.dur - round(per_event * sizes.get(id(o.ev), 1)))
 
     # ---- rows ----------------------------------------------------------------------------
     rows = [{"op": o.op, "name": o.ev.name, "kind": o.kind, "iteration": o.iteration,

@@ -38,6 +38,13 @@ class CompiledGraph:
     indeg: np.ndarray        # int64
     iter_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # iteration edges u -> v(next)
     iter_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: last tie-break of the device queues (after priority and ready time): the op's index
+    #: in topological-generation order, kept apart from its array index (see ``locality_order``)
+    tiebreak: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.tiebreak is None:
+            self.tiebreak = np.arange(self.dur.size, dtype=np.int64)
 
     @property
     def n(self) -> int:
@@ -159,9 +166,10 @@ def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGr
     it = [(inv[index0[u]], inv[index0[v]]) for u, v in g.graph.get("iteration_edges", [])
           if u in index0 and v in index0]
     it_arr = np.array(it, dtype=np.int64).reshape(-1, 2)
-    return CompiledGraph(keys=keys, dur=dur, device=device, devices=devices, priority=prio0[order],
-                         indptr=indptr, succ=succ, indeg=indeg, iter_src=it_arr[:, 0].copy(),
-                         iter_dst=it_arr[:, 1].copy())
+    cg = CompiledGraph(keys=keys, dur=dur, device=device, devices=devices, priority=prio0[order],
+                       indptr=indptr, succ=succ, indeg=indeg, iter_src=it_arr[:, 0].copy(),
+                       iter_dst=it_arr[:, 1].copy())
+    return renumber(cg, locality_order(cg))
 
 
 def unroll(cg: CompiledGraph, iterations: int) -> CompiledGraph:
@@ -179,9 +187,10 @@ def unroll(cg: CompiledGraph, iterations: int) -> CompiledGraph:
     src_a, dst_a = np.concatenate(src), np.concatenate(dst)
     total = n * iterations
     indptr, succ, indeg = csr_from_edges(total, src_a, dst_a)
+    tiebreak = (cg.tiebreak[None, :] + offs[:, None]).ravel()
     return CompiledGraph(keys=cg.keys, dur=np.tile(cg.dur, iterations), device=np.tile(cg.device, iterations),
                          devices=cg.devices, priority=np.tile(cg.priority, iterations), indptr=indptr,
-                         succ=succ, indeg=indeg)
+                         succ=succ, indeg=indeg, tiebreak=tiebreak)
 
 
 @dataclass
@@ -311,31 +320,29 @@ def locality_order(cg: CompiledGraph) -> np.ndarray:
     every array access is a cache miss.  Sorting by (earliest start with
     unlimited devices, old index) keeps a topological order and puts ops that
     run together next to each other in memory (~1.5x faster at 1 M ops).
+    ``compile_graph`` applies it once; the queue tie-break stays the
+    generation index (``CompiledGraph.tiebreak``), so schedules do not change.
     """
     est = _earliest_starts(cg.dur, cg.indptr, cg.succ)
     return np.lexsort((np.arange(cg.n), est))
 
 
-def _simulate_local(cg: CompiledGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """Run the kernel on ``cg`` renumbered for locality; results in ``cg``'s numbering.
-
-    The old index is passed as the queue tie-break, so the schedule is the one
-    the original numbering defines.
-    """
+def renumber(cg: CompiledGraph, order: np.ndarray) -> CompiledGraph:
+    """``cg`` with op ``order[i]`` moved to index ``i`` (same graph, same schedule, same tie-breaks)."""
     n = cg.n
-    order = locality_order(cg)
     inv = np.empty(n, dtype=np.int64)
     inv[order] = np.arange(n, dtype=np.int64)
     src, dst = cg.edges()
     indptr, succ, indeg = csr_from_edges(n, inv[src], inv[dst])
-    s, e, c, p, done = simulate(cg.dur[order], cg.device[order], cg.priority[order], indptr, succ, indeg,
-                                np.zeros(n), max(len(cg.devices), 1), order.astype(np.int64))
-    start, end = np.empty(n), np.empty(n)
-    crit, prev = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    start[order], end[order] = s, e
-    crit[order] = np.where(c >= 0, order[np.maximum(c, 0)], -1)
-    prev[order] = np.where(p >= 0, order[np.maximum(p, 0)], -1)
-    return start, end, crit, prev, done
+    return CompiledGraph(keys=[cg.keys[i] for i in order], dur=cg.dur[order], device=cg.device[order],
+                         devices=cg.devices, priority=cg.priority[order], indptr=indptr, succ=succ, indeg=indeg,
+                         iter_src=inv[cg.iter_src], iter_dst=inv[cg.iter_dst], tiebreak=cg.tiebreak[order])
+
+
+def run_kernel(cg: CompiledGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """The compiled replay loop on ``cg``'s arrays (``replay`` = compile + unroll + this + wrap)."""
+    return simulate(cg.dur, cg.device, cg.priority, cg.indptr, cg.succ, cg.indeg, np.zeros(cg.n),
+                    max(len(cg.devices), 1), cg.tiebreak)
 
 
 def _unrolled_edges(cg: CompiledGraph, iterations: int) -> tuple[np.ndarray, np.ndarray]:
@@ -354,7 +361,7 @@ def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[
         raise GraphError("partial replay (ops=...) needs the networkx graph, not a compiled one")
     cg = g if isinstance(g, CompiledGraph) else compile_graph(g, ops)
     u = unroll(cg, iterations)
-    start, end, crit, prev, done = _simulate_local(u)
+    start, end, crit, prev, done = run_kernel(u)
     if done < u.dur.size:
         raise GraphError(f"only {done} of {u.dur.size} ops could run: the iteration edges form a cycle",
                          hint="an op of iteration i+1 must not precede its own iteration's ops")

@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""How well does dpro predict real PyTorch DDP training?  (docs/accuracy.md)
+
+For every configuration (model x DDP bucket size x world size x link) this runs
+the REAL job of ``examples/ddp/train.py`` (gloo, CPU):
+
+1. without the profiler: the measured iteration time is the slowest rank's median
+   over the iterations after warm-up (>= 30), as ``train.py --json-out`` timed them;
+2. with ``dpro profile`` (same configuration, a window of steps after warm-up),
+   then ``dpro replay --json -n 3``: the predicted iteration time.
+
+Error = (predicted - measured) / measured.  The profiled run also gives the
+profiling overhead: the median iteration time inside the window vs the median of
+the same run's unprofiled iterations (the collector records both).
+
+What-if rows profile configuration A and ask ``dpro replay A --bucket-mb X`` /
+``--bandwidth-mbps Y`` / ``--world-size N`` for configuration B, which is then
+measured (step 1) and compared.
+
+Links: ``loopback`` = all ranks on this machine (``train.py --nproc N``, TCP over
+127.0.0.1); ``<R>mbit`` = one rank per emulated host (``dpro_kit.cluster.EmulatedCluster``:
+network namespaces + tbf at R Mbit/s per host link; needs root).
+
+Runs alternate measured and profiled jobs configuration by configuration (and
+``--rounds`` repeats the whole matrix) so slow drift of a shared machine hits both;
+all statistics are medians.
+
+    python bench/accuracy.py                 # default matrix (~20 min on 2 cores)
+    python bench/accuracy.py --quick         # smoke subset (< 3 min)
+    python bench/accuracy.py --full          # the whole cross product (hours)
+    python bench/accuracy.py --json rows.json --md table.md
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "ddp" / "train.py"
+PY = sys.executable
+DPRO = [PY, "-m", "dpro_kit.cli"]
+
+#: per-rank batch per model family: iterations of ~5-40 ms on one core
+BATCH = {"mlp": 64, "cnn": 32, "transformer": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: str
+    bucket_mb: float
+    world: int
+    link: str            # "loopback" or "<R>mbit"
+
+    @property
+    def rate(self) -> float | None:
+        return None if self.link == "loopback" else float(self.link[:-4])
+
+    def label(self) -> str:
+        return f"{self.model:<11} bucket {self.bucket_mb:>5g} MB  world {self.world}  {self.link}"
+
+    def short(self) -> str:
+        return f"{self.model}/b{self.bucket_mb:g}/w{self.world}/{self.link}"
+
+
+@dataclasses.dataclass(frozen=True)
+class WhatIf:
+    a: Config
+    b: Config
+    what: str            # bucket | bandwidth | world
+
+    def replay_args(self) -> list[str]:
+        if self.what == "bucket":
+            return ["--bucket-mb", f"{self.b.bucket_mb:g}"]
+        if self.what == "bandwidth":
+            return ["--bandwidth-mbps", f"{self.b.rate:g}"]
+        if self.what == "world":
+            return ["--world-size", str(self.b.world)]
+        raise ValueError(self.what)
+
+
+def C(model: str, bucket: float, world: int, link: str) -> Config:
+    return Config(model, float(bucket), int(world), link)
+
+
+def matrix(kind: str) -> tuple[list[Config], list[WhatIf]]:
+    """The configurations and what-if pairs of a run kind (quick / default / full)."""
+    if kind == "quick":
+        cfgs = [C("mlp", 25, 2, "loopback"), C("cnn", 1, 2, "200mbit")]
+        whatifs = [WhatIf(C("cnn", 1, 2, "200mbit"), C("cnn", 1, 2, "1000mbit"), "bandwidth")]
+        return cfgs, whatifs
+    if kind == "full":
+        cfgs = [C(m, b, w, l) for m in ("mlp", "cnn", "transformer") for b in (25, 1, 0.25)
+                for w in (2, 3, 4) for l in ("loopback", "1000mbit", "200mbit")]
+        whatifs = []
+        for m in ("mlp", "cnn", "transformer"):
+            for l in ("loopback", "1000mbit", "200mbit"):
+                whatifs += [WhatIf(C(m, 25, 2, l), C(m, b, 2, l), "bucket") for b in (1, 0.25)]
+                whatifs += [WhatIf(C(m, 25, 2, l), C(m, 25, w, l), "world") for w in (3, 4)]
+            whatifs += [WhatIf(C(m, b, 2, "1000mbit"), C(m, b, 2, "200mbit"), "bandwidth") for b in (25, 1)]
+        return cfgs, whatifs
+    cfgs = [
+        # all ranks on this machine (2 cores)
+        C("mlp", 25, 2, "loopback"), C("mlp", 1, 2, "loopback"), C("mlp", 0.25, 2, "loopback"),
+        C("cnn", 25, 2, "loopback"), C("cnn", 0.25, 2, "loopback"),
+        C("transformer", 25, 2, "loopback"), C("transformer", 1, 2, "loopback"),
+        C("cnn", 25, 3, "loopback"), C("mlp", 1, 4, "loopback"),
+        # one rank per emulated host, 1000 Mbit/s links
+        C("mlp", 25, 2, "1000mbit"), C("transformer", 25, 2, "1000mbit"), C("cnn", 0.25, 3, "1000mbit"),
+        C("mlp", 1, 4, "1000mbit"),
+        # 200 Mbit/s links
+        C("mlp", 25, 2, "200mbit"), C("transformer", 1, 2, "200mbit"), C("cnn", 1, 3, "200mbit"),
+        C("mlp", 25, 4, "200mbit"),
+    ]
+    whatifs = [
+        WhatIf(C("mlp", 25, 2, "loopback"), C("mlp", 1, 2, "loopback"), "bucket"),
+        WhatIf(C("transformer", 25, 2, "loopback"), C("transformer", 1, 2, "loopback"), "bucket"),
+        WhatIf(C("mlp", 25, 2, "200mbit"), C("mlp", 0.25, 2, "200mbit"), "bucket"),
+        WhatIf(C("mlp", 25, 2, "1000mbit"), C("mlp", 25, 2, "200mbit"), "bandwidth"),
+        WhatIf(C("transformer", 25, 2, "1000mbit"), C("transformer", 25, 2, "200mbit"), "bandwidth"),
+        WhatIf(C("mlp", 25, 2, "200mbit"), C("mlp", 25, 4, "200mbit"), "world"),
+        WhatIf(C("mlp", 1, 2, "1000mbit"), C("mlp", 1, 4, "1000mbit"), "world"),
+    ]
+    return cfgs, whatifs
+
+
+# --------------------------------------------------------------------------- running jobs
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def threads_per_rank(world: int) -> int:
+    """Every rank runs on this machine (emulated hosts share its cores too)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores // world)
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.work = work
+        self.n = 0
+        self.log = open(work / "jobs.log", "a")
+
+    def train_argv(self, cfg: Config, iters: int, json_out: Path) -> list[str]:
+        return [PY, str(TRAIN), "--model", cfg.model, "--bucket-mb", f"{cfg.bucket_mb:g}",
+                "--batch-size", str(BATCH[cfg.model]), "--threads", str(threads_per_rank(cfg.world)),
+                "--warmup", str(self.args.warmup), "--iters", str(iters), "--quiet", "--json-out", str(json_out),
+                "--backend", "gloo"]
+
+    def run(self, cfg: Config, profile: bool) -> dict[str, Any]:
+        """One job; returns its timings (and the trace directory when profiled)."""
+        self.n += 1
+        tag = f"{self.n:03d}-{cfg.short().replace('/', '_')}-{'prof' if profile else 'plain'}"
+        jdir = self.work / tag
+        jdir.mkdir(parents=True)
+        times = jdir / "times.json"
+        a = self.args
+        iters = a.iters if not profile else a.prof_start + a.prof_steps + a.prof_after - a.warmup
+        argv = self.train_argv(cfg, iters, times)
+        trace = jdir / "trace"
+        steps = f"{a.prof_start}:{a.prof_start + a.prof_steps}"
+        t0 = time.time()
+        env = dict(os.environ, DPRO_QUIET="1", PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "collectors" / "torch"), os.environ.get("PYTHONPATH", "")]))
+        if cfg.rate is None:
+            cmd = argv + ["--nproc", str(cfg.world)]
+            if profile:
+                cmd = DPRO + ["profile", "--out", str(trace), "--steps", steps, "--host", "host0", "--"] + cmd
+            p = subprocess.run(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, timeout=a.job_timeout)
+            codes = [p.returncode]
+        else:
+            codes = self._run_cluster(cfg, argv, env, trace if profile else None, steps)
+        wall = time.time() - t0
+        if any(codes):
+            raise RuntimeError(f"job {tag} failed (exit codes {codes}); see {self.work / 'jobs.log'}")
+        doc = json.loads(times.read_text())
+        per_rank = {int(r): ts for r, ts in doc["iteration_times_s"].items()}
+        out: dict[str, Any] = {"tag": tag, "wall_s": round(wall, 1), "threads": doc.get("threads_per_rank")}
+        if not profile:
+            out["measured_ms"] = max(statistics.median(ts) for ts in per_rank.values()) * 1e3
+        else:
+            man = json.loads((trace / "manifest.json").read_text())
+            ex = man["extra"]
+            out["trace"] = str(trace)
+            out["unprofiled_ms"] = ex.get("measured_iteration_ms")
+            out["profiled_ms"] = ex.get("profiled_iteration_ms")
+        return out
+
+    def _run_cluster(self, cfg: Config, argv: list[str], env: dict[str, str], trace: Path | None,
+                     steps: str) -> list[int]:
+        from dpro_kit.cluster import EmulatedCluster
+        port = 29500 + (self.n % 400)
+        run_id = f"acc{os.getpid()}-{self.n}"
+        with EmulatedCluster(hosts=cfg.world, rate_mbit=cfg.rate) as c:
+            procs = []
+            for i in range(cfg.world):
+                e = dict(env, RANK=str(i), WORLD_SIZE=str(cfg.world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                         MASTER_PORT=str(port), DPRO_RUN_ID=run_id)
+                cmd = list(argv)
+                if trace is not None:
+                    cmd = DPRO + ["profile", "--out", str(trace), "--steps", steps, "--host", f"host{i}", "--"] + cmd
+                procs.append(c.run(i, cmd, env=e, stdout=self.log, stderr=subprocess.STDOUT))
+            codes = []
+            deadline = time.time() + self.args.job_timeout
+            for p in procs:
+                try:
+                    codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
+                except subprocess.TimeoutExpired:
+                    codes.append(-9)
+            return codes
+
+    def replay(self, trace: str, extra: list[str] | None = None) -> dict[str, Any]:
+        cmd = DPRO + ["replay", trace, "--json", "-q", "-n", "3"] + (extra or [])
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError(f"dpro replay failed: {' '.join(cmd[2:])}: {p.stderr.strip()[-500:]}")
+        return json.loads(p.stdout)
+
+
+def pct(pred: float, meas: float) -> float:
+    return 100.0 * (pred - meas) / meas
+
+
+def med(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+# --------------------------------------------------------------------------- the bench
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="smoke subset (< 3 min)")
+    g.add_argument("--full", action="store_true", help="the whole cross product (hours)")
+    ap.add_argument("--only", default="", help="comma-separated substrings: keep configurations whose "
+                                                "short name (e.g. mlp/b25/w2/loopback) contains one")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the matrix (alternating) this many times")
+    ap.add_argument("--warmup", type=int, default=10, help="unmeasured iterations at the start of every job")
+    ap.add_argument("--iters", type=int, default=40, help="measured iterations of an unprofiled job (>= 30)")
+    ap.add_argument("--prof-start", type=int, default=15, help="first profiled step (after warm-up)")
+    ap.add_argument("--prof-steps", type=int, default=15, help="profiled steps")
+    ap.add_argument("--prof-after", type=int, default=15, help="unprofiled steps after the window")
+    ap.add_argument("--no-whatif", action="store_true", help="skip the what-if rows")
+    ap.add_argument("--no-cluster", action="store_true", help="loopback configurations only (no root needed)")
+    ap.add_argument("--job-timeout", type=float, default=300.0)
+    ap.add_argument("--json", dest="json_out", default="", help="write every row here")
+    ap.add_argument("--md", default="", help="write the tables as Markdown here")
+    ap.add_argument("--keep", default="", help="keep traces and logs in this folder (default: a temp dir)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.iters, args.warmup = max(30, min(args.iters, 30)), min(args.warmup, 8)
+        args.prof_start, args.prof_steps, args.prof_after = 10, 10, 10
+    kind = "quick" if args.quick else "full" if args.full else "default"
+    cfgs, whatifs = matrix(kind)
+    if args.only:
+        keys = [k for k in args.only.split(",") if k]
+        keep = lambda c: any(k in c.short() for k in keys)  # noqa: E731
+        cfgs = [c for c in cfgs if keep(c)]
+        whatifs = [w for w in whatifs if keep(w.a) or keep(w.b)]
+    if args.no_whatif:
+        whatifs = []
+    if args.no_cluster:
+        cfgs = [c for c in cfgs if c.rate is None]
+        whatifs = [w for w in whatifs if w.a.rate is None and w.b.rate is None]
+    # every what-if needs A profiled and B measured: add them to the matrix (order kept)
+    need = list(cfgs)
+    for w in whatifs:
+        for c in (w.a, w.b):
+            if c not in need:
+                need.append(c)
+    if args.keep:
+        work = Path(args.keep)
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="dpro-accuracy-"))
+    runner = Runner(args, work)
+    t_start = time.time()
+    print(f"# dpro accuracy bench ({kind}): {len(need)} configurations x {args.rounds} round(s), "
+          f"{len(whatifs)} what-if pair(s); work dir {work}", flush=True)
+    print(f"# machine: {os.cpu_count()} cores, torch threads per rank = cores // world; "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+
+    results: dict[Config, dict[str, list]] = {c: {"measured": [], "pred": [], "unprof": [], "prof": [],
+                                                  "traces": [], "comm": []} for c in need}
+    profiled_needed = set(cfgs) | {w.a for w in whatifs}
+    for rnd in range(args.rounds):
+        for c in need:
+            r = results[c]
+            m = runner.run(c, profile=False)
+            r["measured"].append(m["measured_ms"])
+            line = f"  [{time.time() - t_start:6.0f} s] round {rnd + 1} {c.label()}: measured {m['measured_ms']:.2f} ms"
+            if c in profiled_needed:
+                p = runner.run(c, profile=True)
+                rep = runner.replay(p["trace"])
+                r["pred"].append(rep["iteration_time_ms"])
+                r["unprof"].append(p["unprofiled_ms"])
+                r["prof"].append(p["profiled_ms"])
+                r["traces"].append(p["trace"])
+                r["comm"].append(rep.get("comm_model"))
+                line += (f", predicted {rep['iteration_time_ms']:.2f} ms "
+                         f"({pct(rep['iteration_time_ms'], m['measured_ms']):+.1f} %); profiled run: "
+                         f"{p['unprofiled_ms']:.2f} ms outside / {p['profiled_ms']:.2f} ms inside the window")
+            print(line, flush=True)
+
+    rows = []
+    for c in cfgs:
+        r = results[c]
+        meas, pred = med(r["measured"]), med(r["pred"])
+        unprof, prof = med(r["unprof"]), med(r["prof"])
+        cm = r["comm"][-1] or {}
+        rows.append({"kind": "replay", "config": c.short(), "model": c.model, "bucket_mb": c.bucket_mb,
+                     "world": c.world, "link": c.link, "measured_ms": meas, "predicted_ms": pred,
+                     "error_pct": pct(pred, meas), "measured_runs_ms": r["measured"], "predicted_runs_ms": r["pred"],
+                     "profiled_run_unprofiled_ms": unprof, "profiled_run_window_ms": prof,
+                     "overhead_pct": pct(prof, unprof) if unprof and prof else None,
+                     "comm_model": cm})
+    wrows = []
+    for w in whatifs:
+        preds = [runner.replay(t, w.replay_args())["iteration_time_ms"] for t in results[w.a]["traces"]]
+        pred, meas = med(preds), med(results[w.b]["measured"])
+        wrows.append({"kind": "whatif", "what": w.what, "from": w.a.short(), "to": w.b.short(),
+                      "args": " ".join(w.replay_args()), "measured_ms": meas, "predicted_ms": pred,
+                      "error_pct": pct(pred, meas), "predicted_a_ms": med(results[w.a]["pred"]),
+                      "measured_a_ms": med(results[w.a]["measured"])})
+
+    text = render(rows, wrows, kind, args, time.time() - t_start)
+    print(text)
+    if args.md:
+        Path(args.md).write_text(text + "\n")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"kind": kind, "rounds": args.rounds, "rows": rows,
+                                                   "whatif": wrows, "argv": sys.argv,
+                                                   "seconds": round(time.time() - t_start)}, indent=1))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def render(rows: list[dict], wrows: list[dict], kind: str, args: argparse.Namespace, seconds: float) -> str:
+    out = []
+    out.append(f"replay accuracy ({kind} matrix, {args.rounds} round(s); medians; error = predicted / measured - 1)")
+    out.append("")
+    out.append("| config | measured ms | predicted ms | error % | overhead % (window vs rest of the profiled run) | fitted link |")
+    out.append("|---|---:|---:|---:|---:|---|")
+    for r in rows:
+        cm = r["comm_model"] or {}
+        link = f"{cm.get('bandwidth_Mbps', 0):.0f} Mbit/s, {cm.get('latency_us', 0):.0f} us" if cm else ""
+        ov = f"{r['overhead_pct']:+.1f}" if r["overhead_pct"] is not None else "-"
+        out.append(f"| {r['config']} | {r['measured_ms']:.2f} | {r['predicted_ms']:.2f} | {r['error_pct']:+.1f} "
+                   f"| {ov} | {link} |")
+    if wrows:
+        out.append("")
+        out.append("what-if (profile A, predict B with `dpro replay A <args>`, measure B)")
+        out.append("")
+        out.append("| what | A (profiled) | B (predicted) | args | measured B ms | predicted B ms | error % |")
+        out.append("|---|---|---|---|---:|---:|---:|")
+        for w in wrows:
+            out.append(f"| {w['what']} | {w['from']} | {w['to']} | `{w['args']}` | {w['measured_ms']:.2f} | "
+                       f"{w['predicted_ms']:.2f} | {w['error_pct']:+.1f} |")
+    errs = [abs(r["error_pct"]) for r in rows]
+    out.append("")
+    if errs:
+        out.append(f"replay error: median |error| {statistics.median(errs):.1f} %, max |error| {max(errs):.1f} % "
+                   f"({len(errs)} configurations); median signed error "
+                   f"{statistics.median([r['error_pct'] for r in rows]):+.1f} %")
+    if wrows:
+        werrs = [abs(w["error_pct"]) for w in wrows]
+        out.append(f"what-if error: median |error| {statistics.median(werrs):.1f} %, max |error| {max(werrs):.1f} % "
+                   f"({len(werrs)} pairs)")
+    ovs = [r["overhead_pct"] for r in rows if r["overhead_pct"] is not None]
+    if ovs:
+        out.append(f"profiling overhead (profiled window vs unprofiled iterations of the same run): median "
+                   f"{statistics.median(ovs):+.1f} %, range {min(ovs):+.1f} .. {max(ovs):+.1f} %")
+    out.append(f"bench time: {seconds / 60:.1f} min")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
