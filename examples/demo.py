@@ -1,9 +1,12 @@
 """`make demo`: dpro end to end on a real PyTorch DDP job.
 
-1. replays the recorded real 2-rank gloo DDP trace shipped in examples/traces/
-   (how it was recorded: examples/traces/ddp-2rank-gloo/README.md) and compares the
-   prediction with the iteration time measured in that run;
-2. exports its global DFG and the simulated timeline (open it in https://ui.perfetto.dev).
+1. profiles a real 2-rank gloo DDP job on this machine (examples/ddp/train.py,
+   unchanged) with `dpro profile`, replays it and compares the prediction with
+   the iteration time the job measured on its unprofiled iterations;
+2. replays the recorded real trace shipped in examples/traces/ (how it was
+   recorded: examples/traces/ddp-2rank-gloo/README.md), and asks two what-if
+   questions of it (a 200 Mbit/s network, 4 workers);
+3. exports the global DFG and the simulated timeline (open it in https://ui.perfetto.dev).
 
 Outputs go to --out (default demo-out/); the last lines say where.
 """
@@ -19,9 +22,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def dpro(*args: str) -> subprocess.CompletedProcess:
+def dpro(*args: str, quiet: bool = False) -> subprocess.CompletedProcess:
     exe = shutil.which("dpro", path=str(Path(sys.executable).parent)) or "dpro"
     r = subprocess.run([exe, *args], text=True, capture_output=True)
+    if not quiet and r.stderr.strip() and r.returncode == 0:
+        sys.stderr.write(r.stderr)
     if r.returncode != 0:
         sys.stderr.write(r.stderr)
         raise SystemExit(f"demo: `dpro {' '.join(args)}` failed with exit code {r.returncode}")
@@ -32,25 +37,40 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="demo-out", type=Path)
     ap.add_argument("--trace", default=HERE / "traces" / "ddp-2rank-gloo", type=Path)
+    ap.add_argument("--model", default="mlp", choices=["mlp", "cnn", "transformer"])
+    ap.add_argument("--skip-live", action="store_true", help="only replay the recorded trace")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    results = {}
 
-    print(f"== replaying the recorded trace {a.trace}")
-    r = dpro("replay", str(a.trace), "--timeline", str(a.out / "timeline.json"))
-    print(r.stdout)
-    res = json.loads(dpro("replay", str(a.trace), "--json", "-q").stdout)
-    (a.out / "replay.json").write_text(json.dumps(res, indent=2))
+    if not a.skip_live:
+        live = a.out / "trace"
+        if live.exists():
+            shutil.rmtree(live)
+        print(f"== 1. profiling a real 2-rank DDP job ({a.model}, gloo on CPU) into {live}")
+        dpro("profile", "--out", str(live), "--steps", "10:15", "--", sys.executable,
+             str(HERE / "ddp" / "train.py"), "--nproc", "2", "--model", a.model, "--iters", "40", quiet=True)
+        print(dpro("replay", str(live), "--timeline", str(a.out / "timeline.json")).stdout)
+        results["live"] = json.loads(dpro("replay", str(live), "--json", "-q").stdout)
+
+    print(f"== 2. replaying the recorded trace {a.trace}")
+    print(dpro("replay", str(a.trace), "--top", "5").stdout)
+    results["recorded"] = json.loads(dpro("replay", str(a.trace), "--json", "-q").stdout)
+    for label, args in (("200 Mbit/s links", ["--bandwidth-mbps", "200"]), ("4 workers", ["--world-size", "4"])):
+        r = json.loads(dpro("replay", str(a.trace), "--json", "-q", *args).stdout)
+        results[f"what-if {label}"] = r
     dpro("graph", str(a.trace), "-o", str(a.out / "dfg.json"), "-q")
+    (a.out / "replay.json").write_text(json.dumps(results, indent=2))
 
     print("== summary")
-    pred = res["iteration_time_ms"]
-    meas = res.get("measured_iteration_ms")
-    if meas:
-        print(f"predicted {pred:.2f} ms vs measured {meas:.2f} ms (error {100 * (pred - meas) / meas:+.1f} %)")
-    else:
-        print(f"predicted {pred:.2f} ms (the trace carries no measured time)")
+    for label, r in results.items():
+        pred, meas = r["iteration_time_ms"], r.get("measured_iteration_ms")
+        line = f"  {label:<24} predicted {pred:9.2f} ms"
+        if meas:
+            line += f"   measured {meas:8.2f} ms   error {100 * (pred - meas) / meas:+6.1f} %"
+        print(line)
     print(f"outputs in {a.out.resolve()}:")
-    for f in ("replay.json", "timeline.json", "dfg.json"):
+    for f in (["trace/", "timeline.json"] if not a.skip_live else []) + ["replay.json", "dfg.json"]:
         print(f"  {a.out / f}")
 
 
