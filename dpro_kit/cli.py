@@ -80,8 +80,10 @@ def cli() -> None:
       dpro replay TRACE_DIR --json      the same as one JSON object (for scripts and CI)
       dpro profile -o T -- torchrun ...  profile a job without changing it
       dpro graph TRACE_DIR -o dfg.json  export the global data-flow graph
+      dpro report TRACE_DIR -o r.html   one HTML page: timelines, breakdown, stragglers
+      dpro check -b base.json -c TRACE  CI gate: exit 1 if slower (docs/ci.md)
 
-    Exit codes: 0 success, 2 bad input (one line on stderr says what and where).
+    Exit codes: 0 success, 1 check failed (dpro check), 2 bad input (one line on stderr says what and where).
     """
 
 
@@ -268,6 +270,12 @@ def profile(out: Path, steps: str, host: str | None, framework: str, as_json: bo
         click.echo(f"dpro: {ranks} rank trace(s) in {out}" + ("" if have_manifest else " (incomplete: no manifest)")
                    + (f"; next: dpro replay {out}" if have_manifest else ""), err=True)
     sys.exit(code if code >= 0 else 128 - code)
+
+
+from .cli_report import check, report  # noqa: E402  (cli_report imports cli lazily, no cycle)
+
+cli.add_command(report)
+cli.add_command(check)
 
 
 def main(argv: list[str] | None = None) -> int:
