@@ -43,7 +43,8 @@ class _Progress:
             click.echo(msg, err=True)
 
 
-def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None) -> tuple[nx.DiGraph, dict[str, Any]]:
+def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None,
+                     align: bool = True) -> tuple[nx.DiGraph, dict[str, Any]]:
     """A global DFG from a trace directory (optionally transformed by a what-if), or from a graph file."""
     from .costmodel import fit_from_events
     from .graph import build_global_dfg, load_graph
@@ -55,6 +56,9 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None) -> tup
             raise DproError("what-if options need a trace directory, not a graph file", path=path)
         return load_graph(path), {}
     ts = load_trace(path, progress=progress.step("reading traces"))
+    if align:
+        from .align import aligned_traceset
+        ts = aligned_traceset(ts, path)  # cached in TRACE_DIR/aligned/offsets.json
     info = {"job": ts.manifest.job, "framework": ts.manifest.framework, "comm_backend": ts.manifest.comm_backend,
             "world_size": ts.manifest.world_size, "profiled_iterations": ts.manifest.iterations}
     model = fit_from_events(ts.events, ts.manifest.world_size)
@@ -80,6 +84,7 @@ def cli() -> None:
       dpro replay TRACE_DIR --json      the same as one JSON object (for scripts and CI)
       dpro profile -o T -- torchrun ...  profile a job without changing it
       dpro graph TRACE_DIR -o dfg.json  export the global data-flow graph
+      dpro align TRACE_DIR              align the nodes' clocks (replay applies it)
       dpro report TRACE_DIR -o r.html   one HTML page: timelines, breakdown, stragglers
       dpro check -b base.json -c TRACE  CI gate: exit 1 if slower (docs/ci.md)
 
@@ -103,11 +108,12 @@ def cli() -> None:
               help="What if: every network link at this line rate (Mbit/s; TCP goodput ~95.6 %% of it).")
 @click.option("--world-size", type=click.IntRange(1), default=None,
               help="What if: this many workers (profiled ranks replicated, ring re-formed).")
+@click.option("--no-align", is_flag=True, help="Do not apply the trace time alignment (`dpro align`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def replay(trace: Path, iterations: int, timeline: Path | None, top: int, bucket_mb: float | None,
-           first_bucket_mb: float, bandwidth_mbps: float | None, world_size: int | None, as_json: bool,
-           quiet: bool) -> None:
+           first_bucket_mb: float, bandwidth_mbps: float | None, world_size: int | None, no_align: bool,
+           as_json: bool, quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
     TRACE is a trace directory (with manifest.json) or a graph file written by
@@ -129,7 +135,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, top: int, bucket
     progress = _Progress(not (quiet or as_json))
     wi = WhatIf(bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, bandwidth_mbps=bandwidth_mbps,
                 world_size=world_size)
-    g, info = _load_graph_from(trace, progress, wi)
+    g, info = _load_graph_from(trace, progress, wi, align=not no_align)
     progress.note(f"replaying {g.number_of_nodes()} ops x {iterations} iteration(s)")
     res = run_replay(g, iterations=iterations)
     bd = breakdown(res, g)
@@ -276,6 +282,10 @@ from .cli_report import check, report  # noqa: E402  (cli_report imports cli laz
 
 cli.add_command(report)
 cli.add_command(check)
+
+from .cli_align import align as _align_cmd  # noqa: E402
+
+cli.add_command(_align_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

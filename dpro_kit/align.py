@@ -1,0 +1,791 @@
+"""Trace time alignment across machines (dPRO §4.2), as one convex program per round.
+
+Every node records ``start`` on its own clock.  We estimate, per node ``n``, its
+**clock offset** ``theta[n]``: how far node ``n``'s clock is ahead of the
+reference node's (the first worker, ``theta = 0``).  Aligned time is
+``raw - theta[n]``.  (Shifting every timestamp of node ``n`` by ``+d`` therefore
+changes the recovered ``theta[n]`` by ``+d``.)
+
+What the traces give us (derivation and assumptions in ``docs/alignment.md``):
+
+* **records** - one per "data arrives at node r" event:
+
+  - fine-grained (per-chunk SEND/RECV joined by transaction id and iteration):
+    receiver r, its RECV launch ``start`` and ``end``, and one sender q with its
+    SEND ``start``;
+  - coarse (whole collectives, kind COMM, e.g. gloo): per (tensor, iteration,
+    rank r): r's launch ``start``, its completion, and *every other* rank q as
+    a "sender" with q's COMM start: a collective cannot finish anywhere before
+    every rank joined it.
+
+* **adjusted duration** of a record (RECV start clipped by its senders'):
+  ``D = (end - theta_r) - max(start - theta_r, max_q (S_q - theta_q))``.
+  For a fixed *clip pattern* (which term attains the max) ``D`` is affine in
+  theta: ``c - (theta_r - theta_q*)``, or the constant ``end - start``.
+
+* **objective** ``alpha * sum_families Var(D) + beta * sum_machines spread(theta)``:
+  a family is a group of records whose transfer times should be alike (same
+  byte size over the same kind of link; coarse: the same tensor).  The
+  variance is written as a weighted sum of squares of affine expressions of
+  per-(family, sender->receiver pair) means, so the program is a small QP
+  whatever the number of events.  ``spread`` is the sum of squared deviations
+  of the offsets of nodes on one machine from their mean.
+
+* **constraints** (every cross-node dependency holds after adjustment): for
+  every record and sender q, ``end_r - theta_r >= S_q - theta_q``, i.e.
+  ``theta_r - theta_q <= min(end_r - S_q)`` (one constraint per node pair).
+
+``max`` inside a variance is not DCP (the clipped duration is concave in theta),
+so the clip pattern is fixed from the current estimate, the QP is solved, the
+pattern is recomputed from the new offsets, and this repeats until the pattern
+no longer changes (a few rounds).  Infeasible constraint sets are negative
+cycles of a difference-constraint graph; they are found before solving and
+reported with the ops and nodes that contradict each other.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .errors import DproError, atomic_write_text
+from .trace import TraceSet
+
+ALIGN_VERSION = 1
+ALIGNED_DIR = "aligned"
+OFFSETS_FILE = "offsets.json"
+SOLVERS = ("CLARABEL", "OSQP", "SCS")
+
+#: defaults of the objective weights (see docs/alignment.md)
+DEFAULT_ALPHA = 1.0
+DEFAULT_BETA = 100.0
+#: weight of the squared violation of a coarse (collective) dependency, a soft constraint
+DEFAULT_GAMMA = 100.0
+#: a constraint with slack below this many microseconds is reported as binding
+BINDING_TOL_US = 1.0
+#: the clip-pattern iteration stops when no offset moves more than this between rounds
+THETA_TOL_US = 0.01
+#: and below minus this as violated (solver tolerance)
+VIOLATION_TOL_US = 0.5
+
+
+class NoCommunicationError(DproError):
+    """The nodes never communicate in the trace, so their clocks cannot be related."""
+
+
+@dataclass
+class Records:
+    """Flat arrays of the alignment inputs (times relative to ``base`` us)."""
+
+    recv: np.ndarray          # int: receiver node index, per record
+    start: np.ndarray         # float: receiver's own launch time (its clock)
+    end_obj: np.ndarray       # float: best estimate of the completion (objective)
+    end_con: np.ndarray       # float: completion upper bound (constraints; >= true completion)
+    family: np.ndarray        # int: family index per record
+    rec_op: np.ndarray        # per record: op id, node name, iteration (for messages)
+    rec_node: np.ndarray
+    rec_iter: np.ndarray
+    cand_rec: np.ndarray      # int: record index, per sender candidate
+    cand_node: np.ndarray     # int: sender node index
+    cand_start: np.ndarray    # float: sender start (sender's clock)
+    cand_op: np.ndarray       # per candidate: sender op id and node name
+    cand_name: np.ndarray
+    families: list[str]       # family names
+    kind: str                 # fine | coarse | mixed
+    coarse: np.ndarray        # bool: a coarse record (min statistic; an unclipped one is a transfer time too)
+
+    def desc(self, k: int) -> str:
+        return _op_desc(self.rec_op[k], self.rec_node[k], self.rec_iter[k])
+
+    def cand_desc(self, c: int) -> str:
+        return f"op {self.cand_op[c]!r} on node {self.cand_name[c]!r}"
+
+
+@dataclass
+class AlignResult:
+    """Offsets and the evidence for them; :meth:`to_json` is what ``dpro align --json`` prints."""
+
+    offsets_us: dict[str, float]
+    reference: str
+    mode: str                                 # fine | coarse | mixed | skipped
+    skipped: str | None = None                # why alignment was skipped
+    status: str = "optimal"
+    solver: str | None = None
+    solve_time_s: float = 0.0
+    rounds: int = 0
+    alpha: float = DEFAULT_ALPHA
+    beta: float = DEFAULT_BETA
+    n_records: int = 0
+    n_families: int = 0
+    n_constraints: int = 0
+    objective: float | None = None
+    residuals: dict[str, Any] = field(default_factory=dict)
+    binding: list[dict[str, Any]] = field(default_factory=list)
+    violated: list[dict[str, Any]] = field(default_factory=list)
+    undetermined: list[str] = field(default_factory=list)
+    fingerprint: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": ALIGN_VERSION, "offsets_us": self.offsets_us,
+            "convention": "offset = how far the node's clock is ahead of the reference's; aligned = raw - offset",
+            "reference": self.reference, "mode": self.mode, "skipped": self.skipped, "status": self.status,
+            "solver": self.solver, "solve_time_s": self.solve_time_s, "rounds": self.rounds,
+            "alpha": self.alpha, "beta": self.beta, "records": self.n_records, "families": self.n_families,
+            "constraints": self.n_constraints, "objective": self.objective, "residuals": self.residuals,
+            "binding": self.binding, "violated": self.violated, "undetermined": self.undetermined,
+            "fingerprint": self.fingerprint,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "AlignResult":
+        return cls(offsets_us={k: float(v) for k, v in d["offsets_us"].items()}, reference=d["reference"],
+                   mode=d["mode"], skipped=d.get("skipped"), status=d.get("status", "optimal"),
+                   solver=d.get("solver"), solve_time_s=float(d.get("solve_time_s", 0.0)),
+                   rounds=int(d.get("rounds", 0)), alpha=float(d.get("alpha", DEFAULT_ALPHA)),
+                   beta=float(d.get("beta", DEFAULT_BETA)), n_records=int(d.get("records", 0)),
+                   n_families=int(d.get("families", 0)), n_constraints=int(d.get("constraints", 0)),
+                   objective=d.get("objective"), residuals=d.get("residuals", {}), binding=d.get("binding", []),
+                   violated=d.get("violated", []), undetermined=d.get("undetermined", []),
+                   fingerprint=d.get("fingerprint", ""))
+
+
+# --------------------------------------------------------------------------- records from a trace
+
+def _op_desc(op: Any, node: str, it: Any) -> str:
+    return f"op {op!r} on node {node!r} (iteration {int(it)})"
+
+
+def fine_records(ev: pd.DataFrame, index: dict[str, int], hosts: dict[str, str], base: float,
+                 family: str = "size") -> pd.DataFrame:
+    """SEND/RECV pairs joined by (txn, iteration): one row per RECV with its SEND's start."""
+    recv = ev[(ev["kind"] == "RECV") & (ev["txn"] != "")]
+    send = ev[(ev["kind"] == "SEND") & (ev["txn"] != "")]
+    if recv.empty or send.empty:
+        return pd.DataFrame()
+    s = send[["txn", "iteration", "node", "start", "op"]].rename(
+        columns={"node": "s_node", "start": "s_start", "op": "s_op"})
+    s = s.drop_duplicates(["txn", "iteration"])
+    r = recv[["txn", "iteration", "node", "start", "dur", "op", "bytes", "tensor"]]
+    j = r.merge(s, on=["txn", "iteration"], how="inner")
+    j = j[j["node"] != j["s_node"]]
+    if j.empty:
+        return j
+    j = j.assign(recv=j["node"].astype(str).map(index).astype(int),
+                 send=j["s_node"].astype(str).map(index).astype(int))
+    start = j["start"].to_numpy(float) - base
+    end = start + j["dur"].to_numpy(float)
+    host_of = np.array([hosts[nd] for nd in sorted(index, key=index.get)], dtype=object)
+    same = host_of[j["recv"].to_numpy()] == host_of[j["send"].to_numpy()]
+    if family == "paper":   # dPRO's RECV op family: receiver, sender, tensor
+        fam = ("recv " + j["node"].astype(str) + " <- " + j["s_node"].astype(str) + " " + j["tensor"].astype(str))
+        fam = fam.to_numpy()
+    else:                   # same-size transfers over the same kind of link take similar time
+        nb = j["bytes"].to_numpy(dtype="int64")
+        # sizes within ~1 % are one family (ring chunks of one tensor differ by a byte)
+        binned = np.where(nb > 0, np.round(1.01 ** np.round(np.log(np.maximum(nb, 1)) / math.log(1.01))), 0)
+        code = binned.astype("int64") * 2 + same.astype("int64")
+        uniq, inv = np.unique(code, return_inverse=True)
+        names = np.array(["recv ~%d B %s" % (u // 2, "intra-machine" if u % 2 else "inter-machine") for u in uniq],
+                         dtype=object)
+        fam = names[inv]
+    return pd.DataFrame({
+        "recv": j["recv"].to_numpy(), "start": start, "end_obj": end, "end_con": end,
+        "family": fam, "node": j["node"].astype(str).to_numpy(),
+        "op": j["op"].astype(str).to_numpy(), "iteration": j["iteration"].to_numpy(),
+        "s_node_idx": j["send"].to_numpy(), "s_start": j["s_start"].to_numpy(float) - base,
+        "s_node": j["s_node"].astype(str).to_numpy(), "s_op": j["s_op"].astype(str).to_numpy(),
+        "coarse": False,
+    })
+
+
+def coarse_records(ts: TraceSet, ev: pd.DataFrame, index: dict[str, int], base: float,
+                   skip_tensors: set[str]) -> pd.DataFrame:
+    """Whole collectives (kind COMM, per tensor and iteration) on >= 2 nodes: one record per (r, q).
+
+    Completion on rank r: the later of its COMM end and the end of the op that waits for the
+    tensor (``Collective.outputs``; it may start before the data is there, it cannot end
+    before).  It is meant as an upper bound of the true completion, with one-sided error
+    (delays only add to it); a reader that shortens COMM durations (the torch-kineto reader's
+    exclusive share) can break that, hence the coarse constraints are soft.
+
+    Family of a record (r, q): the tensor and the pair's place in the ring, ``((pos_r - pos_q)
+    mod N, pos_q mod R)`` with ``R`` ranks per machine (rotating the ring by one machine maps
+    a pair onto an equivalent one, whose fastest "q joined -> r done" time is the same).
+    """
+    comm = ev[(ev["kind"] == "COMM") & (ev["tensor"] != "")]
+    if skip_tensors:
+        comm = comm[~comm["tensor"].isin(list(skip_tensors))]
+    if comm.empty:
+        return pd.DataFrame()
+    comm = comm.sort_values("start").drop_duplicates(["node", "tensor", "iteration"])
+    outs = {(c.tensor, n): set(ops) for c in ts.collectives for n, ops in c.outputs.items() if ops}
+    out_ops = {op for ops in outs.values() for op in ops}
+    waits = ev[ev["op"].isin(list(out_ops))] if out_ops else ev.iloc[:0]
+    wait_end: dict[tuple[str, str, int], float] = {}
+    if not waits.empty:
+        g = (waits.assign(end=waits["start"] + waits["dur"])
+             .groupby(["node", "op", "iteration"], observed=True)["end"].min())
+        for (n, op, it), v in g.items():
+            wait_end[(str(n), str(op), int(it))] = float(v)
+    ranks_of = {n: ts.manifest.nodes[n].rank for n in index}
+    host_of = {n: ts.manifest.nodes[n].host for n in index}
+    rows = []
+    for (tensor, it), grp in comm.groupby(["tensor", "iteration"], observed=True, sort=False):
+        if grp["node"].nunique() < 2:
+            continue
+        nodes = grp["node"].astype(str).to_numpy()
+        starts = grp["start"].to_numpy(float) - base
+        ends = starts + grp["dur"].to_numpy(float)
+        ops = grp["op"].astype(str).to_numpy()
+        ring = sorted(nodes, key=ranks_of.__getitem__)
+        pos = {nd: k for k, nd in enumerate(ring)}
+        per = _ranks_per_machine(ring, host_of)
+        for i, n in enumerate(nodes):
+            w = [wait_end[(n, op, int(it))] - base for op in outs.get((str(tensor), n), ())
+                 if (n, op, int(it)) in wait_end]
+            # an upper bound of the completion: delays only ever add to it (one-sided noise)
+            e_con = e_obj = max([ends[i], *w])
+            for k, q in enumerate(nodes):
+                if k == i:
+                    continue
+                fam = (f"collective {tensor} ring+{(pos[n] - pos[q]) % len(ring)}"
+                       + (f" slot {pos[q] % per}" if per > 1 else ""))
+                rows.append((index[n], starts[i], e_obj, e_con, fam, n, ops[i], int(it),
+                             index[q], starts[k], q, ops[k], True))
+    if not rows:
+        return pd.DataFrame()
+    return pd.DataFrame(rows, columns=["recv", "start", "end_obj", "end_con", "family", "node", "op", "iteration",
+                                       "s_node_idx", "s_start", "s_node", "s_op", "coarse"])
+
+
+def _ranks_per_machine(ring: list[str], host_of: dict[str, str]) -> int:
+    """R when every machine holds R consecutive ranks of the ring, else 1."""
+    hosts = [host_of[n] for n in ring]
+    n_hosts = len(set(hosts))
+    if len(ring) % n_hosts:
+        return 1
+    per = len(ring) // n_hosts
+    blocks = [hosts[i:i + per] for i in range(0, len(ring), per)]
+    if all(len(set(b)) == 1 for b in blocks) and len({b[0] for b in blocks}) == n_hosts:
+        return per
+    return 1
+
+
+def build_records(ts: TraceSet, family: str = "size") -> Records | None:
+    """All alignment records of a trace, or None when there is no cross-node communication."""
+    nodes = ts.nodes()
+    index = {n: i for i, n in enumerate(nodes)}
+    hosts = {n: ts.manifest.nodes[n].host for n in nodes}
+    ev = ts.events
+    base = float(ev["start"].min()) if len(ev) else 0.0
+    fine = fine_records(ev, index, hosts, base, family)
+    covered: set[str] = set()   # tensors with per-chunk events: their coarse COMM events add nothing
+    if not fine.empty:
+        recv = ev[(ev["kind"] == "RECV") & (ev["txn"] != "")]
+        covered = set(recv["tensor"].astype(str))
+    coarse = coarse_records(ts, ev, index, base, covered)
+    parts = [p for p in (fine, coarse) if not p.empty]
+    if not parts:
+        return None
+    kind = "mixed" if len(parts) == 2 else ("fine" if not fine.empty else "coarse")
+    cand = pd.concat(parts, ignore_index=True)
+    # one record per (receiver, op, iteration, family); candidates hang off it
+    key = (cand["node"] + "\x00" + cand["op"] + "\x00" + cand["iteration"].astype(str) + "\x00" + cand["family"]
+           + "\x00" + np.where(cand["coarse"].to_numpy(bool), cand["s_node"], ""))
+    codes, uniq = pd.factorize(key, sort=False)
+    first = pd.Series(np.arange(len(cand))).groupby(codes).first().to_numpy()
+    rec = cand.iloc[first]
+    fam_codes, fam_names = pd.factorize(rec["family"], sort=True)
+    return Records(
+        recv=rec["recv"].to_numpy(int), start=rec["start"].to_numpy(float),
+        end_obj=rec["end_obj"].to_numpy(float), end_con=rec["end_con"].to_numpy(float),
+        family=np.asarray(fam_codes, dtype=int),
+        rec_op=rec["op"].to_numpy(), rec_node=rec["node"].to_numpy(), rec_iter=rec["iteration"].to_numpy(),
+        cand_rec=np.asarray(codes, dtype=int), cand_node=cand["s_node_idx"].to_numpy(int),
+        cand_start=cand["s_start"].to_numpy(float),
+        cand_op=cand["s_op"].to_numpy(), cand_name=cand["s_node"].to_numpy(),
+        families=[str(f) for f in fam_names], kind=kind, coarse=rec["coarse"].to_numpy(bool))
+
+
+# --------------------------------------------------------------------------- the optimisation
+
+def _pair_bounds(rec: Records, n: int, coarse: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per (sender q, receiver r) pair: the tightest bound ``theta_r - theta_q <= b`` and its candidate.
+
+    ``coarse`` selects the records of whole collectives (soft constraints), else the
+    fine-grained SEND/RECV ones (hard constraints)."""
+    sel = np.flatnonzero(rec.coarse[rec.cand_rec] == coarse)
+    r = rec.recv[rec.cand_rec[sel]]
+    b = rec.end_con[rec.cand_rec[sel]] - rec.cand_start[sel]
+    pair = r * n + rec.cand_node[sel]
+    if not len(sel):
+        return pair, b, sel
+    order = np.lexsort((b, pair))
+    pair_s = pair[order]
+    firsts = np.flatnonzero(np.r_[True, pair_s[1:] != pair_s[:-1]])
+    idx = order[firsts]
+    return pair[idx], b[idx], sel[idx]
+
+
+def _check_feasible(rec: Records, nodes: list[str], pairs: np.ndarray, bounds: np.ndarray,
+                    cand_idx: np.ndarray, path: str | None) -> None:
+    """Difference constraints are infeasible iff their graph has a negative cycle: name it."""
+    import networkx as nx
+    n = len(nodes)
+    g = nx.DiGraph()
+    for p, b, c in zip(pairs, bounds, cand_idx):
+        r, q = divmod(int(p), n)
+        g.add_edge(q, r, weight=float(b), cand=int(c))   # theta_r <= theta_q + b
+    src = n
+    g.add_edges_from((src, i, {"weight": 0.0}) for i in range(n))
+    try:
+        cycle = nx.find_negative_cycle(g, src, weight="weight")
+    except nx.NetworkXError:
+        return
+    total = sum(g[u][v]["weight"] for u, v in zip(cycle[:-1], cycle[1:]))
+    if total > -VIOLATION_TOL_US:   # tolerance: sub-microsecond rounding is not a contradiction
+        return
+    parts = []
+    for u, v in zip(cycle[:-1], cycle[1:]):
+        c = g[u][v]["cand"]
+        k = rec.cand_rec[c]
+        parts.append(f"{rec.desc(k)} ends {g[u][v]['weight']:.1f} us after {rec.cand_desc(c)} starts")
+    raise DproError(
+        f"contradictory cross-node dependencies: no clock offsets satisfy them (the cycle "
+        f"{' -> '.join(nodes[i] for i in cycle)} is short by {-total:.1f} us): " + "; ".join(parts),
+        path=path, hint="a trace is broken (wrong timestamps, mixed-up runs or transaction ids); re-collect it")
+
+
+def _clip_pattern(rec: Records, theta: np.ndarray) -> np.ndarray:
+    """Per record: the candidate index that clips its start, or -1 when its own launch is latest."""
+    adj = rec.cand_start - theta[rec.cand_node]
+    order = np.lexsort((-adj, rec.cand_rec))
+    rs = rec.cand_rec[order]
+    firsts = order[np.r_[True, rs[1:] != rs[:-1]]]
+    best = np.full(len(rec.recv), -1, dtype=int)
+    best[rec.cand_rec[firsts]] = firsts
+    own = rec.start - theta[rec.recv]
+    has = best >= 0
+    later = np.zeros(len(best), dtype=bool)
+    later[has] = adj[best[has]] > own[has]
+    best[~later] = -1
+    return best
+
+
+def _adjusted(rec: Records, theta: np.ndarray, clip: np.ndarray) -> np.ndarray:
+    """Adjusted durations D for a clip pattern."""
+    d = rec.end_obj - rec.start
+    m = clip >= 0
+    c = clip[m]
+    d[m] = (rec.end_obj[m] - theta[rec.recv[m]]) - (rec.cand_start[c] - theta[rec.cand_node[c]])
+    return d
+
+
+def _effective_clip(rec: Records, clip: np.ndarray) -> np.ndarray:
+    """Coarse records always count from their one sender's start: their statistic is a minimum over
+    iterations, which picks the iterations where that sender joined last by itself."""
+    if not rec.coarse.any():
+        return clip
+    one = np.empty(len(rec.recv), dtype=int)
+    one[rec.cand_rec] = np.arange(len(rec.cand_rec))
+    return np.where(rec.coarse, one, clip)
+
+
+def _in_objective(rec: Records, clip: np.ndarray) -> np.ndarray:
+    """Records whose adjusted duration is a transfer time: clipped ones, and unclipped coarse ones.
+
+    A fine-grained RECV that was posted after its SEND started (unclipped) mostly copies data that
+    already arrived: its duration is not the transfer time and would bias the family mean.
+    """
+    return (clip >= 0) | rec.coarse
+
+
+def _objective_terms(rec: Records, clip: np.ndarray, n: int):
+    """Sufficient statistics per (family, pair): counts, means of c, weights; pair -1 means constant."""
+    clip = _effective_clip(rec, clip)
+    m = clip >= 0
+    q = np.where(m, rec.cand_node[np.where(m, clip, 0)], -1)
+    c = np.where(m, rec.end_obj - rec.cand_start[np.where(m, clip, 0)], rec.end_obj - rec.start)
+    r = np.where(m, rec.recv, -1)
+    use = _in_objective(rec, clip)
+    q, c, r, fam_all, coarse = q[use], c[use], r[use], rec.family[use], rec.coarse[use]
+    key = (fam_all.astype(np.int64) * (n + 1) + (r + 1)) * (n + 1) + (q + 1)
+    uk, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
+    mu = np.bincount(inv, weights=c) / cnt
+    mins = np.full(len(uk), np.inf)
+    np.minimum.at(mins, inv, c)
+    is_min = np.zeros(len(uk), dtype=bool)
+    is_min[inv[coarse]] = True
+    mu = np.where(is_min, mins, mu)
+    fam = uk // ((n + 1) * (n + 1))
+    rr = (uk // (n + 1)) % (n + 1) - 1
+    qq = uk % (n + 1) - 1
+    fam_size = np.bincount(fam_all, minlength=len(rec.families)).astype(float)
+    groups = np.bincount(fam, minlength=len(rec.families)).astype(float)
+    # mean statistic: weight = share of the family's records; min statistic: every pair counts once
+    w = np.where(is_min, 1.0 / groups[fam], cnt / fam_size[fam])
+    return fam, rr, qq, mu, w
+
+
+def _difference_matrix(pairs: np.ndarray, n: int):
+    import scipy.sparse as sp
+    k = np.arange(len(pairs))
+    vals = np.r_[np.ones(len(pairs)), -np.ones(len(pairs))]
+    return sp.csr_matrix((vals, (np.r_[k, k], np.r_[pairs // n, pairs % n])), shape=(len(pairs), n))
+
+
+def _solve_qp(rec: Records, clip: np.ndarray, n: int, ref: int, machines: list[list[int]], pairs: np.ndarray,
+              bounds: np.ndarray, alpha: float, beta: float, solvers: tuple[str, ...],
+              soft_pairs: np.ndarray | None = None, soft_bounds: np.ndarray | None = None, gamma: float = 0.0):
+    import cvxpy as cp
+    import scipy.sparse as sp
+
+    fam, rr, qq, mu, w = _objective_terms(rec, clip, n)
+    P = len(mu)
+    F = len(rec.families)
+    rows = np.flatnonzero(rr >= 0)
+    A = sp.csr_matrix((np.r_[np.ones(len(rows)), -np.ones(len(rows))],
+                       (np.r_[rows, rows], np.r_[rr[rows], qq[rows]])), shape=(P, n))
+    G = sp.csr_matrix((w, (fam, np.arange(P))), shape=(F, P))        # family means (weighted)
+    theta = cp.Variable(n)
+    # residual of each (family, pair) mean from its family's mean: (I - E G)(mu - A theta)
+    E = sp.csr_matrix((np.ones(P), (np.arange(P), fam)), shape=(P, F))
+    M = (sp.identity(P, format="csr") - E @ G)
+    # rows are scaled by sqrt(w): sum_p w_p res_p^2 = Var within families minus within-pair variance
+    S = sp.diags(np.sqrt(w))
+    SM = (S @ M).tocsr()
+    # one sum of squares: [sqrt(alpha) S M A; sqrt(beta) (I - H)] theta - [sqrt(alpha) S M mu; 0], where H
+    # replaces each node's offset by the mean of its machine (the same-machine spread term)
+    blocks, rhs = [math.sqrt(alpha) * (SM @ A)], [math.sqrt(alpha) * (SM @ mu)]
+    hr, hc, hv = [], [], []
+    for grp in machines:             # a machine with one node contributes a zero row
+        for i in grp:
+            hr.extend([i] * len(grp))
+            hc.extend(grp)
+            hv.extend([1.0 / len(grp)] * len(grp))
+    if beta > 0 and any(len(g) > 1 for g in machines):
+        H = sp.csr_matrix((hv, (hr, hc)), shape=(n, n))
+        blocks.append(math.sqrt(beta) * (sp.identity(n, format="csr") - H))
+        rhs.append(np.zeros(n))
+    K = sp.vstack(blocks).tocsr()
+    obj = cp.sum_squares(K @ theta - np.concatenate(rhs))
+    cons = [theta[ref] == 0]
+    if len(pairs):
+        cons.append(_difference_matrix(pairs, n) @ theta <= bounds)
+    if soft_pairs is not None and len(soft_pairs) and gamma > 0:
+        # squared hinge: violating a coarse dependency by v us costs gamma * v^2
+        obj = obj + gamma * cp.sum_squares(cp.pos(_difference_matrix(soft_pairs, n) @ theta - soft_bounds))
+    prob = cp.Problem(cp.Minimize(obj), cons)
+    last_err = None
+    for name in solvers:
+        if name not in cp.installed_solvers():
+            continue
+        try:
+            kw = {"eps_abs": 1e-9, "eps_rel": 1e-9, "max_iter": 200000, "polish": True} if name == "OSQP" else {}
+            prob.solve(solver=name, **kw)
+        except cp.error.SolverError as exc:
+            last_err = exc
+            continue
+        if prob.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) and theta.value is not None:
+            return np.asarray(theta.value, dtype=float), name, prob.status, float(prob.value)
+        if prob.status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE):
+            return None, name, prob.status, None
+        last_err = RuntimeError(f"{name}: status {prob.status}")
+    raise DproError(f"no solver could solve the alignment problem ({last_err})",
+                    hint="install one of " + ", ".join(solvers) + " (pip install clarabel)")
+
+
+def _undetermined(rec: Records, n: int, ref: int, machines: list[list[int]]) -> list[int]:
+    import networkx as nx
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    g.add_edges_from(zip(rec.recv[rec.cand_rec].tolist(), rec.cand_node.tolist()))
+    for grp in machines:
+        g.add_edges_from(zip(grp[:-1], grp[1:]))
+    reach = nx.node_connected_component(g, ref)
+    return [i for i in range(n) if i not in reach]
+
+
+def fingerprint(ts: TraceSet) -> str:
+    """Identifies the trace content the offsets were computed from (cache key)."""
+    ev = ts.events
+    h = hashlib.sha256(json.dumps(ts.manifest.to_json(), sort_keys=True, default=str).encode())
+    if len(ev):
+        agg = ev.groupby("node", observed=True).agg(n=("start", "size"), s=("start", "sum"), d=("dur", "sum"),
+                                                     lo=("start", "min"))
+        h.update(agg.round(3).to_csv().encode())
+    h.update(f"v{ALIGN_VERSION}".encode())
+    return h.hexdigest()[:16]
+
+
+def align(ts: TraceSet, *, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA, family: str = "size",
+          gamma: float = DEFAULT_GAMMA, solvers: tuple[str, ...] = SOLVERS, max_rounds: int = 6) -> AlignResult:
+    """Estimate per-node clock offsets of ``ts`` (see the module docstring)."""
+    t0 = time.perf_counter()
+    nodes = ts.nodes()
+    ref_name = nodes[0]
+    fp = fingerprint(ts)
+    zero = {n: 0.0 for n in nodes}
+    hosts = {n: ts.manifest.nodes[n].host for n in nodes}
+    if len(nodes) < 2:
+        return AlignResult(offsets_us=zero, reference=ref_name, mode="skipped", status="skipped",
+                           skipped="single-node job: nothing to align", fingerprint=fp)
+    if len(set(hosts.values())) < 2:
+        return AlignResult(offsets_us=zero, reference=ref_name, mode="skipped", status="skipped",
+                           skipped=f"all {len(nodes)} nodes run on machine {next(iter(hosts.values()))!r} "
+                                   "and share its clock", fingerprint=fp)
+    rec = build_records(ts, family)
+    if rec is None:
+        raise NoCommunicationError("the nodes never communicate in the trace (no SEND/RECV pairs and no "
+                                   "collective run on two or more nodes), so their clocks cannot be related",
+                                   path=ts.path, hint="profile iterations that synchronise gradients")
+    n = len(nodes)
+    ref = 0
+    by_host: dict[str, list[int]] = {}
+    for i, nd in enumerate(nodes):
+        by_host.setdefault(hosts[nd], []).append(i)
+    machines = list(by_host.values())
+    pairs, bounds, cand_idx = _pair_bounds(rec, n)                 # fine-grained: hard
+    spairs, sbounds, scand = _pair_bounds(rec, n, coarse=True)    # coarse: soft (see docs/alignment.md)
+    _check_feasible(rec, nodes, pairs, bounds, cand_idx, ts.path)
+    undet = _undetermined(rec, n, ref, machines)
+
+    theta = np.zeros(n)
+    clip = _clip_pattern(rec, theta)
+    before = _adjusted(rec, theta, clip)
+    use_before = _in_objective(rec, clip)
+    seen: list[tuple[float, np.ndarray, np.ndarray]] = []
+    prev = None
+    solver = status = None
+    obj = None
+    rounds = 0
+    for rounds in range(1, max_rounds + 1):
+        new, solver, status, obj = _solve_qp(rec, clip, n, ref, machines, pairs, bounds, alpha, beta, solvers,
+                                             spairs, sbounds, gamma)
+        if new is None:   # cannot happen after the negative-cycle check, but never return a silent 0
+            raise DproError(f"the alignment problem is {status} according to {solver}", path=ts.path,
+                            hint="a trace is broken; re-collect it")
+        new[undet] = 0.0
+        theta = new
+        new_clip = _clip_pattern(rec, theta)
+        true_obj = _true_objective(rec, theta, new_clip, machines, alpha, beta)
+        seen.append((true_obj, theta.copy(), new_clip))
+        moved = float(np.max(np.abs(new - prev))) if prev is not None else np.inf
+        prev = new
+        if np.array_equal(new_clip, clip) or moved < THETA_TOL_US:
+            break
+        clip = new_clip
+    best_obj, theta, clip = min(seen, key=lambda s: s[0])
+    theta = theta - theta[ref]
+    after = _adjusted(rec, theta, clip)
+
+    # constraints after adjustment
+    binding, violated = [], []
+    for prs, bds, cids, kind in ((pairs, bounds, cand_idx, "hard"), (spairs, sbounds, scand, "soft")):
+        pr, pq = prs // n, prs % n
+        slack = bds - (theta[pr] - theta[pq])
+        for k in np.argsort(slack):
+            if slack[k] > BINDING_TOL_US:
+                break
+            c = cids[k]
+            item = {"receiver": nodes[pr[k]], "sender": nodes[pq[k]], "slack_us": round(float(slack[k]), 3),
+                    "constraint": kind, "op": rec.desc(rec.cand_rec[c]), "depends_on": rec.cand_desc(c)}
+            (violated if slack[k] < -VIOLATION_TOL_US else binding).append(item)
+    res = _residuals(rec, before, use_before, after, _in_objective(rec, clip), theta, machines, nodes)
+    return AlignResult(
+        offsets_us={nd: round(float(theta[i]), 3) for i, nd in enumerate(nodes)}, reference=ref_name,
+        mode=rec.kind, status=str(status), solver=solver, solve_time_s=round(time.perf_counter() - t0, 4),
+        rounds=rounds, alpha=alpha, beta=beta, n_records=len(rec.recv), n_families=len(rec.families),
+        n_constraints=len(pairs) + len(spairs), objective=float(best_obj), residuals=res, binding=binding[:50],
+        violated=violated, undetermined=[nodes[i] for i in undet], fingerprint=fp)
+
+
+def _true_objective(rec: Records, theta: np.ndarray, clip: np.ndarray, machines: list[list[int]],
+                    alpha: float, beta: float) -> float:
+    use = _in_objective(rec, clip) & ~rec.coarse
+    d = _adjusted(rec, theta, clip)[use]
+    df = pd.DataFrame({"f": rec.family[use], "d": d})
+    var = float(df.groupby("f")["d"].var(ddof=0).sum())
+    if rec.coarse.any():   # min statistic: variance over pairs of the per-pair minima
+        fam, rr, qq, mu, w = _objective_terms(rec, clip, len(theta))
+        sel = np.isin(fam, np.unique(rec.family[rec.coarse]))
+        x = np.where(rr >= 0, theta[np.maximum(rr, 0)] - theta[np.maximum(qq, 0)], 0.0)
+        val = (mu - x)[sel]
+        f, ww = fam[sel], w[sel]
+        m = np.bincount(f, weights=ww * val, minlength=len(rec.families))
+        var += float(np.sum(ww * (val - m[f]) ** 2))
+    spread = sum(float(np.sum((theta[g] - theta[g].mean()) ** 2)) for g in machines if len(g) > 1)
+    return alpha * var + beta * spread
+
+
+def _residuals(rec: Records, before: np.ndarray, use_before: np.ndarray, after: np.ndarray,
+               use_after: np.ndarray, theta: np.ndarray, machines: list[list[int]], nodes: list[str]) -> dict[str, Any]:
+    """Spread of adjusted durations per family (records in the objective), before and after alignment."""
+    out: dict[str, Any] = {"family_std_us": {}}
+    dev = np.full(len(after), np.nan)
+    for f, name in enumerate(rec.families):
+        mb, ma = (rec.family == f) & use_before, (rec.family == f) & use_after
+        if not ma.any():
+            continue
+        mean_a = float(np.mean(after[ma]))
+        dev[ma] = after[ma] - mean_a
+        out["family_std_us"][name] = {"records": int(ma.sum()),
+                                      "before": round(float(np.std(before[mb])), 3) if mb.any() else None,
+                                      "after": round(float(np.std(after[ma])), 3), "mean_after": round(mean_a, 3)}
+    ok = ~np.isnan(dev)
+    out["rms_us"] = round(float(np.sqrt(np.mean(dev[ok] ** 2))), 3) if ok.any() else None
+    out["per_node_rms_us"] = {nodes[i]: round(float(np.sqrt(np.mean(dev[ok & (rec.recv == i)] ** 2))), 3)
+                              for i in range(len(nodes)) if np.any(ok & (rec.recv == i))}
+    out["machine_spread_us"] = {str(nodes[g[0]]): round(float(np.ptp(theta[g])), 3) for g in machines if len(g) > 1}
+    return out
+
+
+# --------------------------------------------------------------------------- applying offsets, cache
+
+def apply_offsets(ts: TraceSet, offsets_us: dict[str, float], *, clip_recv: bool = True) -> TraceSet:
+    """A copy of ``ts`` with every node's ``start`` moved onto the reference clock.
+
+    With ``clip_recv``, each RECV that has its SEND in the trace starts no earlier than the
+    SEND (its duration becomes the transfer time, not the time it waited for the sender).
+    Coarse collectives keep their durations: a reader may have set them to something other
+    than end - start (e.g. an exclusive share), so clipping them is left to the cost model.
+    """
+    ev = ts.events.copy()
+    off = ev["node"].astype(str).map(lambda n: float(offsets_us.get(n, 0.0))).to_numpy(float)
+    ev["start"] = ev["start"].to_numpy(float) - off
+    if clip_recv:
+        recv = (ev["kind"] == "RECV") & (ev["txn"] != "")
+        send = (ev["kind"] == "SEND") & (ev["txn"] != "")
+        if recv.any() and send.any():
+            s = ev.loc[send, ["txn", "iteration", "start"]].drop_duplicates(["txn", "iteration"])
+            s = s.rename(columns={"start": "s_start"})
+            r = ev.loc[recv, ["txn", "iteration", "start", "dur"]].reset_index().merge(
+                s, on=["txn", "iteration"], how="inner")
+            late = r["s_start"] > r["start"]
+            r = r[late]
+            end = r["start"] + r["dur"]
+            new_start = r["s_start"].to_numpy(float)
+            ev.loc[r["index"].to_numpy(), "start"] = new_start
+            ev.loc[r["index"].to_numpy(), "dur"] = np.maximum(0.0, end.to_numpy(float) - new_start)
+    return TraceSet(manifest=ts.manifest, events=ev, edges=ts.edges, collectives=ts.collectives, path=ts.path)
+
+
+def offsets_path(trace_dir: str | os.PathLike) -> Path:
+    return Path(trace_dir) / ALIGNED_DIR / OFFSETS_FILE
+
+
+def save_result(result: AlignResult, trace_dir: str | os.PathLike) -> Path:
+    """Write ``TRACE_DIR/aligned/offsets.json`` atomically (never touches the raw traces)."""
+    p = offsets_path(trace_dir)
+    atomic_write_text(p, json.dumps(result.to_json(), indent=1))
+    return p
+
+
+def load_cached(ts: TraceSet, trace_dir: str | os.PathLike) -> AlignResult | None:
+    """The cached result if it was computed from exactly this trace content, else None."""
+    p = offsets_path(trace_dir)
+    if not p.exists():
+        return None
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+        res = AlignResult.from_json(d)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if d.get("version") != ALIGN_VERSION or res.fingerprint != fingerprint(ts):
+        return None
+    if set(res.offsets_us) != set(ts.nodes()):
+        return None
+    return res
+
+
+def align_cached(ts: TraceSet, trace_dir: str | os.PathLike | None = None, *, recompute: bool = False,
+                 write: bool = True, **kw: Any) -> AlignResult:
+    """Cached offsets of ``trace_dir`` when valid, else solve and (if possible) store them."""
+    trace_dir = trace_dir if trace_dir is not None else ts.path
+    if trace_dir is not None and not recompute:
+        cached = load_cached(ts, trace_dir)
+        if cached is not None:
+            return cached
+    res = align(ts, **kw)
+    if trace_dir is not None and write and res.mode != "skipped":   # skipping is free to recompute
+        try:
+            save_result(res, trace_dir)
+        except OSError:
+            pass  # a read-only trace directory: the offsets are still used, just not cached
+    return res
+
+
+def aligned_traceset(ts: TraceSet, trace_dir: str | os.PathLike | None = None, *, recompute: bool = False,
+                     **kw: Any) -> TraceSet:
+    """``ts`` on one clock: cached (or freshly solved) offsets applied, RECVs clipped by their SENDs.
+
+    A job whose nodes never communicate is returned unchanged; contradictory dependencies
+    (a broken trace) raise :class:`DproError`.
+    """
+    try:
+        res = align_cached(ts, trace_dir, recompute=recompute, **kw)
+    except NoCommunicationError:
+        return ts
+    if res.mode == "skipped" and not ((ts.events["kind"] == "RECV") & (ts.events["txn"] != "")).any():
+        return ts
+    return apply_offsets(ts, res.offsets_us)
+
+
+def shift_trace(ts: TraceSet, shifts_us: dict[str, float]) -> TraceSet:
+    """A copy of ``ts`` with ``shifts_us[node]`` added to every start of that node (testing aid)."""
+    ev = ts.events.copy()
+    ev["start"] = ev["start"].to_numpy(float) + ev["node"].astype(str).map(
+        lambda n: float(shifts_us.get(n, 0.0))).to_numpy(float)
+    return TraceSet(manifest=ts.manifest, events=ev, edges=ts.edges, collectives=ts.collectives, path=None)
+
+
+def shift_trace_dir(src: str | os.PathLike, dst: str | os.PathLike, shifts_us: dict[str, float]) -> Path:
+    """Copy a trace directory to ``dst`` (native format) with per-node shifted timestamps."""
+    from .trace import load_trace, save_trace
+    return save_trace(shift_trace(load_trace(src), shifts_us), dst)
+
+
+def format_report(res: AlignResult) -> str:
+    """Human-readable summary for ``dpro align``."""
+    lines = []
+    if res.mode == "skipped":
+        return f"alignment skipped: {res.skipped}"
+    lines.append(f"aligned {len(res.offsets_us)} nodes from {res.n_records} {res.mode}-grained records in "
+                 f"{res.n_families} families ({res.n_constraints} pairwise constraints); solver {res.solver} "
+                 f"({res.status}), {res.rounds} round(s), {res.solve_time_s:.3f} s")
+    lines.append(f"reference node {res.reference}; aligned = raw - offset")
+    lines.append(f"{'node':<28}{'offset us':>14}{'resid rms us':>14}")
+    pn = res.residuals.get("per_node_rms_us", {})
+    for nd, o in res.offsets_us.items():
+        r = pn.get(nd)
+        lines.append(f"{nd:<28}{o:>14.3f}{'' if r is None else f'{r:>14.3f}'}")
+    fam = res.residuals.get("family_std_us", {})
+    if fam:
+        lines.append("families (std of adjusted durations, us, before -> after): " + "; ".join(
+            f"{k}: {v['before'] if v['before'] is None else round(v['before'], 1)} -> {v['after']:.1f} "
+            f"(n={v['records']})" for k, v in list(fam.items())[:8])
+            + (" ..." if len(fam) > 8 else ""))
+    lines.append(f"binding constraints: {len(res.binding)}; violated: {len(res.violated)}")
+    for b in res.binding[:5]:
+        lines.append(f"  binding: {b['op']} after {b['depends_on']} (slack {b['slack_us']} us)")
+    for b in res.violated[:5]:
+        lines.append(f"  VIOLATED: {b['op']} after {b['depends_on']} (slack {b['slack_us']} us)")
+    if res.undetermined:
+        lines.append("undetermined (no communication path to the reference; left at 0): "
+                     + ", ".join(res.undetermined))
+    return "\n".join(lines)
+
+
+__all__ = ["AlignResult", "NoCommunicationError", "align", "align_cached", "aligned_traceset", "apply_offsets",
+           "build_records",
+           "fingerprint", "format_report", "load_cached", "offsets_path", "save_result", "shift_trace",
+           "shift_trace_dir"]

@@ -1,0 +1,59 @@
+"""``dpro align TRACE_DIR``: estimate per-node clock offsets (dPRO §4.2) and cache them.
+
+Registered on the ``dpro`` group in :mod:`dpro_kit.cli` (``cli.add_command(align)``).
+Writes ``TRACE_DIR/aligned/offsets.json`` (atomically; raw traces are never touched),
+which ``dpro replay`` then applies (see :func:`dpro_kit.align.aligned_traceset`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .errors import DproError
+
+
+@click.command(short_help="Align the clocks of a job's nodes (dPRO trace time alignment).")
+@click.argument("trace_dir", type=click.Path(path_type=Path))
+@click.option("--alpha", default=1.0, show_default=True, type=click.FloatRange(min=0.0),
+              help="Weight of the RECV-family variance term.")
+@click.option("--beta", default=100.0, show_default=True, type=click.FloatRange(min=0.0),
+              help="Weight of the same-machine spread term.")
+@click.option("--family", type=click.Choice(["size", "paper"]), default="size", show_default=True,
+              help="Fine-grained RECV families: by transfer size and link kind, or dPRO's (receiver, sender, "
+                   "tensor).")
+@click.option("--no-write", is_flag=True, help="Do not store TRACE_DIR/aligned/offsets.json.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+def align(trace_dir: Path, alpha: float, beta: float, family: str, no_write: bool, as_json: bool,
+          quiet: bool) -> None:
+    """Estimate every node's clock offset against the reference node and store the result.
+
+    \b
+    Uses per-chunk SEND/RECV events when the trace has them (NCCL / ps-lite patches,
+    synthetic jobs), otherwise whole collectives (gloo).  Prints the offsets (aligned
+    time = raw time - offset), how well the adjusted transfer times agree, the
+    dependency constraints that bind, and the solve time.  `dpro replay` applies the
+    stored offsets automatically.
+    """
+    from .align import align as run_align
+    from .align import format_report, save_result
+    from .trace import load_trace
+
+    ts = load_trace(trace_dir)
+    res = run_align(ts, alpha=alpha, beta=beta, family=family)
+    out = res.to_json()
+    out["trace"] = str(trace_dir)
+    if not no_write:
+        try:
+            out["written"] = str(save_result(res, trace_dir))
+        except OSError as exc:
+            raise DproError(f"cannot write the alignment result: {exc.strerror}", path=trace_dir,
+                            hint="use --no-write for a read-only trace directory") from None
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo(format_report(res))
+    if out.get("written") and not quiet:
+        click.echo(f"written to {out['written']}")
