@@ -44,8 +44,12 @@ class _Progress:
 
 
 def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None,
-                     align: bool = True) -> tuple[nx.DiGraph, dict[str, Any]]:
-    """A global DFG from a trace directory (optionally transformed by a what-if), or from a graph file."""
+                     align: bool = True) -> tuple[nx.DiGraph, dict[str, Any], Any]:
+    """A global DFG from a trace directory (optionally transformed by a what-if), or from a graph file.
+
+    Returns the graph, facts about the job for the output, and the profiled
+    (aligned) TraceSet, or None for a graph file.
+    """
     from .costmodel import fit_from_events
     from .graph import build_global_dfg, load_graph
     from .trace import load_trace
@@ -54,12 +58,13 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None,
     if path.is_file() and path.suffix in (".json", ".graphml") and path.name != "manifest.json":
         if whatif is not None and whatif.any():
             raise DproError("what-if options need a trace directory, not a graph file", path=path)
-        return load_graph(path), {}
+        return load_graph(path), {}, None
     ts = load_trace(path, progress=progress.step("reading traces"))
     if align:
         from .align import aligned_traceset
         ts = aligned_traceset(ts, path)  # cached in TRACE_DIR/aligned/offsets.json
-    info = {"job": ts.manifest.job, "framework": ts.manifest.framework, "comm_backend": ts.manifest.comm_backend,
+    profiled = ts
+    info: dict[str, Any] = {"job": ts.manifest.job, "framework": ts.manifest.framework, "comm_backend": ts.manifest.comm_backend,
             "world_size": ts.manifest.world_size, "profiled_iterations": ts.manifest.iterations}
     model = fit_from_events(ts.events, ts.manifest.world_size)
     if whatif is not None and whatif.any():
@@ -70,7 +75,7 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None,
     if measured is not None and "whatif" not in info:
         info["measured_iteration_ms"] = float(measured)
     progress.note(f"building the global DFG of {len(ts.nodes())} node(s)")
-    return build_global_dfg(ts, comm_model=model), info
+    return build_global_dfg(ts, comm_model=model), info, profiled
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -98,6 +103,8 @@ def cli() -> None:
               help="Replay this many iterations back to back; the iteration time is the steady-state gap.")
 @click.option("--timeline", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the simulated timeline as Chrome/Perfetto trace JSON to this file.")
+@click.option("--measured-timeline", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the measured (aligned, when alignment applies) trace as Chrome/Perfetto JSON.")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(0, 10000),
               help="How many of the longest critical-path ops to list.")
 @click.option("--bucket-mb", type=float, default=None,
@@ -111,7 +118,7 @@ def cli() -> None:
 @click.option("--no-align", is_flag=True, help="Do not apply the trace time alignment (`dpro align`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
-def replay(trace: Path, iterations: int, timeline: Path | None, top: int, bucket_mb: float | None,
+def replay(trace: Path, iterations: int, timeline: Path | None, measured_timeline: Path | None, top: int, bucket_mb: float | None,
            first_bucket_mb: float, bandwidth_mbps: float | None, world_size: int | None, no_align: bool,
            as_json: bool, quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
@@ -129,19 +136,24 @@ def replay(trace: Path, iterations: int, timeline: Path | None, top: int, bucket
     """
     from .analysis import breakdown, critical_path_summary
     from .replay import replay as run_replay
-    from .timeline import replay_to_chrome, write_chrome
+    from .timeline import replay_to_chrome, trace_to_chrome, write_chrome
     from .whatif import WhatIf
 
     progress = _Progress(not (quiet or as_json))
     wi = WhatIf(bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, bandwidth_mbps=bandwidth_mbps,
                 world_size=world_size)
-    g, info = _load_graph_from(trace, progress, wi, align=not no_align)
+    g, info, ts = _load_graph_from(trace, progress, wi, align=not no_align)
+    if measured_timeline is not None and ts is None:
+        raise DproError("--measured-timeline needs a trace directory, not a graph file", path=trace)
     progress.note(f"replaying {g.number_of_nodes()} ops x {iterations} iteration(s)")
     res = run_replay(g, iterations=iterations)
     bd = breakdown(res, g)
     cp = critical_path_summary(res, g, top=top)
     if timeline is not None:
         write_chrome(replay_to_chrome(res, g), timeline)
+    if measured_timeline is not None:
+        # the TraceSet is already aligned when alignment applied, so no offsets are passed again
+        write_chrome(trace_to_chrome(ts, critical_ops=cp["ops"], label="measured"), measured_timeline)
     it_ms = res.iteration_time_us / 1e3
     out: dict[str, Any] = {
         "trace": str(trace), **info, "iterations_replayed": iterations, "iteration_time_ms": it_ms,
@@ -155,6 +167,8 @@ def replay(trace: Path, iterations: int, timeline: Path | None, top: int, bucket
         out["error_pct"] = 100.0 * (it_ms - info["measured_iteration_ms"]) / info["measured_iteration_ms"]
     if timeline is not None:
         out["timeline"] = str(timeline)
+    if measured_timeline is not None:
+        out["measured_timeline"] = str(measured_timeline)
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
@@ -199,7 +213,7 @@ def graph(trace_dir: Path, output: Path, as_json: bool, quiet: bool) -> None:
     from collections import Counter
 
     from .graph import save_graph
-    g, _ = _load_graph_from(trace_dir, _Progress(not (quiet or as_json)))
+    g, _, _ = _load_graph_from(trace_dir, _Progress(not (quiet or as_json)))
     save_graph(g, output)
     kinds = Counter(d["kind"] for _, d in g.nodes(data=True))
     summary = {"output": str(output), "ops": g.number_of_nodes(), "edges": g.number_of_edges(),

@@ -118,3 +118,14 @@ def test_bad_durations(tiny_trace_dir: Path, tmp_path: Path, value: str, capsys)
     tl = tmp_path / "timeline.json"
     _bad(["replay", str(tiny_trace_dir), "--timeline", str(tl)], str(ev), "events[3]", "dur", capsys=capsys)
     assert not tl.exists()  # nothing written half-way
+
+
+def test_measured_timeline_export(tiny_trace_dir: Path, tmp_path: Path):
+    mt = tmp_path / "measured.json"
+    r = run("replay", str(tiny_trace_dir), "--json", "--measured-timeline", str(mt))
+    assert r.returncode == 0, r.stderr
+    trace = json.loads(mt.read_text())
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    # every measured event of the trace is exported (plus per-node iteration markers)
+    assert len([e for e in xs if e["args"].get("op")]) >= 2 * 3 * 9
+    assert trace["otherData"]["kind"] == "measured"
