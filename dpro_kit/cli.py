@@ -90,6 +90,7 @@ def cli() -> None:
       dpro profile -o T -- torchrun ...  profile a job without changing it
       dpro graph TRACE_DIR -o dfg.json  export the global data-flow graph
       dpro align TRACE_DIR              align the nodes' clocks (replay applies it)
+      dpro optimize TRACE -o plan.json  search fusion / partition / memory strategies
       dpro report TRACE_DIR -o r.html   one HTML page: timelines, breakdown, stragglers
       dpro check -b base.json -c TRACE  CI gate: exit 1 if slower (docs/ci.md)
 
@@ -300,6 +301,10 @@ cli.add_command(check)
 from .cli_align import align as _align_cmd  # noqa: E402
 
 cli.add_command(_align_cmd)
+
+from .cli_optimize import optimize as _optimize_cmd  # noqa: E402
+
+cli.add_command(_optimize_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

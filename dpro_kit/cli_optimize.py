@@ -1,0 +1,170 @@
+"""`dpro optimize`: search op fusion / tensor fusion / partition / memory strategies (docs/optimizer.md)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .errors import DproError, atomic_write_text
+
+
+def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: int | None = None,
+              bucket_mb: float | None = None, first_bucket_mb: float = 1.0, align: bool = True,
+              per_param: bool = True) -> tuple[Any, list[list[str]], dict[str, Any]]:
+    """BaseJob of a trace directory (or graph file), the initial tensor groups, and facts for the plan.
+
+    With per-parameter gradient sizes in the trace (dpro_torch records them),
+    the base tensors are single parameters (``rebucket`` to 1 byte) and the
+    initial groups are the traced (or ``--bucket-mb``) buckets; otherwise the
+    traced collectives are the base tensors.
+    """
+    from .costmodel import fit_from_events
+    from .graph import build_global_dfg, load_graph
+    from .optimize.state import extract_base
+    from .trace import load_trace
+    from .whatif import WhatIf, apply, rebucket
+
+    wi = WhatIf(bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, bandwidth_mbps=bandwidth_mbps,
+                world_size=world_size)
+    if trace.is_file():
+        if wi.any():
+            raise DproError("what-if options need a trace directory, not a graph file", path=trace)
+        base = extract_base(load_graph(trace))
+        return base, base.initial_groups, {}
+    ts = load_trace(trace)
+    if align:
+        from .align import aligned_traceset
+        ts = aligned_traceset(ts, trace)
+    info: dict[str, Any] = {"job": ts.manifest.job, "world_size": ts.manifest.world_size}
+    model = fit_from_events(ts.events, ts.manifest.world_size)
+    if wi.any():
+        ts, model = apply(ts, model, wi)
+        info["whatif"] = wi.describe()
+    params = {c.tensor: list(c.params) for c in ts.collectives}
+    groups_by_param = [list(c.params) for c in ts.collectives if c.op == "allreduce"]
+    fine = None
+    if per_param:
+        try:
+            fine = rebucket(ts, 1, 1)
+        except DproError:
+            fine = None
+    if fine is not None:
+        g = build_global_dfg(fine, comm_model=model)
+        base = extract_base(g, params={c.tensor: list(c.params) for c in fine.collectives}, comm_model=model)
+        by_param = {p: t for t, bt in base.tensors.items() for p in bt.params}
+        initial = [[by_param[p] for p in grp if p in by_param] for grp in groups_by_param]
+        initial = [g_ for g_ in initial if g_]
+        covered = {t for g_ in initial for t in g_}
+        initial += [[t] for t in base.tensors if t not in covered]
+        info["base_tensors"] = "per parameter"
+    else:
+        g = build_global_dfg(ts, comm_model=model)
+        base = extract_base(g, params=params, comm_model=model)
+        initial = base.initial_groups
+        info["base_tensors"] = "traced collectives"
+    return base, initial, info
+
+
+@click.command(short_help="Search for faster op/tensor fusion, partition and memory strategies.")
+@click.argument("trace", type=click.Path(exists=True, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("plan.json"),
+              show_default=True, help="Write the plan here.")
+@click.option("--budget", type=float, default=60.0, show_default=True, help="Search time budget (seconds).")
+@click.option("--max-steps", type=click.IntRange(1), default=50, show_default=True, help="Search step budget.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed (order of single-candidate retries).")
+@click.option("--memory-budget", type=str, default=None, help="Peak memory budget per worker, e.g. 16GB, 512MiB.")
+@click.option("--activation-bytes", type=str, default="0", show_default=True,
+              help="Activation memory per worker for the memory model (not in traces yet).")
+@click.option("--optimizer-slots", type=float, default=1.0, show_default=True,
+              help="Optimizer state per parameter, in parameter sizes (SGD+momentum 1, Adam 2).")
+@click.option("--bandwidth-mbps", type=float, default=None, help="What if: every link at this line rate (Mbit/s).")
+@click.option("--world-size", type=click.IntRange(1), default=None, help="What if: this many workers.")
+@click.option("--bucket-mb", type=float, default=None, help="What if: start from DDP buckets of this size (MiB).")
+@click.option("--first-bucket-mb", type=float, default=1.0, show_default=True)
+@click.option("--no-op-fusion", is_flag=True, help="Search tensor fusion/partition only.")
+@click.option("--no-tensor-fusion", is_flag=True)
+@click.option("--no-partition", is_flag=True)
+@click.option("--pass", "extra_passes", multiple=True, metavar="MODULE:CLASS",
+              help="Also offer this user GraphPass (repeatable).")
+@click.option("--checkpoint", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the search state here after every step (JSON).")
+@click.option("--resume", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Continue from a checkpoint written by --checkpoint.")
+@click.option("--no-align", is_flag=True, help="Do not apply the trace time alignment.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int, memory_budget: str | None,
+             activation_bytes: str, optimizer_slots: float, bandwidth_mbps: float | None, world_size: int | None,
+             bucket_mb: float | None, first_bucket_mb: float, no_op_fusion: bool, no_tensor_fusion: bool,
+             no_partition: bool, extra_passes: tuple[str, ...], checkpoint: Path | None, resume: Path | None,
+             no_align: bool, as_json: bool, quiet: bool) -> None:
+    """Find a faster strategy for the job in TRACE (dPRO Alg. 1) and write plan.json.
+
+    \b
+    Examples:
+      dpro optimize T -o plan.json
+      dpro optimize T --bandwidth-mbps 200 -o plan-slow.json     optimise for a slower network
+      dpro optimize T --memory-budget 8GB --activation-bytes 6GB
+    """
+    from .optimize.memory import MemoryModel, parse_size
+    from .optimize.passes import load_entry_point_passes, load_pass
+    from .optimize.plan import make_plan
+    from .optimize.search import SearchOptions, Searcher, load_checkpoint, terminal_progress
+    from .optimize.state import initial_strategy
+
+    progress = terminal_progress(not (quiet or as_json))
+    load_entry_point_passes()
+    extra = [load_pass(p) for p in extra_passes]
+    base, initial, info = load_base(trace, bandwidth_mbps=bandwidth_mbps, world_size=world_size,
+                                    bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, align=not no_align)
+    opts = SearchOptions(budget_s=budget, max_steps=max_steps, seed=seed, memory_budget=parse_size(memory_budget),
+                         memory_model=MemoryModel(activation_bytes=parse_size(activation_bytes) or 0,
+                                                  optimizer_slots=optimizer_slots),
+                         op_fusion=not no_op_fusion, tensor_fusion=not no_tensor_fusion,
+                         tensor_partition=not no_partition, extra_passes=extra, checkpoint=checkpoint,
+                         progress=progress)
+    searcher = Searcher(base, opts)
+    result = searcher.run(initial_strategy(base, initial), resume=load_checkpoint(resume) if resume else None)
+    start = "traced buckets"
+    if resume is None and initial != base.initial_groups:
+        # dPRO's Alg. 1 starts from unfused tensors; try that start too (remaining budget), keep the better plan
+        opts2 = SearchOptions(**{**opts.__dict__, "budget_s": max(1.0, budget - result.elapsed_s),
+                                 "checkpoint": None})
+        s2 = Searcher(base, opts2)
+        r2 = s2.run(initial_strategy(base))
+        if r2.after_us < result.after_us:
+            r2.before_us = result.before_us   # "before" stays the traced configuration
+            r2.changes.insert(0, {"pass": "start", "args": {"from": "unfused"}, "reason":
+                                  "search from one group per tensor (dPRO Alg. 1 start) found the faster plan",
+                                  "predicted_before_ms": result.before_us / 1e3,
+                                  "predicted_after_ms": s2.evaluate(initial_strategy(base))[0] / 1e3,
+                                  "applied_as": "start"})
+            result, searcher, start = r2, s2, "unfused"
+    info["search_start"] = start
+    # gradient-ready times of the final strategy (for Horovod's cycle time)
+    _, res, g = searcher.evaluate(result.strategy)
+    ready: dict[str, float] = {}
+    from .graph.model import op_key
+    idx = {k: i for i, k in enumerate(res.graph.keys)}
+    ref = base.nodes[0]
+    for t, bt in base.tensors.items():
+        ops = [idx[op_key(ref, o)] for o in bt.inputs.get(ref, []) if op_key(ref, o) in idx]
+        if ops:
+            ready[t] = float(max(res.end[i] for i in ops))
+    plan = make_plan(base, result, trace=str(trace), info=info, memory_budget=opts.memory_budget, ready_us=ready,
+                     options={"seed": seed, "budget_s": budget, "max_steps": max_steps,
+                              "base_tensors": info.get("base_tensors", "graph"), "start": start})
+    atomic_write_text(output, json.dumps(plan, indent=1))
+    if as_json:
+        click.echo(json.dumps(plan, indent=1))
+        return
+    p = plan["predicted"]
+    click.echo(f"predicted iteration time: {p['before_ms']:.3f} ms -> {p['after_ms']:.3f} ms "
+               f"({p['speedup']:.3f}x), {len(plan['strategies'])} change(s), {result.steps} step(s), "
+               f"{result.elapsed_s:.1f} s ({result.stopped})")
+    click.echo(f"tensor groups: {len(plan['tensor_groups'])}, op-fusion groups: {len(plan['op_fusion_groups'])}, "
+               f"DDP bucket_cap_mb={plan['frameworks']['pytorch_ddp']['bucket_cap_mb']:.6g} "
+               f"(exact: {plan['frameworks']['pytorch_ddp']['exact']})")
+    click.echo(f"plan written to {output}")

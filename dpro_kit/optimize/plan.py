@@ -1,0 +1,193 @@
+"""plan.json: what ``dpro optimize`` writes (schema :data:`PLAN_SCHEMA`, validated by :func:`validate_plan`).
+
+Every number that comes from a model rather than a measurement is listed in
+``plan["estimated"]``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import DproError
+from .search import SearchResult
+from .state import BaseJob, Strategy, fused_duration, group_name, split_bytes
+
+PLAN_FORMAT = "dpro-plan"
+PLAN_VERSION = 1
+
+_num = {"type": "number"}
+_int = {"type": "integer"}
+_str = {"type": "string"}
+_strs = {"type": "array", "items": _str}
+
+#: JSON Schema (draft 2020-12 subset: type, required, properties, items) of plan.json
+PLAN_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "dpro optimize plan", "type": "object",
+    "required": ["format", "version", "predicted", "strategies", "tensor_groups", "op_fusion_groups", "memory",
+                 "frameworks", "search", "estimated"],
+    "properties": {
+        "format": {"type": "string", "const": PLAN_FORMAT}, "version": _int, "trace": _str,
+        "whatif": {"type": "object"},
+        "predicted": {"type": "object", "required": ["before_ms", "after_ms", "speedup"],
+                      "properties": {"before_ms": _num, "after_ms": _num, "speedup": _num}},
+        "strategies": {"type": "array", "items": {
+            "type": "object", "required": ["pass", "args", "reason", "predicted_before_ms", "predicted_after_ms"],
+            "properties": {"pass": _str, "args": {"type": "object"}, "reason": _str,
+                           "predicted_before_ms": _num, "predicted_after_ms": _num}}},
+        "tensor_groups": {"type": "array", "items": {
+            "type": "object", "required": ["name", "tensors", "params", "bytes", "partitions", "partition_bytes"],
+            "properties": {"name": _str, "tensors": _strs, "params": _strs, "bytes": _int, "partitions": _int,
+                           "partition_bytes": {"type": "array", "items": _int}}}},
+        "op_fusion_groups": {"type": "array", "items": {
+            "type": "object", "required": ["ops", "fused_us", "parts_us"],
+            "properties": {"ops": _strs, "fused_us": _num, "parts_us": {"type": "array", "items": _num}}}},
+        "memory": {"type": "object", "required": ["choices", "estimate_before", "estimate_after"],
+                   "properties": {"choices": {"type": "object"}, "estimate_before": {"type": "object"},
+                                  "estimate_after": {"type": "object"}}},
+        "frameworks": {"type": "object", "required": ["pytorch_ddp", "horovod", "byteps", "xla", "torch_compile"],
+                       "properties": {
+                           "pytorch_ddp": {"type": "object", "required": ["bucket_cap_mb", "bucket_plan", "exact"],
+                                           "properties": {"bucket_cap_mb": _num, "exact": {"type": "boolean"},
+                                                          "bucket_plan": {"type": "array", "items": _strs}}},
+                           "horovod": {"type": "object",
+                                       "required": ["HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"],
+                                       "properties": {"HOROVOD_FUSION_THRESHOLD": _int, "HOROVOD_CYCLE_TIME": _num}},
+                           "byteps": {"type": "object", "required": ["BYTEPS_PARTITION_BYTES"],
+                                      "properties": {"BYTEPS_PARTITION_BYTES": _int}},
+                           "xla": {"type": "object"}, "torch_compile": {"type": "object"}}},
+        "search": {"type": "object"},
+        "estimated": _strs,
+    },
+}
+
+_TYPES = {"object": dict, "array": list, "string": str, "number": (int, float), "integer": int, "boolean": bool}
+
+
+def validate_plan(doc: Any, schema: dict[str, Any] | None = None, where: str = "plan") -> None:
+    """Check ``doc`` against :data:`PLAN_SCHEMA` (the subset it uses); raise DproError at the first mismatch."""
+    schema = PLAN_SCHEMA if schema is None else schema
+    t = schema.get("type")
+    if t:
+        ok = isinstance(doc, _TYPES[t]) and not (t in ("number", "integer") and isinstance(doc, bool))
+        if not ok:
+            raise DproError(f"{where}: expected {t}, got {type(doc).__name__}")
+    if "const" in schema and doc != schema["const"]:
+        raise DproError(f"{where}: expected {schema['const']!r}")
+    if isinstance(doc, dict):
+        for k in schema.get("required", []):
+            if k not in doc:
+                raise DproError(f"{where}: missing {k!r}")
+        for k, sub in schema.get("properties", {}).items():
+            if k in doc:
+                validate_plan(doc[k], sub, f"{where}.{k}")
+    if isinstance(doc, list) and "items" in schema:
+        for i, x in enumerate(doc):
+            validate_plan(x, schema["items"], f"{where}[{i}]")
+
+
+def _ddp_cap(groups_bytes: list[int], sizes_in_order: list[int]) -> tuple[float, bool]:
+    """The bucket_cap_mb whose DDP assignment reproduces the plan's groups, else the closest (max group)."""
+    from ..whatif import ddp_bucket_assignment
+    want = []
+    i = 0
+    for gb in groups_bytes:
+        n = 0
+        acc = 0
+        while acc < gb and i + n < len(sizes_in_order):
+            acc += sizes_in_order[i + n]
+            n += 1
+        want.append(n)
+        i += n
+    cands = sorted({max(1, b) for b in groups_bytes})
+    for cap in cands:
+        got = [len(b) for b in ddp_bucket_assignment(sizes_in_order, cap, cap)]
+        if got == want:
+            return cap / 2**20, True
+    return (max(groups_bytes) if groups_bytes else 25 * 2**20) / 2**20, False
+
+
+def _internal(names: list[str]) -> bool:
+    """Fusion regions made only of framework-internal ops (DDP reducer copies ...) are not offered to compilers."""
+    return all(n.startswith("torch.distributed") or n.startswith("aten::as_strided") for n in names)
+
+
+def make_plan(base: BaseJob, r: SearchResult, *, trace: str = "", info: dict[str, Any] | None = None,
+              options: dict[str, Any] | None = None, memory_budget: int | None = None,
+              ready_us: dict[str, float] | None = None) -> dict[str, Any]:
+    s: Strategy = r.strategy
+    groups = []
+    for grp in s.groups:
+        name = group_name(grp)
+        nbytes = sum(base.tensors[t].bytes for t in grp)
+        k = s.parts(name)
+        groups.append({"name": name, "tensors": list(grp), "params": [p for t in grp for p in base.tensors[t].params],
+                       "bytes": int(nbytes), "partitions": int(k), "partition_bytes": split_bytes(nbytes, k)})
+    ref = base.nodes[0] if base.nodes else ""
+    fusions = []
+    from ..graph.model import op_key
+    for f in s.fusions:
+        parts = [float(base.local.nodes[op_key(ref, o)]["dur"]) for o in f if op_key(ref, o) in base.local]
+        fusions.append({"ops": list(f), "names": [base.local.nodes[op_key(ref, o)]["name"] for o in f
+                                                   if op_key(ref, o) in base.local],
+                        "fused_us": fused_duration(base, parts), "parts_us": parts,
+                        "cost_model": "sum of parts - (n-1) x launch overhead "
+                                      f"({base.launch_overhead_us:.2f} us, p10 of traced op durations) [MODEL]"})
+    # framework settings
+    sizes = [base.tensors[t].bytes for grp in s.groups for t in grp]
+    gbytes = [g["bytes"] for g in groups]
+    cap_mb, exact = _ddp_cap(gbytes, sizes)
+    max_group = max(gbytes) if gbytes else 0
+    part_sizes = [max(g["partition_bytes"]) for g in groups if g["partitions"] > 1]
+    ready = ready_us or {}
+    spans = []
+    for grp in s.groups:
+        rs = [ready[t] for t in grp if t in ready]
+        if len(rs) > 1:
+            spans.append(max(rs) - min(rs))
+    cycle_ms = max(0.5, round(float(np.median(spans)) / 1e3, 3)) if spans else 1.0
+    frameworks = {
+        "pytorch_ddp": {"bucket_cap_mb": round(cap_mb, 6), "bucket_plan": [g["params"] for g in groups],
+                        "exact": bool(exact),
+                        "note": ("DDP(bucket_cap_mb=...) reproduces these groups exactly (parameter order as traced)"
+                                 if exact else "no single bucket_cap_mb reproduces the groups; bucket_cap_mb is the "
+                                 "largest group (closest); exact groups need a comm hook or parameter re-ordering"),
+                        "first_bucket_note": "DDP may cap its first bucket separately "
+                                             "(torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB)",
+                        "partitions_note": "DDP has no tensor partition; groups with partitions > 1 need a comm hook"
+                        if any(g["partitions"] > 1 for g in groups) else ""},
+        "horovod": {"HOROVOD_FUSION_THRESHOLD": int(max_group) if any(len(g["tensors"]) > 1 for g in groups) else 0,
+                    "HOROVOD_CYCLE_TIME": cycle_ms,
+                    "note": "fusion threshold = largest tensor group (0 = no fusion: every group is one tensor); "
+                            "cycle time = median span between the first and last gradient-ready time inside a "
+                            "group (replayed) [heuristic]"},
+        "byteps": {"BYTEPS_PARTITION_BYTES": int(max(part_sizes) if part_sizes else max(max_group, 4096)),
+                   "note": "largest partition of a partitioned group, else the largest group (no partitioning)"},
+        "xla": {"fusion_regions": [f["ops"] for f in fusions if not _internal(f["names"])],
+                "note": "ops of the same region should be fused (e.g. as one HLO fusion / jit region)"},
+        "torch_compile": {"regions": [f["names"] for f in fusions if not _internal(f["names"])],
+                          "note": "compile each region as one graph (torch.compile on the module(s) running these "
+                                  "ops); regions are op names as traced"},
+    }
+    plan = {
+        "format": PLAN_FORMAT, "version": PLAN_VERSION, "trace": trace, **({"whatif": info["whatif"]}
+                                                                          if info and "whatif" in info else {}),
+        "job": (info or {}).get("job", base.meta.get("job", "")), "world_size": base.meta.get("world_size"),
+        "comm_model": base.meta.get("comm_model"),
+        "predicted": {"before_ms": r.before_us / 1e3, "after_ms": r.after_us / 1e3,
+                      "speedup": (r.before_us / r.after_us) if r.after_us > 0 else 1.0},
+        "strategies": r.changes, "tensor_groups": groups, "op_fusion_groups": fusions,
+        "memory": {"choices": s.mem(), "budget_bytes": memory_budget, "estimate_before": r.memory_before,
+                   "estimate_after": r.memory},
+        "frameworks": frameworks,
+        "search": {"steps": r.steps, "elapsed_s": r.elapsed_s, "stopped": r.stopped, "replays": r.replays,
+                   "sync_evals": r.sync_evals, **(options or {})},
+        "strategy_state": s.to_json(),
+        "estimated": ["predicted.* (replay of the rebuilt DFG)", "op_fusion_groups[].fused_us (cost model)",
+                      "memory.* (memory model; activations as given)",
+                      "communication of re-grouped tensors (comm model: latency + bytes/bandwidth)",
+                      "frameworks.horovod.HOROVOD_CYCLE_TIME (heuristic)"],
+    }
+    validate_plan(plan)
+    return plan
