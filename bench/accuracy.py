@@ -162,7 +162,7 @@ class Runner:
         return [PY, str(TRAIN), "--model", cfg.model, "--bucket-mb", f"{cfg.bucket_mb:g}",
                 "--batch-size", str(BATCH[cfg.model]), "--threads", str(threads_per_rank(cfg.world)),
                 "--warmup", str(self.args.warmup), "--iters", str(iters), "--quiet", "--json-out", str(json_out),
-                "--backend", "gloo"]
+                "--backend", "gloo", "--pin", "local" if cfg.rate is None else "rank"]
 
     def run(self, cfg: Config, profile: bool) -> dict[str, Any]:
         """One job; returns its timings (and the trace directory when profiled)."""
@@ -188,8 +188,11 @@ class Runner:
         else:
             codes = self._run_cluster(cfg, argv, env, trace if profile else None, steps)
         wall = time.time() - t0
-        if any(codes):
+        complete = times.exists() and (not profile or (trace / "manifest.json").exists())
+        if any(codes) and not complete:
             raise RuntimeError(f"job {tag} failed (exit codes {codes}); see {self.work / 'jobs.log'}")
+        if any(codes):  # e.g. gloo's rare abort at interpreter exit, after every result was written
+            print(f"  note: job {tag} exited with {codes} after writing all its results", flush=True)
         doc = json.loads(times.read_text())
         per_rank = {int(r): ts for r, ts in doc["iteration_times_s"].items()}
         out: dict[str, Any] = {"tag": tag, "wall_s": round(wall, 1), "threads": doc.get("threads_per_rank")}
@@ -226,7 +229,23 @@ class Runner:
                     codes.append(-9)
             return codes
 
-    def replay(self, trace: str, extra: list[str] | None = None) -> dict[str, Any]:
+    def with_overhead_mode(self, trace: str, mode: str) -> str:
+        """A view of ``trace`` whose manifest asks the reader for another profiler-overhead mode."""
+        src = Path(trace)
+        dst = src.parent / f"trace-overhead-{mode}"
+        if not dst.exists():
+            dst.mkdir()
+            man = json.loads((src / "manifest.json").read_text())
+            man.setdefault("extra", {}).setdefault("torch_kineto", {})["profiler_overhead"] = mode
+            for child in src.iterdir():
+                if child.is_dir():
+                    (dst / child.name).symlink_to(child.resolve(), target_is_directory=True)
+            (dst / "manifest.json").write_text(json.dumps(man, indent=1))
+        return str(dst)
+
+    def replay(self, trace: str, extra: list[str] | None = None, overhead: str | None = None) -> dict[str, Any]:
+        if overhead is not None:
+            trace = self.with_overhead_mode(trace, overhead)
         cmd = DPRO + ["replay", trace, "--json", "-q", "-n", "3"] + (extra or [])
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if p.returncode != 0:
@@ -261,11 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prof-after", type=int, default=15, help="unprofiled steps after the window")
     ap.add_argument("--no-whatif", action="store_true", help="skip the what-if rows")
     ap.add_argument("--no-cluster", action="store_true", help="loopback configurations only (no root needed)")
+    ap.add_argument("--no-ablation", action="store_true",
+                    help="skip the replays with other profiler-overhead modes (calibrated / keep)")
     ap.add_argument("--job-timeout", type=float, default=300.0)
     ap.add_argument("--json", dest="json_out", default="", help="write every row here")
     ap.add_argument("--md", default="", help="write the tables as Markdown here")
     ap.add_argument("--keep", default="", help="keep traces and logs in this folder (default: a temp dir)")
     args = ap.parse_args(argv)
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clusters and temp dirs are cleaned up
     if args.quick:
         args.iters, args.warmup = max(30, min(args.iters, 30)), min(args.warmup, 8)
         args.prof_start, args.prof_steps, args.prof_after = 10, 10, 10
@@ -300,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
 
     results: dict[Config, dict[str, list]] = {c: {"measured": [], "pred": [], "unprof": [], "prof": [],
-                                                  "traces": [], "comm": []} for c in need}
+                                                  "traces": [], "comm": [], "pred_calibrated": [],
+                                                  "pred_keep": []} for c in need}
     profiled_needed = set(cfgs) | {w.a for w in whatifs}
     for rnd in range(args.rounds):
         for c in need:
@@ -316,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                 r["prof"].append(p["profiled_ms"])
                 r["traces"].append(p["trace"])
                 r["comm"].append(rep.get("comm_model"))
+                if not args.no_ablation:  # the same trace without / with only the micro-calibrated subtraction
+                    r["pred_calibrated"].append(runner.replay(p["trace"], overhead="calibrated")["iteration_time_ms"])
+                    r["pred_keep"].append(runner.replay(p["trace"], overhead="keep")["iteration_time_ms"])
                 line += (f", predicted {rep['iteration_time_ms']:.2f} ms "
                          f"({pct(rep['iteration_time_ms'], m['measured_ms']):+.1f} %); profiled run: "
                          f"{p['unprofiled_ms']:.2f} ms outside / {p['profiled_ms']:.2f} ms inside the window")
@@ -330,8 +357,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"kind": "replay", "config": c.short(), "model": c.model, "bucket_mb": c.bucket_mb,
                      "world": c.world, "link": c.link, "measured_ms": meas, "predicted_ms": pred,
                      "error_pct": pct(pred, meas), "measured_runs_ms": r["measured"], "predicted_runs_ms": r["pred"],
+                     "traces": r["traces"],
                      "profiled_run_unprofiled_ms": unprof, "profiled_run_window_ms": prof,
                      "overhead_pct": pct(prof, unprof) if unprof and prof else None,
+                     "error_vs_same_run_pct": pct(pred, unprof) if unprof else None,
+                     "predicted_calibrated_ms": med(r["pred_calibrated"]),
+                     "predicted_keep_ms": med(r["pred_keep"]),
+                     "error_calibrated_pct": pct(med(r["pred_calibrated"]), meas) if r["pred_calibrated"] else None,
+                     "error_keep_pct": pct(med(r["pred_keep"]), meas) if r["pred_keep"] else None,
                      "comm_model": cm})
     wrows = []
     for w in whatifs:
@@ -359,14 +392,18 @@ def render(rows: list[dict], wrows: list[dict], kind: str, args: argparse.Namesp
     out = []
     out.append(f"replay accuracy ({kind} matrix, {args.rounds} round(s); medians; error = predicted / measured - 1)")
     out.append("")
-    out.append("| config | measured ms | predicted ms | error % | overhead % (window vs rest of the profiled run) | fitted link |")
-    out.append("|---|---:|---:|---:|---:|---|")
+    out.append("| config | measured ms | predicted ms | error % | profiled run: unprof. / window ms | "
+               "overhead % | err. vs same run % | err. calibrated-only % | err. no subtraction % | fitted link |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    f1 = lambda v: "-" if v is None else f"{v:+.1f}"  # noqa: E731
     for r in rows:
         cm = r["comm_model"] or {}
         link = f"{cm.get('bandwidth_Mbps', 0):.0f} Mbit/s, {cm.get('latency_us', 0):.0f} us" if cm else ""
-        ov = f"{r['overhead_pct']:+.1f}" if r["overhead_pct"] is not None else "-"
+        pr = (f"{r['profiled_run_unprofiled_ms']:.2f} / {r['profiled_run_window_ms']:.2f}"
+              if r["profiled_run_unprofiled_ms"] and r["profiled_run_window_ms"] else "-")
         out.append(f"| {r['config']} | {r['measured_ms']:.2f} | {r['predicted_ms']:.2f} | {r['error_pct']:+.1f} "
-                   f"| {ov} | {link} |")
+                   f"| {pr} | {f1(r['overhead_pct'])} | {f1(r['error_vs_same_run_pct'])} "
+                   f"| {f1(r.get('error_calibrated_pct'))} | {f1(r.get('error_keep_pct'))} | {link} |")
     if wrows:
         out.append("")
         out.append("what-if (profile A, predict B with `dpro replay A <args>`, measure B)")
@@ -386,6 +423,20 @@ def render(rows: list[dict], wrows: list[dict], kind: str, args: argparse.Namesp
         werrs = [abs(w["error_pct"]) for w in wrows]
         out.append(f"what-if error: median |error| {statistics.median(werrs):.1f} %, max |error| {max(werrs):.1f} % "
                    f"({len(werrs)} pairs)")
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    fit = [abs(r["error_pct"]) for r in rows if r["world"] <= cores]
+    if fit and len(fit) < len(errs):
+        out.append(f"replay error where no two ranks share a core (world <= {cores}): median |error| "
+                   f"{statistics.median(fit):.1f} %, max {max(fit):.1f} % ({len(fit)} configurations)")
+    for key, what in (("error_vs_same_run_pct", "vs the unprofiled iterations of the profiled run itself"),
+                      ("error_calibrated_pct", "with only the micro-calibrated overhead subtracted"),
+                      ("error_keep_pct", "with no overhead subtracted")):
+        e = [abs(r[key]) for r in rows if r.get(key) is not None]
+        if e:
+            out.append(f"replay error {what}: median |error| {statistics.median(e):.1f} %, max {max(e):.1f} %")
     ovs = [r["overhead_pct"] for r in rows if r["overhead_pct"] is not None]
     if ovs:
         out.append(f"profiling overhead (profiled window vs unprofiled iterations of the same run): median "

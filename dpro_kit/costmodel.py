@@ -9,7 +9,9 @@ fitted to them: a ring AllReduce of ``S`` bytes over ``N`` ranks is
 and a non-negative least-squares fit over the observed collectives gives
 ``alpha`` and ``B``.  Each collective's time is taken as the *minimum* over the
 ranks of that iteration (the last rank to enter waits least, so its duration is
-closest to the transfer itself), averaged over iterations.
+closest to the transfer itself); per tensor the median over iterations is used
+(robust to the iterations in which a gloo worker thread was descheduled on a
+busy machine - those can take several times longer).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import pandas as pd
 #: Used when the trace has no communication timing at all (stated in results).
 DEFAULT_LATENCY_US = 20.0
 DEFAULT_BANDWIDTH_BPS = 10e9 / 8  # 10 Gbit/s
+#: largest share of the median ring step a fitted per-step latency may take (else: fit through the origin)
+LATENCY_SHARE_MAX = 0.5
 
 
 @dataclass
@@ -55,7 +59,9 @@ def fit_ring_allreduce(sizes: np.ndarray, times_us: np.ndarray, n: int) -> LinkM
 
     Returns ``None`` when there is nothing to fit.  With a single distinct size
     the two terms cannot be separated; latency is then taken as 0 (bandwidth
-    absorbs it), which is exact for that size.
+    absorbs it), which is exact for that size.  The same through-origin fit is
+    used when the fitted latency would be more than ``LATENCY_SHARE_MAX`` of the
+    median step time (see the comment in the code).
     """
     sizes = np.asarray(sizes, dtype=float)
     times_us = np.asarray(times_us, dtype=float)
@@ -70,7 +76,13 @@ def fit_ring_allreduce(sizes: np.ndarray, times_us: np.ndarray, n: int) -> LinkM
         from scipy.optimize import nnls  # scipy comes with cvxpy
         a = np.column_stack([np.ones_like(x), x])
         (alpha, inv_bw), _ = nnls(a, t)
-        if inv_bw > 0:
+        # A per-step latency that is most of a typical step is not a latency: on the links seen
+        # here (gloo over TCP, tbf-shaped) a collective pays a start-up cost once (TCP restarting
+        # from idle, the shaper's burst credit) and its buckets overlap on gloo's two threads, so
+        # sizes and times correlate weakly and the intercept swallows the transfer.  Multiplying
+        # such an intercept by 2(N-1) steps (another world size, smaller chunks) overshoots
+        # badly, so then the throughput fit through the origin (below) is used instead.
+        if inv_bw > 0 and alpha <= LATENCY_SHARE_MAX * float(np.median(t)):
             return LinkModel(latency_us=float(alpha), bandwidth_Bps=float(1e6 / inv_bw))
     inv_bw = float(np.sum(t * x) / np.sum(x * x))
     return LinkModel(latency_us=0.0, bandwidth_Bps=float(1e6 / inv_bw)) if inv_bw > 0 else None
@@ -82,6 +94,6 @@ def fit_from_events(events: pd.DataFrame, world_size: int) -> CommModel:
     if comm.empty or world_size < 2:
         return CommModel()
     per_iter = comm.groupby(["tensor", "iteration"], observed=True).agg(bytes=("bytes", "first"), dur=("dur", "min"))
-    per_tensor = per_iter.groupby(level=0).agg(bytes=("bytes", "first"), dur=("dur", "mean"))
+    per_tensor = per_iter.groupby(level=0).agg(bytes=("bytes", "first"), dur=("dur", "median"))
     lm = fit_ring_allreduce(per_tensor["bytes"].to_numpy(), per_tensor["dur"].to_numpy(), world_size)
     return CommModel(default=lm, origin="fitted") if lm is not None else CommModel()

@@ -2,10 +2,10 @@
 
 * fixture tests parse the real 2-rank gloo DDP trace in examples/traces/ddp-2rank-gloo
   (recorded on this kind of machine, see its README.md);
-* the ``slow`` tests run real jobs in subprocesses: a 2-rank gloo DDP job profiled through
-  the environment auto-enable (then load -> global DFG -> replay, compared with the job's
-  measured median), a job killed with SIGTERM inside the window, and the Recorder API in a
-  custom loop.
+* the ``slow`` tests run real jobs in subprocesses: a 2-rank gloo DDP job run under
+  ``dpro profile`` and replayed with ``dpro replay --json`` (compared with the job's measured
+  median; the accuracy figures live in bench/accuracy.py and docs/accuracy.md), a job killed
+  with SIGTERM inside the window (environment auto-enable), and the Recorder API in a custom loop.
 """
 from __future__ import annotations
 
@@ -226,12 +226,62 @@ def test_kinds_never_come_from_op_names():
 
 def test_host_gaps_can_be_kept():
     meta, doc, path = _fixture_node()
-    fold = torch_kineto.parse_node(meta, doc, path=path).events
-    keep = torch_kineto.parse_node(meta, doc, path=path, fold_gaps=False).events
+    fold = torch_kineto.parse_node(meta, doc, path=path, overhead="keep").events
+    keep = torch_kineto.parse_node(meta, doc, path=path, fold_gaps=False, overhead="keep").events
     assert list(fold["op"]) == list(keep["op"])
     assert (fold["dur"] >= keep["dur"] - 1e-6).all() and fold["dur"].sum() > keep["dur"].sum()
     # ends do not move (epoch microseconds as float64 step by 0.25 us)
     assert ((fold["start"] + fold["dur"]) - (keep["start"] + keep["dur"])).abs().max() <= 0.5
+
+
+def test_profiler_overhead_is_subtracted_per_recorded_event():
+    meta, doc, path = _fixture_node()
+    keep = torch_kineto.parse_node(meta, doc, path=path, overhead="keep").events
+    # the fixture predates the collector's micro-calibration: "calibrated" subtracts nothing
+    assert meta.get("profiler_overhead") is None
+    cal = torch_kineto.parse_node(meta, doc, path=path, overhead="calibrated").events
+    assert list(cal["dur"]) == list(keep["dur"])
+    win = torch_kineto.parse_node(meta, doc, path=path).events  # default: "window"
+    assert list(win["op"]) == list(keep["op"])
+    assert (win["dur"] <= keep["dur"] + 1e-9).all() and (win["dur"] >= 0).all()
+    comm = keep["kind"] == "COMM"
+    assert list(win[comm]["dur"]) == list(keep[comm]["dur"])  # collectives are not the profiler's
+    # per iteration the ops lose at most (median profiled iteration - median unprofiled one): less
+    # where an op has fewer microseconds than its events' share (the floor at 0)
+    prof = sorted(s["dur_us"] for s in meta["steps"] if s["profiled"])[1:]
+    excess = (prof[len(prof) // 2] + prof[(len(prof) - 1) // 2]) / 2 - meta["measured"]["median_unprofiled_us"]
+    assert excess > 0
+    lost = (keep[~comm].groupby("iteration")["dur"].sum() - win[~comm].groupby("iteration")["dur"].sum())
+    assert ((lost > 0.25 * excess) & (lost <= excess + 1)).all(), (lost.to_list(), excess)
+    # a per-event cost is never negative, and never more than the cap
+    assert torch_kineto.window_overhead_ns({**meta, "measured": {"median_unprofiled_us": 1e9}}, 100) == 0.0
+    assert torch_kineto.window_overhead_ns(meta, 1e-6) == torch_kineto.MAX_EVENT_OVERHEAD_NS
+
+
+def test_micro_calibration_is_read_from_the_calibrate_marker():
+    meta, doc, path = _fixture_node()
+    evs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    main_tid = meta["main_tid"]
+    base = min(float(e["ts"]) for e in evs) - 1000.0  # before the clock-sync marker: outside every iteration
+    pid = next(e["pid"] for e in evs if e.get("tid") == main_tid)
+    extra = [{"ph": "X", "cat": "user_annotation", "name": "dpro::calibrate", "ts": base, "dur": 500.0,
+              "pid": pid, "tid": main_tid}]
+    for c in range(2):  # 2 calls x 3 recorded events
+        for k in range(3):
+            extra.append({"ph": "X", "cat": "cpu_op", "name": "aten::add_", "ts": base + 10 + 100 * c + 10 * k,
+                          "dur": 5.0, "pid": pid, "tid": main_tid})
+    doc2 = dict(doc, traceEvents=extra + doc["traceEvents"])
+    meta2 = dict(meta, profiler_overhead={"marker": "dpro::calibrate", "calls": 2, "plain_ns": [9000, 9100],
+                                          "profiled_ns": [12000, 12600]})
+    keep = torch_kineto.parse_node(meta2, doc2, path=path, overhead="keep").events
+    cal = torch_kineto.parse_node(meta2, doc2, path=path, overhead="calibrated").events
+    # (12000 - 9000) ns / 3 events per call = 1 us per recorded event
+    assert len(cal) == len(keep)
+    ops = keep["kind"] != "COMM"
+    diff = (keep["dur"] - cal["dur"])[ops]
+    assert (diff >= 0).all() and diff.max() > 0
+    # whole microseconds (1 us x events inside each op), unless the op was floored at 0
+    assert (((diff - diff.round()).abs() < 1e-6) | (cal["dur"][ops] == 0)).all()
 
 
 def test_clock_sync_corrects_a_shifted_kineto_clock():
@@ -280,22 +330,33 @@ def _profile_env(out: Path, steps: str, **extra: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_e2e_ddp_job_profiled_through_env(tmp_path):
+def test_e2e_ddp_job_profiled_with_dpro_profile(tmp_path):
+    """A real 2-rank gloo DDP job run under `dpro profile`, then `dpro replay --json` (the user's path)."""
     out = tmp_path / "trace"
     times = tmp_path / "times.json"
     t0 = time.time()
+    env = dict(os.environ, DPRO_QUIET="1")
     proc = subprocess.run(
-        [PY, str(TRAIN), "--nproc", "2", "--model", "mlp", "--threads", "1", "--bucket-mb", "0.5",
+        [PY, "-m", "dpro_kit.cli", "profile", "--out", str(out), "--steps", "8:14", "--host", "testhost", "--",
+         PY, str(TRAIN), "--nproc", "2", "--model", "mlp", "--threads", "1", "--bucket-mb", "0.5",
          "--warmup", "5", "--iters", "30", "--quiet", "--json-out", str(times)],
-        env=_profile_env(out, "8:14"), capture_output=True, text=True, timeout=240)
+        env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "manifest.json").exists(), "the last rank to finish writes the manifest"
     ts = load_trace(out)
     assert ts.manifest.iterations == [8, 9, 10, 11, 12, 13]
     assert ts.manifest.workers() == ["testhost/0", "testhost/1"]
     assert len(ts.collectives) == 3
-    predicted = _predicted_ms(ts)
-    measured = _measured_ms(out)
+    metas = _metas(out)
+    for m in metas.values():  # the collector calibrated the profiler's cost per event
+        assert len(m["profiler_overhead"]["plain_ns"]) == m["profiler_overhead"]["calls"]
+        assert m["grad_ready_markers"] is True  # per-parameter ready ops for `dpro replay --bucket-mb`
+    rep = subprocess.run([PY, "-m", "dpro_kit.cli", "replay", str(out), "--json", "-q", "-n", "3"],
+                         capture_output=True, text=True, timeout=240)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    doc = json.loads(rep.stdout)
+    predicted, measured = doc["iteration_time_ms"], doc["measured_iteration_ms"]
+    assert measured == pytest.approx(_measured_ms(out), rel=1e-3)
     script_median = json.loads(times.read_text())["median_iteration_s"] * 1e3
     print(f"\ne2e job ({time.time() - t0:.1f} s): predicted {predicted:.2f} ms/iteration, measured median "
           f"{measured:.2f} ms (unprofiled iterations; train.py's own median {script_median:.2f} ms), "

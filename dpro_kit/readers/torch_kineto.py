@@ -50,6 +50,19 @@ and the Kineto (chrome-trace JSON) trace it names (``kineto_trace.json``, or
   work.  Eager PyTorch spends a large share of a small model's iteration in the
   interpreter; without this the replay would miss it.
   ``manifest.extra["torch_kineto"]["host_gaps"] = "keep"`` turns it off;
+* **profiler overhead** - every top-level op's ``dur`` (after host-gap
+  folding) loses a per-event cost times the number of events the profiler
+  recorded inside it (itself included), floored at 0.  The per-event cost
+  (``manifest.extra["torch_kineto"]["profiler_overhead"]``):
+  ``"calibrated"`` - the collector times a C++ loop of small ops just before
+  the profiler starts and again inside a ``dpro::calibrate`` range right after
+  (``meta.profiler_overhead``): ``(min profiled - min plain) / events recorded
+  per loop`` (~0.3 us on the 2-core test VM; a lower bound: real ops cost the
+  profiler more than these hot, tiny ones); ``"window"`` (default) - the larger
+  of that and the cost measured on the job itself: (median profiled iteration,
+  the first excluded - median unprofiled iteration of the same rank) / events
+  recorded per iteration inside ops (:func:`window_overhead_ns`), at most
+  20 us; ``"keep"`` - nothing is subtracted;
 * **COMM durations** - collectives that ran at the same time on a node (gloo
   has two worker threads) share its one network path, so each COMM event's
   ``dur`` is the time it ran alone plus an equal share of the time it
@@ -258,8 +271,40 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     doc = _load_kineto(tpath)
     opts = (manifest.extra.get("torch_kineto") or {}) if isinstance(manifest.extra, dict) else {}
     fold_gaps = str(opts.get("host_gaps", "fold")) != "keep"
-    sub = str(opts.get("profiler_overhead", "subtract")) != "keep"
-    return parse_node(meta, doc, path=tpath, fold_gaps=fold_gaps, subtract_overhead=sub)
+    overhead = str(opts.get("profiler_overhead", "window"))
+    if overhead not in OVERHEAD_MODES:
+        raise TraceFormatError(f"unknown torch_kineto.profiler_overhead {overhead!r} in the manifest",
+                               hint="use one of " + ", ".join(OVERHEAD_MODES))
+    return parse_node(meta, doc, path=tpath, fold_gaps=fold_gaps, overhead=overhead)
+
+
+#: how the reader removes the profiler's cost from op durations (manifest extra torch_kineto.profiler_overhead)
+OVERHEAD_MODES = ("window", "calibrated", "keep")
+#: upper bound on the per-event cost the "window" mode may attribute (ns)
+MAX_EVENT_OVERHEAD_NS = 20_000.0
+
+
+def window_overhead_ns(meta: dict[str, Any], events_per_iteration: float) -> float | None:
+    """Per-event profiler cost measured on the job itself (the "window" mode), or None.
+
+    (median wall time of this rank's profiled iterations, the first one excluded:
+    it holds the profiler start) - (median of its unprofiled iterations, both
+    recorded by the collector), divided by the events recorded per profiled
+    iteration inside the ops.  The profiler and the collector's markers are the
+    only difference between the two sets of iterations, and their cost is paid per
+    recorded event, so this is the measured per-event overhead of this job on this
+    machine; drift between the window and the rest of the run would be attributed
+    to it too, which is why the unprofiled iterations on both sides are used.
+    """
+    steps = meta.get("steps") or []
+    prof = [float(s["dur_us"]) for s in steps if s.get("profiled")][1:]
+    unprof = (meta.get("measured") or {}).get("median_unprofiled_us")
+    if len(prof) < 2 or not unprof or events_per_iteration <= 0:
+        return None
+    prof.sort()
+    mid = len(prof) // 2
+    p_med = prof[mid] if len(prof) % 2 else (prof[mid - 1] + prof[mid]) / 2
+    return min(MAX_EVENT_OVERHEAD_NS, max(0.0, (p_med - float(unprof)) * 1e3 / events_per_iteration))
 
 
 def profiler_overhead_ns(meta: dict[str, Any], main: list[Ev], markers: list[Ev]) -> float:
@@ -303,7 +348,7 @@ def _subtree_sizes(roots: list[Ev]) -> dict[int, int]:
 
 
 def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_gaps: bool = True,
-               subtract_overhead: bool = True) -> NodeTrace:
+               overhead: str = "window") -> NodeTrace:
     mk = dict(MARKERS)
     mk.update({k: v for k, v in (meta.get("markers") or {}).items() if isinstance(v, str)})
     phase_of_marker = {mk["forward"]: OpKind.FW.value, mk["backward"]: OpKind.BW.value,
@@ -533,7 +578,14 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
                 prev_end = max(prev_end, o.ev.end)
 
     # ---- profiler overhead (measured by the collector right before the window) ---------------
-    per_event = profiler_overhead_ns(meta, main, markers) if subtract_overhead else 0.0
+    per_event = 0.0
+    if overhead != "keep":
+        per_event = profiler_overhead_ns(meta, main, markers)  # the collector's micro-calibration
+        if overhead == "window":
+            cpu_ops = [o for o in ops if not o.thread.startswith("gpu")]
+            n_iter = len({o.iteration for o in cpu_ops}) or 1
+            w = window_overhead_ns(meta, sum(sizes.get(id(o.ev), 1) for o in cpu_ops) / n_iter)
+            per_event = max(per_event, w) if w is not None else per_event
     if per_event > 0:
         for o in ops:
             if not o.thread.startswith("gpu"):

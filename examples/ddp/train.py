@@ -10,6 +10,12 @@ or let it spawn its own ranks on this machine::
 
     python examples/ddp/train.py --nproc 2 --model mlp
 
+CPU placement: each rank uses ``cores // ranks on this machine`` intra-op threads
+(``--threads``; torch's default of one thread per core in every rank oversubscribes
+the machine as soon as ranks share it), and ``--pin local|rank`` binds each rank to
+its own core(s) (``rank`` when emulated hosts share one machine, see
+bench/accuracy.py).
+
 Each iteration (forward, loss, backward, optimizer.step) is timed with a wall
 clock on every rank; the script prints rank 0's times and a final median line,
 and ``--json-out FILE`` writes every rank's times.  The loop is deliberately
@@ -164,7 +170,7 @@ def train(args: argparse.Namespace) -> None:
             doc = {"model": args.model, "world_size": world, "backend": dist.get_backend(),
                    "bucket_mb": args.bucket_mb, "batch_size": args.batch_size, "warmup": args.warmup,
                    "iters": args.iters, "seed": args.seed, "params": n_params, "torch": torch.__version__,
-                   "threads_per_rank": torch.get_num_threads(), "host": socket.gethostname(),
+                   "threads_per_rank": torch.get_num_threads(), "pin": args.pin, "host": socket.gethostname(),
                    "first_measured_iteration": args.warmup,
                    "iteration_times_s": {str(r): ts for r, ts in enumerate(all_times)},
                    "median_iteration_s": med,
@@ -181,15 +187,54 @@ def _worker(local_rank: int, args: argparse.Namespace) -> None:
     _run(args)
 
 
+def default_threads() -> int:
+    """Intra-op threads per rank when --threads is 0: the machine's cores shared by the local ranks.
+
+    torch's default (one thread per core in *every* rank) oversubscribes the CPU as soon as
+    several ranks share a machine: on 2 cores, 2 ranks x 2 threads made each op 3-7x slower
+    and its duration depend on what the other rank did at that moment.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+    return max(1, cores // max(1, local))
+
+
+def pin_rank(spec: str) -> str:
+    """Bind this rank to its own core(s): ``--pin local`` (LOCAL_RANK) or ``--pin rank`` (RANK).
+
+    Local rank ``r`` of ``L`` on ``C`` cores gets cores ``r*k .. r*k+k-1`` with ``k = max(1, C // L)``
+    (wrapping when there are more ranks than cores); its gloo threads run there too.
+    """
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return "unsupported"
+    key = "LOCAL_RANK" if spec == "local" else "RANK"
+    r = int(os.environ.get(key, 0))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE" if spec == "local" else "WORLD_SIZE") or 1)
+    k = max(1, len(cores) // max(1, local))
+    mine = {cores[(r * k + j) % len(cores)] for j in range(k)}
+    os.sched_setaffinity(0, mine)
+    return ",".join(str(c) for c in sorted(mine))
+
+
 def _run(args: argparse.Namespace) -> None:
-    if args.threads:
+    if args.pin != "none":
+        pin_rank(args.pin)
+    if args.threads > 0:
         torch.set_num_threads(args.threads)
+    elif args.threads == 0:
+        torch.set_num_threads(default_threads())
     backend = args.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
     dist.init_process_group(backend)
     try:
         train(args)
+        dist.barrier()  # no rank tears gloo down while a peer still has a collective in flight
     finally:
         dist.destroy_process_group()
 
@@ -213,7 +258,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--threads", type=int, default=0,
-                   help="torch.set_num_threads per rank (0 = leave the default)")
+                   help="torch.set_num_threads per rank (0 = cores // ranks on this machine, at least 1; "
+                        "-1 = leave torch's default of one thread per core)")
+    p.add_argument("--pin", choices=("none", "local", "rank"), default="none",
+                   help="bind each rank to its own cores (by LOCAL_RANK, or by RANK when emulated hosts "
+                        "share one machine)")
     p.add_argument("--json-out", default="", help="write per-iteration times of every rank here (rank 0)")
     p.add_argument("--quiet", action="store_true", help="print only the summary lines")
     return p.parse_args(argv)

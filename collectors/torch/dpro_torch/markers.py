@@ -17,6 +17,7 @@ BACKWARD = "dpro::backward"          # torch.autograd.backward (loss.backward())
 OPTIMIZER = "dpro::optimizer_step"   # Optimizer.step (pre-hook .. post-hook)
 STEP_END = "dpro::step_end"          # end of one training iteration (one per profiled step)
 CLOCK_SYNC = "dpro::clock_sync"      # emitted right after the profiler starts, with time.time_ns() around it
+CALIBRATE = "dpro::calibrate"        # profiler-overhead calibration loop, before the first profiled iteration
 GRAD_READY = "dpro::grad_ready/"     # + index of the parameter in the DDP parameter list
 
 PHASES = {FORWARD: "FW", BACKWARD: "BW", OPTIMIZER: "UPDATE"}
@@ -24,4 +25,4 @@ PHASES = {FORWARD: "FW", BACKWARD: "BW", OPTIMIZER: "UPDATE"}
 
 def as_dict() -> dict:
     return {"forward": FORWARD, "backward": BACKWARD, "optimizer": OPTIMIZER, "step_end": STEP_END,
-            "clock_sync": CLOCK_SYNC, "grad_ready_prefix": GRAD_READY}
+            "clock_sync": CLOCK_SYNC, "grad_ready_prefix": GRAD_READY, "calibrate": CALIBRATE}

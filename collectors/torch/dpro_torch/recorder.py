@@ -7,10 +7,19 @@ only while the profiler runs:
 * ``dpro::backward`` - around ``torch.autograd.backward`` (``loss.backward()``);
 * ``dpro::optimizer_step`` - global optimizer step pre/post hooks;
 * ``dpro::grad_ready/<i>`` - ``register_post_accumulate_grad_hook`` on every
-  DDP parameter ``i``: the gradient of parameter *i* is accumulated;
+  DDP parameter ``i``: the gradient of parameter *i* is accumulated (the
+  reader's per-parameter ready ops, which ``dpro replay --bucket-mb``
+  needs).  ``grad_ready=False`` / ``DPRO_GRAD_READY=0`` turns them off (one
+  Python hook call per parameter and iteration, inside the window only);
 * ``dpro::step_end`` - the end of each profiled iteration;
 * ``dpro::clock_sync`` - right after the profiler starts, bracketed by
   ``time.time_ns()`` readings stored in ``meta.json``.
+
+When the window opens the recorder measures the profiler's cost per recorded
+event in this process (:class:`_Calibration`: a C++ loop of tiny ops timed
+just before and just after the profiler starts, the latter inside a
+``dpro::calibrate`` range); ``meta.json`` keeps the timings under
+``profiler_overhead`` and the reader subtracts the cost from the ops it times.
 
 Outside the window only the optimizer post-hook (a Python call per step) and a
 flag test in the ``torch.autograd.backward`` wrapper remain, so unprofiled
@@ -68,6 +77,57 @@ def _atomic_write(path: Path, text: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    return v.strip().lower() not in ("0", "false", "no", "off")
+
+
+class _Calibration:
+    """Measures the profiler's cost per recorded event in this process.
+
+    ``torch._foreach_add_`` over ``n_tensors`` one-element tensors runs a C++
+    loop that dispatches a few small aten ops per tensor - no Python between
+    them, so the timing is not Python noise.  :meth:`plain` times it ``reps``
+    times before the profiler starts, :meth:`profiled` ``reps`` times right
+    after, inside a ``dpro::calibrate`` range.  The reader counts the events
+    recorded inside that range (events per call) and computes
+    ``(best profiled - best plain) / events per call`` - the minimum over
+    repetitions being the undisturbed cost on a shared machine.  ~5 ms.
+    """
+
+    def __init__(self, n_tensors: int = 400, reps: int = 7) -> None:
+        self.xs = [torch.zeros(1) for _ in range(n_tensors)]
+        self.reps = reps
+        self.plain_ns: list[int] = []
+        self.profiled_ns: list[int] = []
+
+    def _once(self) -> int:
+        t0 = time.perf_counter_ns()
+        torch._foreach_add_(self.xs, 1.0)
+        return time.perf_counter_ns() - t0
+
+    def plain(self) -> None:
+        for _ in range(2):
+            self._once()
+        self.plain_ns = [self._once() for _ in range(self.reps)]
+
+    def profiled(self, enter, exit_) -> None:
+        self._once()  # the first profiled call pays one-time costs; outside the range
+        h = enter(M.CALIBRATE)
+        try:
+            self.profiled_ns = [self._once() for _ in range(self.reps)]
+        finally:
+            exit_(h)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"marker": M.CALIBRATE, "calls": self.reps, "n_tensors": len(self.xs),
+                "plain_ns": self.plain_ns, "profiled_ns": self.profiled_ns,
+                "method": "torch._foreach_add_ over one-element tensors; per event = (min profiled - min plain) "
+                          "/ events recorded per call inside the marker"}
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -149,6 +209,7 @@ class Recorder:
     def __init__(self, out_dir: str | os.PathLike, steps: tuple[int, int] = (10, 15), *,
                  host: str | None = None, auto_step: bool | None = None, job: str | None = None,
                  activities: list | None = None, model: "torch.nn.Module | None" = None,
+                 grad_ready: bool | None = None, calibrate: bool | None = None,
                  _from_env: bool = False) -> None:
         global _ACTIVE
         if _ACTIVE is not None and _ACTIVE is not self and not _ACTIVE._closed:
@@ -165,6 +226,9 @@ class Recorder:
         self.auto_step = auto_step
         self.from_env = _from_env
         self._activities = activities
+        self.grad_ready = _env_flag("DPRO_GRAD_READY", True) if grad_ready is None else bool(grad_ready)
+        self.calibrate = _env_flag("DPRO_CALIBRATE", True) if calibrate is None else bool(calibrate)
+        self._overhead: dict[str, Any] | None = None
         self._step = 0
         self._t_activated = time.time_ns()
         self._step_end_ns: list[int] = []
@@ -380,8 +444,8 @@ class Recorder:
             return
         self._hooks.append(ddp.register_forward_pre_hook(self._fw_pre))
         self._hooks.append(ddp.register_forward_hook(self._fw_post, always_call=True))
-        if info["index"] != 0:
-            return  # grad-ready markers (and bucket analysis) for the first DDP module only
+        if info["index"] != 0 or not self.grad_ready:
+            return  # grad-ready markers (optional) for the first DDP module only
         for i, ref in enumerate(info["param_refs"]):
             p = ref()
             if p is not None:
@@ -453,10 +517,24 @@ class Recorder:
         for info in self._ddps:
             info["buckets_at_start"] = self._buckets(info["ref"](), [r() for r in info["param_refs"]]) \
                 if info["ref"]() is not None else None
+        cal = None
+        if self.calibrate:
+            try:
+                cal = _Calibration()
+                cal.plain()
+            except Exception as exc:  # never break the user's job
+                _log(f"profiler calibration failed: {exc!r}")
+                cal = None
         self._prof = profile(activities=acts, record_shapes=False, with_stack=False, profile_memory=False,
                              with_flops=False, with_modules=False)
         self._prof.start()
         self._profiling = True
+        if cal is not None:
+            try:
+                cal.profiled(self._enter, self._exit)
+                self._overhead = cal.as_dict()
+            except Exception as exc:
+                _log(f"profiler calibration failed: {exc!r}")
         self._install_phase_hooks()
         for k in range(3):  # the first call can be slow; the reader uses the tightest bracket
             t0, m0 = time.time_ns(), time.monotonic_ns()
@@ -541,6 +619,8 @@ class Recorder:
             "steps": recs,
             "measured": self._summary(recs),
             "threads": torch.get_num_threads(),
+            "profiler_overhead": self._overhead,
+            "grad_ready_markers": self.grad_ready,
         }
 
     def _write_meta(self) -> None:
