@@ -19,19 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from . import markers as M
+from dpro_kit.errors import atomic_write_text as _atomic_write  # one atomic writer for the distribution
 
 MANIFEST_FORMAT = "dpro-trace"
 MANIFEST_VERSION = 1
 RAW_FORMAT = "torch-kineto"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def find_metas(root: Path) -> list[tuple[Path, dict[str, Any]]]:

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from . import markers as M
+from dpro_kit.errors import atomic_write_text as _atomic_write  # one atomic writer for the distribution
 
 _ACTIVE: "Recorder | None" = None
 _DDPS: list[weakref.ref] = []       # every DDP module constructed since the DDP patch was installed
@@ -67,16 +68,6 @@ def active_recorder() -> "Recorder | None":
 def _log(msg: str) -> None:
     if os.environ.get("DPRO_QUIET") != "1":
         print(f"[dpro_torch pid {os.getpid()}] {msg}", file=sys.stderr, flush=True)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _env_flag(name: str, default: bool) -> bool:
