@@ -208,13 +208,23 @@ class Collective:
         return d
 
 
+#: Memory samples (optional): allocator total after each allocation/free, per node and device.
+MEMORY_COLUMNS: dict[str, str] = {"node": "string", "iteration": "int64", "time": "float64",
+                                  "device": "string", "bytes": "int64"}
+
+
+def empty_memory() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in MEMORY_COLUMNS.items()})
+
+
 @dataclass
 class NodeTrace:
-    """What a reader returns for one node."""
+    """What a reader returns for one node (``memory``: rows of MEMORY_COLUMNS without ``node``)."""
 
     events: pd.DataFrame
     edges: list[tuple[str, str]]
     collectives: list[dict[str, Any]]
+    memory: pd.DataFrame | None = None
 
 
 @dataclass
@@ -226,6 +236,8 @@ class TraceSet:
     edges: dict[str, list[tuple[str, str]]]
     collectives: list[Collective]
     path: str | None = None
+    #: allocator samples (MEMORY_COLUMNS; ``time`` in us on the node's clock); empty if not recorded
+    memory: pd.DataFrame = field(default_factory=empty_memory)
 
     def nodes(self) -> list[str]:
         return self.manifest.workers() + self.manifest.servers()
@@ -364,7 +376,7 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSe
 
     trace_dir = Path(trace_dir)
     manifest = load_manifest(trace_dir)
-    frames, edges, raw_colls = [], {}, []
+    frames, edges, raw_colls, mem = [], {}, [], []
     nodes = manifest.workers() + manifest.servers()
     for i, node in enumerate(nodes):
         info = manifest.nodes[node]
@@ -380,13 +392,18 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSe
         frames.append(ev)
         edges[node] = nt.edges
         raw_colls.extend((node, c, ndir) for c in nt.collectives)
+        if nt.memory is not None and not nt.memory.empty:
+            mem.append(nt.memory.assign(node=node))
         if progress is not None:
             progress(i + 1, len(nodes))
     events = pd.concat(frames, ignore_index=True) if frames else empty_events()
     for col, (dtype, _) in EVENT_COLUMNS.items():
         events[col] = events[col].astype(dtype)
     collectives = merge_collectives(raw_colls, manifest)
-    return TraceSet(manifest=manifest, events=events, edges=edges, collectives=collectives, path=str(trace_dir))
+    memory = pd.concat(mem, ignore_index=True)[list(MEMORY_COLUMNS)] if mem else empty_memory()
+    memory = memory.astype(MEMORY_COLUMNS)
+    return TraceSet(manifest=manifest, events=events, edges=edges, collectives=collectives, path=str(trace_dir),
+                    memory=memory)
 
 
 def merge_collectives(raw: list[tuple[str, dict[str, Any], Path]], manifest: Manifest) -> list[Collective]:
@@ -455,6 +472,13 @@ def save_trace(ts: TraceSet, out_dir: str | os.PathLike) -> Path:
             separators=(",", ":")))
         colls = [c.to_node_json(node) for c in ts.collectives
                  if node in c.participants or node in c.inputs or node in c.outputs]
+        mem = ts.memory[ts.memory["node"] == node] if ts.memory is not None else empty_memory()
+        if not mem.empty:
+            atomic_write_text(ndir / "memory.json", json.dumps(
+                {"version": FORMAT_VERSION, "node": node,
+                 "columns": [c for c in MEMORY_COLUMNS if c != "node"],
+                 "rows": mem[[c for c in MEMORY_COLUMNS if c != "node"]].values.tolist()},
+                separators=(",", ":")))
         atomic_write_text(ndir / "comm.json", json.dumps(
             {"version": FORMAT_VERSION, "node": node, "collectives": colls}, indent=1))
     man = Manifest(job=m.job, framework=m.framework, comm_backend=m.comm_backend, world_size=m.world_size,

@@ -17,13 +17,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from conftest import tiny_traceset
 from dpro_kit.cli import cli, main
 from dpro_kit.cli_report import check, report
 from dpro_kit.report import build_report
-from dpro_kit.trace import save_trace
+from dpro_kit.trace import MEMORY_COLUMNS, save_trace
 from test_timeline_format import validate_trace_events
 
 REAL = Path(__file__).resolve().parents[1] / "examples" / "traces" / "ddp-2rank-gloo"
@@ -53,8 +54,13 @@ def extras_dir(tmp_path: Path) -> tuple[Path, Path]:
     """tiny_traceset on 2 hosts + memory samples + an alignment result + a plan."""
     ts = tiny_traceset(workers=3, hosts=2)
     ts.manifest.extra["measured_iteration_ms"] = 2.4
-    ts.manifest.extra["memory"] = {"w0": [[0, 1e8], [500, 3e8], [1500, 5e8], [2100, 2e8]],
-                                   "w1": {"t_us": [0, 700, 1800], "bytes": [1e8, 4e8, 1.5e8]}}
+    # allocator samples as the trace model holds them (hand-written values; real ones: tests/test_memory.py)
+    it = ts.manifest.iterations[1]
+    t0 = {n: float(ts.events[(ts.events["node"] == n) & (ts.events["iteration"] == it)]["start"].min())
+          for n in ("w0", "w1")}
+    rows = [("w0", it, t0["w0"] + t, "cpu", int(b)) for t, b in [(0, 1e8), (500, 3e8), (1500, 5e8), (2100, 2e8)]]
+    rows += [("w1", it, t0["w1"] + t, "cpu", int(b)) for t, b in [(0, 1e8), (700, 4e8), (1800, 1.5e8)]]
+    ts.memory = pd.DataFrame(rows, columns=list(MEMORY_COLUMNS)).astype(MEMORY_COLUMNS)
     d = save_trace(ts, tmp_path / "trace")
     (d / "aligned").mkdir()
     (d / "aligned" / "offsets.json").write_text(json.dumps(  # the shape `dpro align` writes

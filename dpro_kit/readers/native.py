@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from ..errors import TraceFormatError
-from ..trace import FORMAT_VERSION, Manifest, NodeTrace, make_events, read_json
+from ..trace import FORMAT_VERSION, MEMORY_COLUMNS, Manifest, NodeTrace, make_events, read_json
 
 SUPPORTED = (FORMAT_VERSION,)
 
@@ -50,4 +52,16 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
                 raise TraceFormatError("collective must be a JSON object", path=comm_path,
                                        record=f"collectives[{i}]")
             colls.append(c)
-    return NodeTrace(events=events, edges=edges, collectives=colls)
+    memory = None
+    mem_path = node_dir / "memory.json"
+    if mem_path.exists():
+        doc = read_json(mem_path, what="memory file")
+        rows = _check_header(doc, mem_path, "rows")
+        cols = doc.get("columns")
+        if cols != [c for c in MEMORY_COLUMNS if c != "node"]:
+            raise TraceFormatError(f"unexpected memory columns {cols!r}", path=mem_path)
+        try:
+            memory = pd.DataFrame(rows, columns=cols).astype({c: MEMORY_COLUMNS[c] for c in cols})
+        except (ValueError, TypeError) as exc:
+            raise TraceFormatError(f"bad memory rows: {exc}", path=mem_path) from None
+    return NodeTrace(events=events, edges=edges, collectives=colls, memory=memory)

@@ -84,6 +84,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from ..errors import TraceFormatError
 from ..trace import Manifest, NodeTrace, OpKind, make_events, read_json
 
@@ -208,6 +210,34 @@ def _events(doc: dict[str, Any], path: Path) -> list[Ev]:
         out.append(Ev(name=str(e.get("name", "")), cat=cat, tid=e.get("tid"), pid=e.get("pid"),
                       start=round(ts * 1000) + base, dur=round(dur * 1000), args=e.get("args") or {}))
     return out
+
+
+def _memory(doc: dict[str, Any], iteration_of: Any, offset_ns: int) -> pd.DataFrame | None:
+    """Allocator samples from Kineto ``[memory]`` instant events (``dpro profile --memory``).
+
+    Each event carries the allocator's running total after one allocation or
+    free ("Total Allocated") and the device (type 0 = CPU, 1 = CUDA).  Samples
+    outside the profiled iterations are dropped.
+    """
+    base = int(doc.get("baseTimeNanoseconds", 0) or 0)
+    rows = []
+    for e in doc["traceEvents"]:
+        if not isinstance(e, dict) or e.get("name") != "[memory]":
+            continue
+        a = e.get("args") or {}
+        try:
+            t = round(float(e["ts"]) * 1000) + base
+            total = int(a["Total Allocated"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        it = iteration_of(t)
+        if it is None:
+            continue
+        dev = "cpu" if int(a.get("Device Type", 0)) == 0 else f"cuda:{int(a.get('Device Id', 0))}"
+        rows.append((int(it), (t + offset_ns) / 1e3, dev, total))
+    if not rows:
+        return None
+    return pd.DataFrame(rows, columns=["iteration", "time", "device", "bytes"])
 
 
 def _nest(evs: list[Ev]) -> list[Ev]:
@@ -600,7 +630,8 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
     rows.extend(comm_rows)
     events = make_events(rows, path=str(path))
     edges = _edges(ops, steps)
-    return NodeTrace(events=events, edges=edges, collectives=collectives)
+    return NodeTrace(events=events, edges=edges, collectives=collectives,
+                     memory=_memory(doc, iteration_of, offset_ns))
 
 
 def _flatten(intervals: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:

@@ -275,33 +275,35 @@ def alignment(ts: TraceSet, trace_dir: Path) -> dict[str, Any]:
 
 
 def memory(ts: TraceSet) -> dict[str, Any]:
-    """Memory over the iteration, when the trace carries it.
+    """Memory over one profiled iteration (the middle one), when the trace carries it.
 
-    Read from ``manifest.extra.memory``: node -> list of ``[t_us, bytes]`` (time from the start
-    of the iteration) or ``{"t_us": [...], "bytes": [...]}``; and/or
-    ``manifest.extra.peak_memory_bytes``: node -> bytes.
+    Source: ``ts.memory`` (allocator samples; ``dpro profile --memory``), times
+    relative to the node's first op of that iteration; peaks per node over all
+    profiled iterations.  ``manifest.extra.peak_memory_bytes`` (node -> bytes)
+    adds peaks a collector measured another way.
     """
-    extra = ts.manifest.extra
     series: dict[str, list[tuple[float, float]]] = {}
-    raw = extra.get("memory")
-    if isinstance(raw, dict):
-        for node, v in raw.items():
-            pts: list[tuple[float, float]] = []
-            if isinstance(v, dict) and isinstance(v.get("t_us"), list) and isinstance(v.get("bytes"), list):
-                pts = list(zip(v["t_us"], v["bytes"]))
-            elif isinstance(v, list):
-                pts = [tuple(p[:2]) for p in v if isinstance(p, (list, tuple)) and len(p) >= 2]  # type: ignore[misc]
-            pts = [(float(t), float(b)) for t, b in pts if _finite(t) and _finite(b)]
-            if pts:
-                series[str(node)] = sorted(pts)
-    peak = extra.get("peak_memory_bytes")
-    peaks = {str(k): float(v) for k, v in peak.items() if _finite(v)} if isinstance(peak, dict) else {}
-    for node, pts in series.items():
-        peaks.setdefault(node, max(b for _, b in pts))
+    peaks: dict[str, float] = {}
+    mem = ts.memory
+    iteration = None
+    if mem is not None and not mem.empty:
+        its = sorted(int(i) for i in mem["iteration"].unique())
+        iteration = its[len(its) // 2]
+        for node, m in mem[mem["iteration"] == iteration].groupby("node", observed=True):
+            ev = ts.events[(ts.events["node"] == node) & (ts.events["iteration"] == iteration)]
+            t0 = float(ev["start"].min()) if not ev.empty else float(m["time"].min())
+            series[str(node)] = sorted(zip((m["time"] - t0).astype(float).tolist(),
+                                           m["bytes"].astype(float).tolist()))
+        peaks = {str(k): float(v) for k, v in mem.groupby("node", observed=True)["bytes"].max().items()}
+    extra = ts.manifest.extra.get("peak_memory_bytes")
+    if isinstance(extra, dict):
+        for k, v in extra.items():
+            if _finite(v):
+                peaks.setdefault(str(k), float(v))
     if not series and not peaks:
         return {"available": False,
-                "reason": "not available: the trace has no memory data (manifest.extra.memory / peak_memory_bytes)"}
-    return {"available": True, "series": series, "peak_bytes": peaks}
+                "reason": "not available: the trace has no memory data (profile with `dpro profile --memory`)"}
+    return {"available": True, "series": series, "peak_bytes": peaks, "iteration": iteration}
 
 
 def _finite(x: Any) -> bool:

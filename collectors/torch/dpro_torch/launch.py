@@ -20,7 +20,7 @@ AUTOLOAD = Path(__file__).resolve().parent / "autoload"
 
 
 def profile_env(out: str, steps: str = "10:15", host: str | None = None,
-                base: dict[str, str] | None = None) -> dict[str, str]:
+                base: dict[str, str] | None = None, memory: bool = False) -> dict[str, str]:
     """The environment that profiles a PyTorch job launched with it."""
     from .recorder import parse_steps
     parse_steps(steps)
@@ -30,6 +30,8 @@ def profile_env(out: str, steps: str = "10:15", host: str | None = None,
     env.setdefault("DPRO_RUN_ID", uuid.uuid4().hex[:12])  # groups this run's ranks for the manifest
     if host:
         env["DPRO_HOST"] = host
+    if memory:
+        env["DPRO_MEMORY"] = "1"
     parts = [str(AUTOLOAD), str(AUTOLOAD.parent.parent)]
     if env.get("PYTHONPATH"):
         parts.append(env["PYTHONPATH"])

@@ -201,7 +201,7 @@ class Recorder:
                  host: str | None = None, auto_step: bool | None = None, job: str | None = None,
                  activities: list | None = None, model: "torch.nn.Module | None" = None,
                  grad_ready: bool | None = None, calibrate: bool | None = None,
-                 _from_env: bool = False) -> None:
+                 memory: bool | None = None, _from_env: bool = False) -> None:
         global _ACTIVE
         if _ACTIVE is not None and _ACTIVE is not self and not _ACTIVE._closed:
             raise RuntimeError("a dpro Recorder is already active in this process "
@@ -219,6 +219,8 @@ class Recorder:
         self._activities = activities
         self.grad_ready = _env_flag("DPRO_GRAD_READY", True) if grad_ready is None else bool(grad_ready)
         self.calibrate = _env_flag("DPRO_CALIBRATE", True) if calibrate is None else bool(calibrate)
+        # allocator events ([memory] in the Kineto trace): off by default, they add profiling overhead
+        self.memory = _env_flag("DPRO_MEMORY", False) if memory is None else bool(memory)
         self._overhead: dict[str, Any] | None = None
         self._step = 0
         self._t_activated = time.time_ns()
@@ -516,7 +518,7 @@ class Recorder:
             except Exception as exc:  # never break the user's job
                 _log(f"profiler calibration failed: {exc!r}")
                 cal = None
-        self._prof = profile(activities=acts, record_shapes=False, with_stack=False, profile_memory=False,
+        self._prof = profile(activities=acts, record_shapes=False, with_stack=False, profile_memory=self.memory,
                              with_flops=False, with_modules=False)
         self._prof.start()
         self._profiling = True

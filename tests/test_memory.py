@@ -1,0 +1,49 @@
+"""Memory over the iteration: `dpro profile --memory` on a real 2-rank DDP job, reader, round trip, report."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpro_kit.report.data import memory as report_memory
+from dpro_kit.trace import load_trace, save_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def mem_trace(tmp_path_factory) -> Path:
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("mem") / "trace"
+    cmd = [sys.executable, "-m", "dpro_kit.cli", "profile", "--memory", "--out", str(out), "--steps", "8:11",
+           "--", sys.executable, str(ROOT / "examples" / "ddp" / "train.py"), "--nproc", "2", "--model", "mlp",
+           "--iters", "14", "--warmup", "2", "--quiet"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+@pytest.mark.slow
+def test_profile_memory_records_allocator_samples(mem_trace: Path, tmp_path: Path):
+    ts = load_trace(mem_trace)
+    m = ts.memory
+    assert set(m["node"]) == set(ts.manifest.workers())
+    assert set(m["iteration"]) <= set(ts.manifest.iterations) and len(set(m["iteration"])) >= 2
+    assert (m["bytes"] >= 0).all() and m["bytes"].max() > 0
+    # samples lie inside the profiled iterations of their node
+    for (node, it), g in m.groupby(["node", "iteration"]):
+        ev = ts.events[(ts.events["node"] == node) & (ts.events["iteration"] == it)]
+        assert g["time"].min() >= ev["start"].min() - 1e3 and g["time"].max() <= (ev["start"] + ev["dur"]).max() + 1e3
+    # native round trip keeps them
+    again = load_trace(save_trace(ts, tmp_path / "copy"))
+    assert again.memory.reset_index(drop=True).equals(m.reset_index(drop=True))
+    # and the report plots them
+    view = report_memory(ts)
+    assert view["available"] and set(view["series"]) == set(ts.manifest.workers())
+
+
+def test_report_says_not_available_without_memory(tiny_trace_dir: Path):
+    view = report_memory(load_trace(tiny_trace_dir))
+    assert not view["available"] and "--memory" in view["reason"]
