@@ -43,8 +43,8 @@ class _Progress:
             click.echo(msg, err=True)
 
 
-def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None,
-                     align: bool = True) -> tuple[nx.DiGraph, dict[str, Any], Any]:
+def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None, align: bool = True,
+                     per_iteration: bool = False) -> tuple[nx.DiGraph, dict[str, Any], Any]:
     """A global DFG from a trace directory (optionally transformed by a what-if), or from a graph file.
 
     Returns the graph, facts about the job for the output, and the profiled
@@ -56,8 +56,8 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None,
     from .whatif import apply
 
     if path.is_file() and path.suffix in (".json", ".graphml") and path.name != "manifest.json":
-        if whatif is not None and whatif.any():
-            raise DproError("what-if options need a trace directory, not a graph file", path=path)
+        if (whatif is not None and whatif.any()) or per_iteration:
+            raise DproError("what-if and --per-iteration need a trace directory, not a graph file", path=path)
         return load_graph(path), {}, None
     ts = load_trace(path, progress=progress.step("reading traces"))
     if align:
@@ -75,7 +75,21 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None,
     if measured is not None and "whatif" not in info:
         info["measured_iteration_ms"] = float(measured)
     progress.note(f"building the global DFG of {len(ts.nodes())} node(s)")
-    return build_global_dfg(ts, comm_model=model), info, profiled
+    if not per_iteration:
+        return build_global_dfg(ts, comm_model=model), info, profiled
+    # one graph per profiled iteration (its own op durations), the comm model fitted on all of them;
+    # the graph whose replay is the median stands for the job
+    from .replay import replay as run_replay
+    from .trace import select_iterations
+    graphs = {}
+    for it in sorted(int(i) for i in ts.events["iteration"].unique()):
+        g_it = build_global_dfg(select_iterations(ts, [it]), comm_model=model)
+        graphs[it] = (run_replay(g_it).iteration_time_us / 1e3, g_it)
+    order = sorted(graphs, key=lambda i: graphs[i][0])
+    median_it = order[(len(order) - 1) // 2]
+    info["per_iteration_ms"] = {str(i): graphs[i][0] for i in sorted(graphs)}
+    info["median_iteration"] = median_it
+    return graphs[median_it][1], info, profiled
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -117,11 +131,14 @@ def cli() -> None:
 @click.option("--world-size", type=click.IntRange(1), default=None,
               help="What if: this many workers (profiled ranks replicated, ring re-formed).")
 @click.option("--no-align", is_flag=True, help="Do not apply the trace time alignment (`dpro align`).")
+@click.option("--per-iteration", is_flag=True,
+              help="Replay each profiled iteration with its own op durations and report the median "
+                   "(instead of one replay of mean durations; robust to outlier iterations).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def replay(trace: Path, iterations: int, timeline: Path | None, measured_timeline: Path | None, top: int, bucket_mb: float | None,
            first_bucket_mb: float, bandwidth_mbps: float | None, world_size: int | None, no_align: bool,
-           as_json: bool, quiet: bool) -> None:
+           per_iteration: bool, as_json: bool, quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
     TRACE is a trace directory (with manifest.json) or a graph file written by
@@ -143,7 +160,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     progress = _Progress(not (quiet or as_json))
     wi = WhatIf(bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, bandwidth_mbps=bandwidth_mbps,
                 world_size=world_size)
-    g, info, ts = _load_graph_from(trace, progress, wi, align=not no_align)
+    g, info, ts = _load_graph_from(trace, progress, wi, align=not no_align, per_iteration=per_iteration)
     if measured_timeline is not None and ts is None:
         raise DproError("--measured-timeline needs a trace directory, not a graph file", path=trace)
     progress.note(f"replaying {g.number_of_nodes()} ops x {iterations} iteration(s)")
@@ -186,6 +203,9 @@ def _print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
             f"{cm.get('latency_us', 0):.0f} us latency" if cm else ""))
     if out.get("whatif"):
         echo("what if: " + ", ".join(f"{k.replace('_', ' ')} = {v}" for k, v in out["whatif"].items()))
+    if out.get("per_iteration_ms"):
+        its = ", ".join(f"{k}: {v:.3f}" for k, v in out["per_iteration_ms"].items())
+        echo(f"per profiled iteration (ms): {its}; the median one ({out['median_iteration']}) is shown")
     line = f"predicted iteration time: {out['iteration_time_ms']:.3f} ms"
     if "measured_iteration_ms" in out:
         line += f"   (measured {out['measured_iteration_ms']:.3f} ms, error {out['error_pct']:+.1f} %)"

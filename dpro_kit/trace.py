@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -241,6 +241,15 @@ class TraceSet:
 
     def nodes(self) -> list[str]:
         return self.manifest.workers() + self.manifest.servers()
+
+
+def select_iterations(ts: TraceSet, iterations: Iterable[int]) -> TraceSet:
+    """``ts`` restricted to some profiled iterations (events and memory samples)."""
+    keep = [int(i) for i in iterations]
+    ev = ts.events[ts.events["iteration"].isin(keep)].reset_index(drop=True)
+    mem = ts.memory[ts.memory["iteration"].isin(keep)].reset_index(drop=True) if ts.memory is not None else None
+    man = replace(ts.manifest, iterations=[i for i in ts.manifest.iterations if i in keep])
+    return replace(ts, manifest=man, events=ev, memory=mem if mem is not None else empty_memory())
 
 
 # --------------------------------------------------------------------------- event table helpers

@@ -129,3 +129,16 @@ def test_measured_timeline_export(tiny_trace_dir: Path, tmp_path: Path):
     # every measured event of the trace is exported (plus per-node iteration markers)
     assert len([e for e in xs if e["args"].get("op")]) >= 2 * 3 * 9
     assert trace["otherData"]["kind"] == "measured"
+
+
+def test_per_iteration_replay_reports_the_median(tiny_trace_dir: Path):
+    out = json.loads(run("replay", str(tiny_trace_dir), "--json", "--per-iteration").stdout)
+    per = out["per_iteration_ms"]
+    assert set(per) == {"0", "1", "2"}          # the three profiled iterations of the fixture
+    vals = sorted(per.values())
+    assert out["iteration_time_ms"] == pytest.approx(vals[1])
+    assert per[str(out["median_iteration"])] == pytest.approx(out["iteration_time_ms"])
+    # the fixture's durations scale by 0.9 / 1.0 / 1.1 per iteration: compute time orders the replays
+    assert per["0"] < per["1"] < per["2"]
+    text = run("replay", str(tiny_trace_dir), "--per-iteration")
+    assert text.returncode == 0 and "per profiled iteration" in text.stdout
