@@ -18,7 +18,7 @@ from .trace import OpKind
 _COMM = {OpKind.SEND.value, OpKind.RECV.value, OpKind.COMM.value}
 
 
-def _union_length(iv: np.ndarray) -> float:
+def union_length(iv: np.ndarray) -> float:
     """Total length covered by intervals ``iv`` (shape (k, 2))."""
     if iv.size == 0:
         return 0.0
@@ -31,6 +31,17 @@ def _union_length(iv: np.ndarray) -> float:
         elif e > cur_e:
             cur_e = e
     return float(total + cur_e - cur_s)
+
+
+def overlap_breakdown(comp: np.ndarray, comm: np.ndarray, span: float) -> tuple[float, float, float, float]:
+    """(compute, comm, overlap, idle) time, in the units of the inputs, for intervals within ``span``.
+
+    ``comp``/``comm`` are (k, 2) arrays of [start, end); overlap = time both run,
+    idle = time neither does.  Shared by the replayed and the measured breakdowns.
+    """
+    c1, c2 = union_length(comp), union_length(comm)
+    both = union_length(np.vstack([comp, comm])) if comp.size or comm.size else 0.0
+    return c1, c2, c1 + c2 - both, span - both
 
 
 def last_iteration_window(res: ReplayResult) -> tuple[float, float]:
@@ -66,10 +77,9 @@ def breakdown(res: ReplayResult, g: nx.DiGraph) -> pd.DataFrame:
         mine = live & (node == nd)
         comp = np.column_stack([s[mine & ~is_comm], e[mine & ~is_comm]])
         comm = np.column_stack([s[mine & is_comm], e[mine & is_comm]])
-        c1, c2 = _union_length(comp), _union_length(comm)
-        both = _union_length(np.vstack([comp, comm])) if comp.size or comm.size else 0.0
-        out.append({"node": nd, "compute_ms": c1 / 1e3, "comm_ms": c2 / 1e3, "overlap_ms": (c1 + c2 - both) / 1e3,
-                    "idle_ms": (span - both) / 1e3})
+        c1, c2, ov, idle = overlap_breakdown(comp, comm, span)
+        out.append({"node": nd, "compute_ms": c1 / 1e3, "comm_ms": c2 / 1e3, "overlap_ms": ov / 1e3,
+                    "idle_ms": idle / 1e3})
     return pd.DataFrame(out, columns=["node", "compute_ms", "comm_ms", "overlap_ms", "idle_ms"])
 
 

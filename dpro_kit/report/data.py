@@ -18,7 +18,7 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
-from ..analysis import _union_length, last_iteration_window
+from ..analysis import last_iteration_window, overlap_breakdown, union_length
 from ..errors import DproError
 from ..trace import COMM_KINDS, COMPUTE_KINDS, TraceSet
 
@@ -140,10 +140,8 @@ def measured_breakdown(ts: TraceSet) -> dict[str, dict[str, float]]:
             kind = part["kind"].astype(str).to_numpy()
             comp = np.column_stack([s, e])[np.isin(kind, list(_COMPUTE))]
             comm = np.column_stack([s, e])[np.isin(kind, list(_COMM))]
-            c1, c2 = _union_length(comp), _union_length(comm)
-            both = _union_length(np.vstack([comp, comm])) if comp.size or comm.size else 0.0
             span = float(e.max() - s.min()) if len(s) else 0.0
-            rows.append((c1, c2, c1 + c2 - both, span - both, span))
+            rows.append((*overlap_breakdown(comp, comm, span), span))
         if rows:
             m = np.mean(np.array(rows), axis=0) / 1e3
             out[node] = {"compute_ms": m[0], "comm_ms": m[1], "overlap_ms": m[2], "idle_ms": m[3], "span_ms": m[4]}
@@ -163,8 +161,8 @@ def stragglers(ts: TraceSet) -> dict[str, Any]:
             e = s + part["dur"].to_numpy(float)
             kind = part["kind"].astype(str).to_numpy()
             spans.append(float(e.max() - s.min()) / 1e3)
-            comps.append(_union_length(np.column_stack([s, e])[np.isin(kind, list(_COMPUTE))]) / 1e3)
-            comms.append(_union_length(np.column_stack([s, e])[np.isin(kind, list(_COMM))]) / 1e3)
+            comps.append(union_length(np.column_stack([s, e])[np.isin(kind, list(_COMPUTE))]) / 1e3)
+            comms.append(union_length(np.column_stack([s, e])[np.isin(kind, list(_COMM))]) / 1e3)
         info = ts.manifest.nodes[node]
         rec = {"node": node, "rank": info.rank, "host": info.host, "role": info.role,
                "span_ms": spans, "compute_ms": comps, "comm_ms": comms,
