@@ -30,6 +30,12 @@ and the Kineto (chrome-trace JSON) trace it names (``kineto_trace.json``, or
   ``nccl*`` kernels on CUDA streams; other CUDA kernels become ops on stream
   ``gpu:<stream>`` after the top-level CPU op that launched them (Kineto
   ``External id``);
+* **per-chunk transfers** (``dpro profile --ring``): the collector's timed ring comm hook
+  (``dpro_torch.ringhook``) records per ring step SEND/RECV posted..completed times in
+  ``ring_chunks.json``; they become SEND/RECV events with the graph builder's transaction
+  ids (:func:`_ring_rows`); its ranges ``dpro_ring::allreduce`` (launch) and
+  ``dpro_ring::work`` (the bucket's whole ring) stand in for ``c10d::allreduce_`` and
+  ``gloo:all_reduce``;
 * **DDP buckets** - ``meta.ddp[0].buckets`` (composition after DDP's bucket
   rebuild, in reduction order); the ``j``-th allreduce launched inside the
   backward phase of an iteration is bucket ``j``.  Each bucket becomes one
@@ -109,6 +115,7 @@ C10D_COLLECTIVES = {
     "c10d::reduce_": "reduce", "c10d::gather_": "gather", "c10d::scatter_": "scatter",
     "c10d::alltoall_": "alltoall", "c10d::alltoall_base_": "alltoall", "c10d::barrier": "barrier",
     "c10d::send": "send", "c10d::recv_": "recv",
+    "dpro_ring::allreduce": "allreduce",  # the collector's timed ring comm hook (dpro_torch.ringhook)
 }
 #: ranges gloo's worker threads record around the collective they execute
 GLOO_WORKER = {
@@ -116,7 +123,11 @@ GLOO_WORKER = {
     "gloo:reduce_scatter": "reduce_scatter", "gloo:reduce": "reduce", "gloo:gather": "gather",
     "gloo:scatter": "scatter", "gloo:all_to_all": "alltoall", "gloo:barrier": "barrier",
     "gloo:send": "send", "gloo:recv": "recv",
+    "dpro_ring::work": "allreduce",       # the timed ring's thread, one range per bucket
 }
+RING_FORMAT = "dpro-ring-chunks"
+RING_COLUMNS = ["bucket", "step", "send_chunk", "recv_chunk", "send_bytes", "recv_bytes",
+                "send_start_ns", "send_end_ns", "recv_start_ns", "recv_end_ns"]
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 CPU_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
 ANNOTATION_CAT = "user_annotation"
@@ -305,7 +316,13 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     if overhead not in OVERHEAD_MODES:
         raise TraceFormatError(f"unknown torch_kineto.profiler_overhead {overhead!r} in the manifest",
                                hint="use one of " + ", ".join(OVERHEAD_MODES))
-    return parse_node(meta, doc, path=tpath, fold_gaps=fold_gaps, overhead=overhead)
+    ring = None
+    if meta.get("ring_file"):
+        rpath = node_dir / str(meta["ring_file"])
+        ring = (rpath, read_json(rpath))
+    ranks = {int(i.rank): n for n, i in manifest.nodes.items() if i.role == "worker"}
+    return parse_node(meta, doc, path=tpath, fold_gaps=fold_gaps, overhead=overhead, ring=ring,
+                      node_of_rank=ranks)
 
 
 #: how the reader removes the profiler's cost from op durations (manifest extra torch_kineto.profiler_overhead)
@@ -378,7 +395,8 @@ def _subtree_sizes(roots: list[Ev]) -> dict[int, int]:
 
 
 def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_gaps: bool = True,
-               overhead: str = "window") -> NodeTrace:
+               overhead: str = "window", ring: tuple[Path, Any] | None = None,
+               node_of_rank: dict[int, str] | None = None) -> NodeTrace:
     mk = dict(MARKERS)
     mk.update({k: v for k, v in (meta.get("markers") or {}).items() if isinstance(v, str)})
     phase_of_marker = {mk["forward"]: OpKind.FW.value, mk["backward"]: OpKind.BW.value,
@@ -628,10 +646,67 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
         r["start"] = (r["start"] + offset_ns) / 1e3
         r["dur"] = r["dur"] / 1e3
     rows.extend(comm_rows)
+    if ring is not None:
+        rows.extend(_ring_rows(ring[1], ring[0], iteration_of, offset_ns, node_of_rank or {},
+                               {b["tensor"] for b in bucket_info}))
     events = make_events(rows, path=str(path))
     edges = _edges(ops, steps)
     return NodeTrace(events=events, edges=edges, collectives=collectives,
                      memory=_memory(doc, iteration_of, offset_ns))
+
+
+def _ring_rows(doc: Any, path: Path, iteration_of: Any, offset_ns: int, node_of_rank: dict[int, str],
+               tensors: set[str]) -> list[dict[str, Any]]:
+    """SEND/RECV events from the timed ring's records (``ring_chunks.json``, dpro_torch.ringhook).
+
+    Transaction ids are the graph builder's (``topology.txn_id``) for the same ring step, so the
+    events join up across nodes and with the topology's SEND/RECV ops.  Times are
+    ``time.time_ns()``: the clock the reader moves Kineto times onto.
+    """
+    from ..graph.topology import txn_id
+    if not isinstance(doc, dict) or doc.get("format") != RING_FORMAT or doc.get("version") != 1:
+        raise TraceFormatError("not a dpro ring record file (format dpro-ring-chunks, version 1)", path=path)
+    if doc.get("columns") != RING_COLUMNS:
+        raise TraceFormatError(f"unexpected columns {doc.get('columns')!r}", path=path,
+                               hint=f"expected {RING_COLUMNS}")
+    try:
+        n, me = int(doc["world_size"]), int(doc["rank"])
+        granks = [int(r) for r in doc["global_ranks"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceFormatError(f"ring header field missing or not an integer: {exc}", path=path) from None
+    if len(granks) != n or not 0 <= me < n:
+        raise TraceFormatError(f"rank {me} / global_ranks {granks} do not fit world_size {n}", path=path)
+    missing = [r for r in granks if r not in node_of_rank]
+    if missing:
+        raise TraceFormatError(f"ring peers {missing} are not nodes of the manifest", path=path,
+                               hint="every rank's folder must be in the trace directory")
+    name = [node_of_rank[r] for r in granks]
+    rows: list[dict[str, Any]] = []
+    for k, rec in enumerate(doc.get("records") or []):
+        try:
+            b, st, cs, cr, sb, rb, s0, s1, r0, r1 = (int(x) for x in rec)
+        except (TypeError, ValueError):
+            raise TraceFormatError(f"record {k} is not {len(RING_COLUMNS)} integers", path=path,
+                                   record=f"records[{k}]") from None
+        if not (0 <= st < 2 * (n - 1)) or s1 < s0 or r1 < r0:
+            raise TraceFormatError(f"record {k}: step {st} or times out of order", path=path,
+                                   record=f"records[{k}]")
+        it = iteration_of(s0 - offset_ns)
+        tensor = f"bucket{b}"
+        if it is None or tensor not in tensors:
+            continue
+        phase = "reduce_scatter" if st < n - 1 else "all_gather"
+        right, left = name[(me + 1) % n], name[(me - 1) % n]
+        common = {"kind": None, "iteration": it, "stream": "comm", "tensor": tensor, "phase": phase, "step": st}
+        ts = txn_id(tensor, phase, st, cs, name[me], right)
+        tr = txn_id(tensor, phase, st, cr, left, name[me])
+        rows.append({**common, "kind": OpKind.SEND.value, "op": f"SEND {ts}", "name": f"SEND {tensor}",
+                     "start": s0 / 1e3, "dur": (s1 - s0) / 1e3, "bytes": sb, "txn": ts, "chunk": cs,
+                     "peer": right})
+        rows.append({**common, "kind": OpKind.RECV.value, "op": f"RECV {tr}", "name": f"RECV {tensor}",
+                     "start": r0 / 1e3, "dur": (r1 - r0) / 1e3, "bytes": rb, "txn": tr, "chunk": cr,
+                     "peer": left})
+    return rows
 
 
 def _flatten(intervals: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:

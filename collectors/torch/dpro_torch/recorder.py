@@ -201,7 +201,7 @@ class Recorder:
                  host: str | None = None, auto_step: bool | None = None, job: str | None = None,
                  activities: list | None = None, model: "torch.nn.Module | None" = None,
                  grad_ready: bool | None = None, calibrate: bool | None = None,
-                 memory: bool | None = None, _from_env: bool = False) -> None:
+                 memory: bool | None = None, ring: bool | None = None, _from_env: bool = False) -> None:
         global _ACTIVE
         if _ACTIVE is not None and _ACTIVE is not self and not _ACTIVE._closed:
             raise RuntimeError("a dpro Recorder is already active in this process "
@@ -221,6 +221,9 @@ class Recorder:
         self.calibrate = _env_flag("DPRO_CALIBRATE", True) if calibrate is None else bool(calibrate)
         # allocator events ([memory] in the Kineto trace): off by default, they add profiling overhead
         self.memory = _env_flag("DPRO_MEMORY", False) if memory is None else bool(memory)
+        # per-chunk communication timestamps through a timed ring comm hook (dpro_torch.ringhook)
+        self.ring = _env_flag("DPRO_RING", False) if ring is None else bool(ring)
+        self._ring_hooks: list[Any] = []
         self._overhead: dict[str, Any] | None = None
         self._step = 0
         self._t_activated = time.time_ns()
@@ -239,6 +242,7 @@ class Recorder:
         self._models = [weakref.ref(model)] if model is not None else []  # non-DDP modules to mark forward on
         self._clock: list[dict[str, Any]] = []
         self._trace_written: str | None = None
+        self._ring_written: str | None = None
         self._stop_reason = ""
         self._rank: int | None = None
         self._world: int | None = None
@@ -357,8 +361,24 @@ class Recorder:
             "buckets_at_init": self._buckets(ddp, params),
         }
         self._ddps.append(info)
+        if self.ring:
+            self._install_ring(ddp, info)
         if self._profiling:
             self._hook_ddp(info)
+
+    def _install_ring(self, ddp, info: dict[str, Any]) -> None:
+        """Register the timed ring comm hook on the first DDP module (see dpro_torch.ringhook)."""
+        if self._ring_hooks or info["world_size"] < 2:
+            return
+        from .ringhook import RingAllreduce
+        try:
+            hook = RingAllreduce(ddp.process_group, recording=lambda: self._profiling)
+            ddp.register_comm_hook(None, hook.hook)
+        except Exception as exc:  # e.g. the job registered its own hook: keep it
+            _log(f"per-chunk ring timing not installed: {exc!r}")
+            return
+        self._ring_hooks.append(hook)
+        info["comm_hook"] = "dpro_ring"
 
     @staticmethod
     def _buckets(ddp, params: list) -> list[dict[str, Any]] | None:
@@ -557,6 +577,13 @@ class Recorder:
         for info in self._ddps:
             ddp = info["ref"]()
             info["buckets_at_stop"] = self._buckets(ddp, [r() for r in info["param_refs"]]) if ddp else None
+        for hook in self._ring_hooks:
+            try:
+                from .ringhook import FILE
+                _atomic_write(self.node_dir / FILE, json.dumps(hook.take()))
+                self._ring_written = FILE
+            except Exception as exc:
+                _log(f"could not write the ring records: {exc!r}")
         self._prof = None
         self._export_s = time.perf_counter() - t0
         self._write_meta()
@@ -601,6 +628,7 @@ class Recorder:
             or f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}",
             "argv": list(sys.argv),
             "trace_file": self._trace_written,
+            "ring_file": self._ring_written,
             "window": {"start_step": self.start_step, "stop_step": self.stop_step,
                        "profiled_steps": list(self._profiled_steps), "stop_reason": self._stop_reason,
                        "export_seconds": round(self._export_s, 4),
