@@ -8,12 +8,15 @@
 Per job: run ``examples/ddp/train.py --model mlp`` (gloo, CPU) under ``dpro profile`` in an
 :class:`~dpro_kit.cluster.EmulatedCluster` (``HOSTSxRANKS:RATE_MBIT|none:BUCKET_MB``; every
 rank gets its host's ``DPRO_HOST``).  All namespaces share one clock, so the true offsets are 0.
+``:ring`` after a job spec profiles with ``dpro profile --ring`` (per-chunk SEND/RECV times
+from the timed ring comm hook) instead of gloo's opaque collectives.
 Per seed: every host gets a random offset (uniform +-5 ms, the same for all ranks of the
 host), every event start of its nodes is shifted by it through the trace model
 (``load_trace`` -> shift -> ``save_trace`` into a new native-format directory), and the
 offsets are estimated on the copy.  Error = estimate - injected (relative to the reference
 node), over the non-reference nodes.  Also the replayed iteration time of the original,
-the shifted copy without alignment and the shifted copy with alignment.
+the shifted copy without alignment (timestamps taken as they are) and the shifted copy with
+alignment, next to the measured (unprofiled) iteration time.
 """
 from __future__ import annotations
 
@@ -34,12 +37,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dpro_kit.align import align, aligned_traceset, shift_trace_dir  # noqa: E402
+from dpro_kit.align import align, aligned_traceset, apply_offsets, shift_trace_dir  # noqa: E402
 from dpro_kit.trace import load_trace  # noqa: E402
 
 
 def run_job(out: Path, hosts: int, per_host: int, rate: float | None, bucket_mb: float, iters: int = 30,
-            timeout: float = 240.0) -> float:
+            timeout: float = 240.0, ring: bool = False, after: int = 20) -> float:
     """Profile a real gloo DDP job in the emulated cluster; return its wall time (s)."""
     from dpro_kit.cluster import EmulatedCluster
     py = sys.executable
@@ -55,8 +58,9 @@ def run_job(out: Path, hosts: int, per_host: int, rate: float | None, bucket_mb:
                        "LOCAL_WORLD_SIZE": str(per_host), "MASTER_PORT": "29517", "DPRO_RUN_ID": run_id,
                        "OMP_NUM_THREADS": "1"}
                 argv = [py, "-m", "dpro_kit.cli", "profile", "-o", str(out), "--steps", f"4:{4 + iters}",
-                        "--host", f"host{h}", "--", py, str(ROOT / "examples/ddp/train.py"), "--model", "mlp",
-                        "--iters", str(iters + 3), "--warmup", "2", "--quiet", "--threads", "1",
+                        "--host", f"host{h}", *(["--ring"] if ring else []), "--",
+                        py, str(ROOT / "examples/ddp/train.py"), "--model", "mlp",
+                        "--iters", str(iters + 3 + after), "--warmup", "2", "--quiet", "--threads", "1",
                         "--bucket-mb", str(bucket_mb)]
                 procs.append(c.run(h, argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         codes = [p.wait(timeout=timeout) for p in procs]
@@ -80,8 +84,11 @@ def evaluate(trace: Path, seeds: list[int], work: Path, max_offset_us: float = 5
     hosts = sorted({ts.manifest.nodes[n].host for n in nodes})
     measured = ts.manifest.extra.get("measured_iteration_ms")
     base = align(ts)
+    zero = {n: 0.0 for n in nodes}
+    # the original trace on its true clocks (all namespaces share one clock: offsets 0), RECVs clipped
     out = {"trace": str(trace), "nodes": len(nodes), "hosts": len(hosts), "measured_ms": measured,
-           "replay_original_ms": replay_ms(ts),
+           "profiled_ms": ts.manifest.extra.get("profiled_iteration_ms"),
+           "replay_original_ms": replay_ms(apply_offsets(ts, zero)),
            "unshifted_offsets_us": base.offsets_us, "seeds": []}
     for seed in seeds:
         rng = np.random.default_rng(seed)
@@ -102,7 +109,8 @@ def evaluate(trace: Path, seeds: list[int], work: Path, max_offset_us: float = 5
             "estimated_us": res.offsets_us, "error_us": {n: round(v, 1) for n, v in err.items()},
             "median_abs_error_us": float(np.median(np.abs(list(err.values())))),
             "align_s": round(wall, 3), "mode": res.mode, "violated": len(res.violated),
-            "replay_shifted_no_align_ms": replay_ms(shifted),
+            # no alignment: the shifted timestamps taken as they are (RECVs clipped on the wrong clocks)
+            "replay_shifted_no_align_ms": replay_ms(apply_offsets(shifted, zero)),
             "replay_shifted_aligned_ms": replay_ms(aligned_traceset(shifted, dst)),
         })
     errs = [abs(e) for s in out["seeds"] for e in s["error_us"].values()]
@@ -130,12 +138,13 @@ def main(argv: list[str] | None = None) -> int:
             print("needs root for the emulated cluster (or pass --trace DIR)", file=sys.stderr)
             return 2
         for spec in args.jobs:
-            hp, rate, bucket = spec.split(":")
+            hp, rate, bucket, *flags = spec.split(":")
             h, r = (int(x) for x in hp.split("x"))
-            d = work / f"job-{h}x{r}-{rate}-{bucket}"
+            d = work / (f"job-{h}x{r}-{rate}-{bucket}" + ("-ring" if "ring" in flags else ""))
             if d.exists():
                 shutil.rmtree(d)
-            wall = run_job(d, h, r, None if rate == "none" else float(rate), float(bucket), args.iters)
+            wall = run_job(d, h, r, None if rate == "none" else float(rate), float(bucket), args.iters,
+                           ring="ring" in flags)
             print(f"profiled {spec} in {wall:.1f} s -> {d}", file=sys.stderr)
             traces.append(d)
     for t in traces:

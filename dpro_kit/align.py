@@ -59,16 +59,21 @@ import pandas as pd
 from .errors import DproError, atomic_write_text
 from .trace import TraceSet
 
-ALIGN_VERSION = 1
+ALIGN_VERSION = 2
 ALIGNED_DIR = "aligned"
 OFFSETS_FILE = "offsets.json"
 SOLVERS = ("CLARABEL", "OSQP", "SCS")
 
+#: statistic of fine-grained records (see :func:`align`)
+STATISTICS = ("min", "mean")
+DEFAULT_STATISTIC = "min"
 #: defaults of the objective weights (see docs/alignment.md)
 DEFAULT_ALPHA = 1.0
 DEFAULT_BETA = 100.0
 #: weight of the squared violation of a coarse (collective) dependency, a soft constraint
 DEFAULT_GAMMA = 100.0
+#: Huber threshold (us) of the min-statistic terms: residuals beyond it count linearly
+HUBER_US = 20.0
 #: a constraint with slack below this many microseconds is reported as binding
 BINDING_TOL_US = 1.0
 #: the clip-pattern iteration stops when no offset moves more than this between rounds
@@ -100,7 +105,12 @@ class Records:
     cand_name: np.ndarray
     families: list[str]       # family names
     kind: str                 # fine | coarse | mixed
-    coarse: np.ndarray        # bool: a coarse record (min statistic; an unclipped one is a transfer time too)
+    coarse: np.ndarray        # bool: a coarse record (soft constraint, min statistic)
+    minstat: np.ndarray | None = None  # bool: record uses the min statistic (default: the coarse ones)
+
+    @property
+    def use_min(self) -> np.ndarray:
+        return self.coarse if self.minstat is None else self.minstat
 
     def desc(self, k: int) -> str:
         return _op_desc(self.rec_op[k], self.rec_node[k], self.rec_iter[k])
@@ -123,6 +133,7 @@ class AlignResult:
     rounds: int = 0
     alpha: float = DEFAULT_ALPHA
     beta: float = DEFAULT_BETA
+    statistic: str = DEFAULT_STATISTIC
     n_records: int = 0
     n_families: int = 0
     n_constraints: int = 0
@@ -139,7 +150,7 @@ class AlignResult:
             "convention": "offset = how far the node's clock is ahead of the reference's; aligned = raw - offset",
             "reference": self.reference, "mode": self.mode, "skipped": self.skipped, "status": self.status,
             "solver": self.solver, "solve_time_s": self.solve_time_s, "rounds": self.rounds,
-            "alpha": self.alpha, "beta": self.beta, "records": self.n_records, "families": self.n_families,
+            "alpha": self.alpha, "beta": self.beta, "statistic": self.statistic, "records": self.n_records, "families": self.n_families,
             "constraints": self.n_constraints, "objective": self.objective, "residuals": self.residuals,
             "binding": self.binding, "violated": self.violated, "undetermined": self.undetermined,
             "fingerprint": self.fingerprint,
@@ -151,7 +162,8 @@ class AlignResult:
                    mode=d["mode"], skipped=d.get("skipped"), status=d.get("status", "optimal"),
                    solver=d.get("solver"), solve_time_s=float(d.get("solve_time_s", 0.0)),
                    rounds=int(d.get("rounds", 0)), alpha=float(d.get("alpha", DEFAULT_ALPHA)),
-                   beta=float(d.get("beta", DEFAULT_BETA)), n_records=int(d.get("records", 0)),
+                   beta=float(d.get("beta", DEFAULT_BETA)), statistic=str(d.get("statistic", DEFAULT_STATISTIC)),
+                   n_records=int(d.get("records", 0)),
                    n_families=int(d.get("families", 0)), n_constraints=int(d.get("constraints", 0)),
                    objective=d.get("objective"), residuals=d.get("residuals", {}), binding=d.get("binding", []),
                    violated=d.get("violated", []), undetermined=d.get("undetermined", []),
@@ -391,33 +403,34 @@ def _adjusted(rec: Records, theta: np.ndarray, clip: np.ndarray) -> np.ndarray:
 
 
 def _effective_clip(rec: Records, clip: np.ndarray) -> np.ndarray:
-    """Coarse records always count from their one sender's start: their statistic is a minimum over
-    iterations, which picks the iterations where that sender joined last by itself."""
-    if not rec.coarse.any():
+    """Min-statistic records count from their (one) sender's start: a minimum over iterations picks
+    the iterations where that sender joined (sent) last by itself."""
+    if not rec.use_min.any():
         return clip
     one = np.empty(len(rec.recv), dtype=int)
     one[rec.cand_rec] = np.arange(len(rec.cand_rec))
-    return np.where(rec.coarse, one, clip)
+    return np.where(rec.use_min, one, clip)
 
 
 def _in_objective(rec: Records, clip: np.ndarray) -> np.ndarray:
     """Records whose adjusted duration is a transfer time: clipped ones, and unclipped coarse ones.
 
-    A fine-grained RECV that was posted after its SEND started (unclipped) mostly copies data that
-    already arrived: its duration is not the transfer time and would bias the family mean.
+    ``clip`` is the real clip pattern (not :func:`_effective_clip`'s).  A fine-grained RECV that
+    was posted after its SEND started (unclipped) mostly copies data that already arrived: its
+    duration is not the transfer time and would bias the family mean (or minimum).
     """
     return (clip >= 0) | rec.coarse
 
 
 def _objective_terms(rec: Records, clip: np.ndarray, n: int):
     """Sufficient statistics per (family, pair): counts, means of c, weights; pair -1 means constant."""
+    use = _in_objective(rec, clip)
     clip = _effective_clip(rec, clip)
     m = clip >= 0
     q = np.where(m, rec.cand_node[np.where(m, clip, 0)], -1)
     c = np.where(m, rec.end_obj - rec.cand_start[np.where(m, clip, 0)], rec.end_obj - rec.start)
     r = np.where(m, rec.recv, -1)
-    use = _in_objective(rec, clip)
-    q, c, r, fam_all, coarse = q[use], c[use], r[use], rec.family[use], rec.coarse[use]
+    q, c, r, fam_all, coarse = q[use], c[use], r[use], rec.family[use], rec.use_min[use]
     key = (fam_all.astype(np.int64) * (n + 1) + (r + 1)) * (n + 1) + (q + 1)
     uk, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
     mu = np.bincount(inv, weights=c) / cnt
@@ -433,7 +446,7 @@ def _objective_terms(rec: Records, clip: np.ndarray, n: int):
     groups = np.bincount(fam, minlength=len(rec.families)).astype(float)
     # mean statistic: weight = share of the family's records; min statistic: every pair counts once
     w = np.where(is_min, 1.0 / groups[fam], cnt / fam_size[fam])
-    return fam, rr, qq, mu, w
+    return fam, rr, qq, mu, w, is_min
 
 
 def _difference_matrix(pairs: np.ndarray, n: int):
@@ -449,23 +462,29 @@ def _solve_qp(rec: Records, clip: np.ndarray, n: int, ref: int, machines: list[l
     import cvxpy as cp
     import scipy.sparse as sp
 
-    fam, rr, qq, mu, w = _objective_terms(rec, clip, n)
+    fam, rr, qq, mu, w, is_min = _objective_terms(rec, clip, n)
     P = len(mu)
     F = len(rec.families)
     rows = np.flatnonzero(rr >= 0)
     A = sp.csr_matrix((np.r_[np.ones(len(rows)), -np.ones(len(rows))],
                        (np.r_[rows, rows], np.r_[rr[rows], qq[rows]])), shape=(P, n))
-    G = sp.csr_matrix((w, (fam, np.arange(P))), shape=(F, P))        # family means (weighted)
+    E = sp.csr_matrix((np.ones(P), (np.arange(P), fam)), shape=(P, F))   # term -> its family
     theta = cp.Variable(n)
-    # residual of each (family, pair) mean from its family's mean: (I - E G)(mu - A theta)
-    E = sp.csr_matrix((np.ones(P), (np.arange(P), fam)), shape=(P, F))
-    M = (sp.identity(P, format="csr") - E @ G)
-    # rows are scaled by sqrt(w): sum_p w_p res_p^2 = Var within families minus within-pair variance
-    S = sp.diags(np.sqrt(w))
-    SM = (S @ M).tocsr()
-    # one sum of squares: [sqrt(alpha) S M A; sqrt(beta) (I - H)] theta - [sqrt(alpha) S M mu; 0], where H
-    # replaces each node's offset by the mean of its machine (the same-machine spread term)
-    blocks, rhs = [math.sqrt(alpha) * (SM @ A)], [math.sqrt(alpha) * (SM @ mu)]
+    center = cp.Variable(F)   # each family's common transfer time
+    # residual of each (family, pair) statistic from its family's centre: mu_p - x_p - m_F.  For the
+    # mean statistic, sum_p w_p res_p^2 at the optimal centre is the within-family variance (minus
+    # the within-pair part, a constant); minima use a Huber loss, so that one family whose fastest
+    # transfers are not alike (e.g. a token-bucket link's bursts) cannot drag the offsets (delta
+    # HUBER_US: quadratic below, linear above)
+    res = mu - A @ theta - E @ center
+    parts = []
+    sq = np.flatnonzero(~is_min)
+    hu = np.flatnonzero(is_min)
+    if len(sq):
+        parts.append(alpha * cp.sum_squares(cp.multiply(np.sqrt(w[sq]), res[sq])))
+    if len(hu):
+        parts.append(alpha * cp.sum(cp.multiply(w[hu], cp.huber(res[hu], HUBER_US))))
+    # same-machine spread: (I - H) theta, H replaces each node's offset by its machine's mean
     hr, hc, hv = [], [], []
     for grp in machines:             # a machine with one node contributes a zero row
         for i in grp:
@@ -474,10 +493,8 @@ def _solve_qp(rec: Records, clip: np.ndarray, n: int, ref: int, machines: list[l
             hv.extend([1.0 / len(grp)] * len(grp))
     if beta > 0 and any(len(g) > 1 for g in machines):
         H = sp.csr_matrix((hv, (hr, hc)), shape=(n, n))
-        blocks.append(math.sqrt(beta) * (sp.identity(n, format="csr") - H))
-        rhs.append(np.zeros(n))
-    K = sp.vstack(blocks).tocsr()
-    obj = cp.sum_squares(K @ theta - np.concatenate(rhs))
+        parts.append(beta * cp.sum_squares((sp.identity(n, format="csr") - H) @ theta))
+    obj = cp.sum(cp.hstack(parts)) if len(parts) > 1 else parts[0]
     cons = [theta[ref] == 0]
     if len(pairs):
         cons.append(_difference_matrix(pairs, n) @ theta <= bounds)
@@ -528,8 +545,18 @@ def fingerprint(ts: TraceSet) -> str:
 
 
 def align(ts: TraceSet, *, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA, family: str = "size",
-          gamma: float = DEFAULT_GAMMA, solvers: tuple[str, ...] = SOLVERS, max_rounds: int = 6) -> AlignResult:
-    """Estimate per-node clock offsets of ``ts`` (see the module docstring)."""
+          gamma: float = DEFAULT_GAMMA, solvers: tuple[str, ...] = SOLVERS, max_rounds: int = 6,
+          statistic: str = DEFAULT_STATISTIC) -> AlignResult:
+    """Estimate per-node clock offsets of ``ts`` (see the module docstring).
+
+    ``statistic`` for fine-grained records: ``"min"`` (default) - per (family, sender->receiver
+    pair) the fastest observed "SEND started -> RECV done" time, pooled across pairs like the
+    coarse records; robust to one-sided delays (a descheduled thread only ever adds time) and
+    independent of the clip pattern, hence exactly shift-equivariant.  ``"mean"`` - dPRO's
+    variance of the clipped RECV durations themselves (clip pattern iterated).
+    """
+    if statistic not in STATISTICS:
+        raise DproError(f"unknown alignment statistic {statistic!r}", hint="use one of " + ", ".join(STATISTICS))
     t0 = time.perf_counter()
     nodes = ts.nodes()
     ref_name = nodes[0]
@@ -548,6 +575,8 @@ def align(ts: TraceSet, *, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_B
         raise NoCommunicationError("the nodes never communicate in the trace (no SEND/RECV pairs and no "
                                    "collective run on two or more nodes), so their clocks cannot be related",
                                    path=ts.path, hint="profile iterations that synchronise gradients")
+    if statistic == "min":
+        rec.minstat = np.ones(len(rec.recv), dtype=bool)
     n = len(nodes)
     ref = 0
     by_host: dict[str, list[int]] = {}
@@ -563,6 +592,18 @@ def align(ts: TraceSet, *, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_B
     clip = _clip_pattern(rec, theta)
     before = _adjusted(rec, theta, clip)
     use_before = _in_objective(rec, clip)
+    if statistic == "min" and not rec.coarse.all():
+        # start from the minima over *all* records (independent of any clip pattern, so the
+        # estimate is shift-equivariant); the rounds below keep only the records whose RECV
+        # waited for its SEND under the current offsets - a receiver that is systematically
+        # late on one pair would otherwise inflate that pair's minimum
+        every = _effective_clip(rec, np.full(len(rec.recv), -1))
+        start, *_ = _solve_qp(rec, every, n, ref, machines, pairs, bounds, alpha, beta, solvers,
+                              spairs, sbounds, gamma)
+        if start is not None:
+            start[undet] = 0.0
+            theta = start
+            clip = _clip_pattern(rec, theta)
     seen: list[tuple[float, np.ndarray, np.ndarray]] = []
     prev = None
     solver = status = None
@@ -604,20 +645,20 @@ def align(ts: TraceSet, *, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_B
     return AlignResult(
         offsets_us={nd: round(float(theta[i]), 3) for i, nd in enumerate(nodes)}, reference=ref_name,
         mode=rec.kind, status=str(status), solver=solver, solve_time_s=round(time.perf_counter() - t0, 4),
-        rounds=rounds, alpha=alpha, beta=beta, n_records=len(rec.recv), n_families=len(rec.families),
+        rounds=rounds, alpha=alpha, beta=beta, statistic=statistic, n_records=len(rec.recv), n_families=len(rec.families),
         n_constraints=len(pairs) + len(spairs), objective=float(best_obj), residuals=res, binding=binding[:50],
         violated=violated, undetermined=[nodes[i] for i in undet], fingerprint=fp)
 
 
 def _true_objective(rec: Records, theta: np.ndarray, clip: np.ndarray, machines: list[list[int]],
                     alpha: float, beta: float) -> float:
-    use = _in_objective(rec, clip) & ~rec.coarse
+    use = _in_objective(rec, clip) & ~rec.use_min
     d = _adjusted(rec, theta, clip)[use]
     df = pd.DataFrame({"f": rec.family[use], "d": d})
     var = float(df.groupby("f")["d"].var(ddof=0).sum())
-    if rec.coarse.any():   # min statistic: variance over pairs of the per-pair minima
-        fam, rr, qq, mu, w = _objective_terms(rec, clip, len(theta))
-        sel = np.isin(fam, np.unique(rec.family[rec.coarse]))
+    if rec.use_min.any():   # min statistic: variance over pairs of the per-pair minima
+        fam, rr, qq, mu, w, _ = _objective_terms(rec, clip, len(theta))
+        sel = np.isin(fam, np.unique(rec.family[rec.use_min]))
         x = np.where(rr >= 0, theta[np.maximum(rr, 0)] - theta[np.maximum(qq, 0)], 0.0)
         val = (mu - x)[sel]
         f, ww = fam[sel], w[sel]

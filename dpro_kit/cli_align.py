@@ -23,10 +23,13 @@ from .errors import DproError
 @click.option("--family", type=click.Choice(["size", "paper"]), default="size", show_default=True,
               help="Fine-grained RECV families: by transfer size and link kind, or dPRO's (receiver, sender, "
                    "tensor).")
+@click.option("--statistic", type=click.Choice(["min", "mean"]), default="min", show_default=True,
+              help="Per-chunk SEND/RECV records: the fastest transfer per sender->receiver pair (robust to "
+                   "scheduling delays) or dPRO's variance of the clipped RECV durations.")
 @click.option("--no-write", is_flag=True, help="Do not store TRACE_DIR/aligned/offsets.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
-def align(trace_dir: Path, alpha: float, beta: float, family: str, no_write: bool, as_json: bool,
+def align(trace_dir: Path, alpha: float, beta: float, family: str, statistic: str, no_write: bool, as_json: bool,
           quiet: bool) -> None:
     """Estimate every node's clock offset against the reference node and store the result.
 
@@ -42,7 +45,7 @@ def align(trace_dir: Path, alpha: float, beta: float, family: str, no_write: boo
     from .trace import load_trace
 
     ts = load_trace(trace_dir)
-    res = run_align(ts, alpha=alpha, beta=beta, family=family)
+    res = run_align(ts, alpha=alpha, beta=beta, family=family, statistic=statistic)
     out = res.to_json()
     out["trace"] = str(trace_dir)
     if not no_write:

@@ -97,12 +97,24 @@ def _mean_by(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def _measured_comm(ev: pd.DataFrame) -> dict[str, float]:
-    """Mean duration per transaction id (SEND/RECV) or per AGG op, from fine-grained events."""
+    """Mean duration per transaction id (SEND/RECV) or per AGG op, from fine-grained events.
+
+    When a transfer's RECV was measured, its duration (clipped by the SEND's start once the
+    clocks are aligned: ``dpro_kit.align.apply_offsets``) is the transfer time, and it is
+    charged to the SEND op - the one that occupies the link, so that transfers sharing a link
+    queue behind each other - while the RECV op takes no time.  A measured SEND alone keeps
+    its own duration.  (Without alignment the RECV durations still hold the time the receiver
+    waited for the sender: the error dPRO's alignment removes.)
+    """
     fine = ev[ev["kind"].isin(["SEND", "RECV", "AGG"])]
     if fine.empty:
         return {}
     key = fine["kind"].astype(str) + " " + fine["txn"].where(fine["txn"] != "", fine["op"]).astype(str)
-    return fine.groupby(key)["dur"].mean().to_dict()
+    out = fine.groupby(key)["dur"].mean().to_dict()
+    for k in [k for k in out if k.startswith("RECV ")]:
+        out["SEND " + k[5:]] = out[k]
+        out[k] = 0.0
+    return out
 
 
 _NOT_FIRST = {OpKind.VIRTUAL.value, OpKind.SEND.value, OpKind.RECV.value}
