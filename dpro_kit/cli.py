@@ -124,8 +124,9 @@ def cli() -> None:
               help="How many of the longest critical-path ops to list.")
 @click.option("--bucket-mb", type=float, default=None,
               help="What if: re-group gradients into DDP buckets of this size (MiB, like bucket_cap_mb).")
-@click.option("--first-bucket-mb", type=float, default=1.0, show_default=True,
-              help="What if: size cap of the first bucket (DDP's default is 1 MiB).")
+@click.option("--first-bucket-mb", type=float, default=None,
+              help="What if: size cap of the first bucket (default: the --bucket-mb value, as DDP does when "
+                   "bucket_cap_mb is given; give 1 for DDP's default bucketing, bucket_cap_mb=None).")
 @click.option("--bandwidth-mbps", type=float, default=None,
               help="What if: every network link at this line rate (Mbit/s; TCP goodput ~95.6 %% of it).")
 @click.option("--world-size", type=click.IntRange(1), default=None,
@@ -137,7 +138,7 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def replay(trace: Path, iterations: int, timeline: Path | None, measured_timeline: Path | None, top: int, bucket_mb: float | None,
-           first_bucket_mb: float, bandwidth_mbps: float | None, world_size: int | None, no_align: bool,
+           first_bucket_mb: float | None, bandwidth_mbps: float | None, world_size: int | None, no_align: bool,
            per_iteration: bool, as_json: bool, quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 

@@ -153,7 +153,9 @@ class WhatIf:
     """A set of what-if changes, as the CLI takes them."""
 
     bucket_mb: float | None = None
-    first_bucket_mb: float = DDP_FIRST_BUCKET_BYTES / 2**20
+    #: None: the same as ``bucket_mb`` - what DDP does when bucket_cap_mb is given (torch 2.13;
+    #: only its default, bucket_cap_mb=None, uses a 1 MiB first bucket)
+    first_bucket_mb: float | None = None
     bandwidth_mbps: float | None = None
     world_size: int | None = None
 
@@ -170,7 +172,8 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
     if w.bucket_mb is not None:
         if not w.bucket_mb > 0:
             raise DproError(f"bucket size must be > 0 MB, got {w.bucket_mb}")
-        ts = rebucket(ts, int(w.bucket_mb * 2**20), int(w.first_bucket_mb * 2**20))
+        first = w.bucket_mb if w.first_bucket_mb is None else w.first_bucket_mb
+        ts = rebucket(ts, int(w.bucket_mb * 2**20), int(first * 2**20))
     if w.world_size is not None:
         ts = scale_world(ts, w.world_size)
     if w.bandwidth_mbps is not None:

@@ -25,6 +25,7 @@ its environment variables are set (see ``dpro_torch.auto``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -42,6 +43,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 # --------------------------------------------------------------------------- models
 
 class MLP(nn.Module):
+    checkpoint_segments = 0   # > 0: --checkpoint (see checkpoint_layers)
+
     def __init__(self, d_in: int = 256, hidden: int = 512, layers: int = 4, classes: int = 10) -> None:
         super().__init__()
         dims = [d_in] + [hidden] * (layers - 1)
@@ -49,12 +52,17 @@ class MLP(nn.Module):
         self.head = nn.Linear(dims[-1], classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint_segments:
+            return checkpoint_layers([lambda x, l=l: F.relu(l(x)) for l in self.body] + [self.head],
+                                     self.checkpoint_segments, x)
         for layer in self.body:
             x = F.relu(layer(x))
         return self.head(x)
 
 
 class CNN(nn.Module):
+    checkpoint_segments = 0
+
     def __init__(self, classes: int = 10) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
@@ -64,6 +72,11 @@ class CNN(nn.Module):
         self.fc2 = nn.Linear(128, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint_segments:
+            return checkpoint_layers([lambda x, c=c: F.max_pool2d(F.relu(c(x)), 2)
+                                      for c in (self.conv1, self.conv2, self.conv3)]
+                                     + [lambda x: F.relu(self.fc1(x.flatten(1))), self.fc2],
+                                     self.checkpoint_segments, x)
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         x = F.max_pool2d(F.relu(self.conv3(x)), 2)
@@ -73,6 +86,8 @@ class CNN(nn.Module):
 
 class TinyLM(nn.Module):
     """A small decoder-only transformer language model (causal self-attention)."""
+
+    checkpoint_segments = 0
 
     def __init__(self, vocab: int = 2000, d_model: int = 128, heads: int = 4, layers: int = 2,
                  seq: int = 64) -> None:
@@ -89,10 +104,27 @@ class TinyLM(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
+        if self.checkpoint_segments:
+            mask = nn.Transformer.generate_square_subsequent_mask(idx.shape[1], device=idx.device)
+            return checkpoint_layers([self.tok, lambda x: x + self.pos(pos)]
+                                     + [lambda x, l=l: l(x, src_mask=mask, is_causal=True) for l in self.blocks.layers]
+                                     + [self.norm, self.head], self.checkpoint_segments, idx)
         x = self.tok(idx) + self.pos(pos)
         mask = nn.Transformer.generate_square_subsequent_mask(idx.shape[1], device=idx.device)
         x = self.blocks(x, mask=mask, is_causal=True)
         return self.head(self.norm(x))
+
+
+def checkpoint_layers(layers: list, segments: int, x: torch.Tensor) -> torch.Tensor:
+    """--checkpoint: torch.utils.checkpoint.checkpoint_sequential over the model's parameterised layers.
+
+    One entry of ``layers`` per parameter-name prefix (``body.0``, ``conv1``, ``blocks.layers.0`` ...),
+    in forward order: the layers dpro's memory model finds in a trace, so its recomputation estimate
+    (``dpro_kit.optimize.memory``: round(sqrt(L)) segments, the last one not checkpointed, as torch
+    does) describes exactly this run.
+    """
+    from torch.utils.checkpoint import checkpoint_sequential
+    return checkpoint_sequential(layers, segments, x, use_reentrant=False)
 
 
 def build(model: str, batch: int, device: torch.device):
@@ -128,27 +160,50 @@ def train(args: argparse.Namespace) -> None:
         if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    mem = MemoryPeak() if args.memory_peak else None   # before the model: count every allocation
     torch.manual_seed(args.seed)                 # same initial weights everywhere (DDP broadcasts anyway)
     net, batch_fn, loss_fn = build(args.model, args.batch_size, device)
+    if args.checkpoint:  # round(sqrt(L)) segments of the L parameterised layers (checkpoint_layers)
+        n_layers = len({_layer_of(n) for n, _ in net.named_parameters()})
+        net.checkpoint_segments = max(1, round(n_layers ** 0.5))
     torch.manual_seed(args.seed + 1 + rank)      # different data per rank
-    model = DDP(net, device_ids=[device.index] if cuda else None, bucket_cap_mb=args.bucket_mb)
+    applied = None
+    if args.plan:  # a `dpro optimize` plan: exact tensor groups (bucket cap or comm hook), else the closest cap
+        applied = _plan_api().apply_plan(net, args.plan, device_ids=[device.index] if cuda else None)
+        model = applied.model
+    else:
+        model = DDP(net, device_ids=[device.index] if cuda else None, bucket_cap_mb=args.bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     n_params = sum(p.numel() for p in net.parameters())
     if rank == 0:
         print(f"model={args.model} params={n_params} ({n_params * 4 / 2**20:.2f} MiB fp32) world={world} "
-              f"backend={dist.get_backend()} bucket_mb={args.bucket_mb} batch={args.batch_size} "
+              f"backend={dist.get_backend()} bucket_mb={applied.bucket_cap_mb if applied else args.bucket_mb} "
+              f"batch={args.batch_size} "
               f"threads={torch.get_num_threads()}", flush=True)
+        if applied:
+            print(f"plan: {applied.description}", flush=True)
 
     times = []
     total = args.warmup + args.iters
     for it in range(total):
         t0 = time.perf_counter()
+        if mem:
+            mem.begin(it)
         x, y = batch_fn()
         opt.zero_grad(set_to_none=True)
-        out = model(x)
-        loss = loss_fn(out, y)
-        loss.backward()
+        if args.accum_steps == 1:
+            out = model(x)
+            loss = loss_fn(out, y)
+            loss.backward()
+        else:  # M micro-batches of batch/M; DDP synchronises only in the last backward
+            for j, (xj, yj) in enumerate(zip(x.chunk(args.accum_steps), y.chunk(args.accum_steps))):
+                with model.no_sync() if j < args.accum_steps - 1 else contextlib.nullcontext():
+                    out = model(xj)
+                    loss = loss_fn(out, yj) / args.accum_steps
+                    loss.backward()
         opt.step()
+        if mem:
+            mem.end()
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -156,10 +211,15 @@ def train(args: argparse.Namespace) -> None:
         if rank == 0 and not args.quiet:
             tag = "warmup" if it < args.warmup else "iter"
             print(f"{tag} {it:4d} time_ms={dt * 1e3:.3f}", flush=True)
+        if applied and it == 1 and rank == 0:  # after DDP's bucket rebuild (iteration 0): did the plan's groups run?
+            ok, how = applied.verify()
+            print(f"plan check: {'ok' if ok else 'MISMATCH'} ({how})", flush=True)
 
     measured = times[args.warmup:]
     all_times = [None] * world
     dist.all_gather_object(all_times, measured)
+    if mem:
+        mem.write(args, rank, world)
     if rank == 0:
         per_iter_max = [max(ts[i] for ts in all_times) for i in range(len(measured))]
         med = statistics.median(measured) if measured else float("nan")
@@ -172,6 +232,8 @@ def train(args: argparse.Namespace) -> None:
                    "iters": args.iters, "seed": args.seed, "params": n_params, "torch": torch.__version__,
                    "threads_per_rank": torch.get_num_threads(), "pin": args.pin, "host": socket.gethostname(),
                    "first_measured_iteration": args.warmup,
+                   "plan": {"file": args.plan, "mode": applied.mode, "description": applied.description}
+                   if applied else None,
                    "iteration_times_s": {str(r): ts for r, ts in enumerate(all_times)},
                    "median_iteration_s": med,
                    "median_slowest_rank_iteration_s": statistics.median(per_iter_max) if measured else None}
@@ -179,6 +241,120 @@ def train(args: argparse.Namespace) -> None:
             with open(tmp, "w") as fh:
                 json.dump(doc, fh, indent=1)
             os.replace(tmp, args.json_out)
+
+
+def _layer_of(param: str) -> str:
+    """Parameter name -> its layer: up to the first numeric component (``body.0``), else the first one."""
+    parts = param.split(".")
+    for i, c in enumerate(parts[:-1]):
+        if c.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]
+
+
+class MemoryPeak:
+    """--memory-peak FILE: the real peak memory of this run, measured without dpro.
+
+    torch.profiler with ``profile_memory=True`` runs from before the model is built, so the
+    allocator's running total ("Total Allocated" of its ``[memory]`` events) counts everything
+    the job allocates: parameters, DDP buckets, optimizer state, gradients, activations,
+    temporaries.  The peak of iteration k is the largest total inside its ``mem::iteration/k``
+    range (or the total when it begins).  It cannot run under ``dpro profile`` (one profiler
+    per process); bench/memory_accuracy.py compares these peaks with dpro's estimates.
+    """
+
+    def __init__(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.prof = profile(activities=acts, profile_memory=True, record_shapes=False, with_stack=False)
+        self.prof.start()
+        self._range = None
+
+    def begin(self, it: int) -> None:
+        self._range = torch.profiler.record_function(f"mem::iteration/{it}")
+        self._range.__enter__()
+
+    def end(self) -> None:
+        self._range.__exit__(None, None, None)
+
+    def peaks(self) -> dict:
+        """Stop the profiler; per device: the total before iteration 0 and each iteration's peak (bytes)."""
+        import tempfile
+        self.prof.stop()
+        fd, tmp = tempfile.mkstemp(suffix=".json", prefix="dpro-mem-")
+        os.close(fd)
+        try:
+            self.prof.export_chrome_trace(tmp)
+            with open(tmp) as fh:
+                events = json.load(fh)["traceEvents"]
+        finally:
+            os.unlink(tmp)
+        ranges = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), int(e["name"].rsplit("/", 1)[1]))
+                        for e in events if str(e.get("name", "")).startswith("mem::iteration/") and e.get("ph") == "X")
+        samples: dict = {}
+        for e in events:
+            if e.get("name") == "[memory]":
+                a = e["args"]
+                dev = "cpu" if int(a.get("Device Type", 0)) == 0 else f"cuda:{int(a.get('Device Id', 0))}"
+                samples.setdefault(dev, []).append((float(e["ts"]), int(a["Total Allocated"])))
+        out = {}
+        for dev, ss in samples.items():
+            ss.sort()
+            per_it, before = {}, None
+            for lo, hi, it in ranges:
+                prev = [b for t, b in ss if t < lo]
+                inside = [b for t, b in ss if lo <= t <= hi]
+                level = prev[-1] if prev else 0
+                before = level if before is None else before
+                per_it[it] = max([level] + inside)
+            out[dev] = {"before_first_iteration": before, "iteration_peaks": per_it}
+        return out
+
+    def write(self, args: argparse.Namespace, rank: int, world: int) -> None:
+        mine = self.peaks()
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+        if rank != 0:
+            return
+        dev = "cuda" if any(d.startswith("cuda") for r in every for d in r) else "cpu"
+        medians = []
+        for r in every:
+            for d, v in r.items():
+                if d.startswith(dev):
+                    ps = [b for it, b in v["iteration_peaks"].items() if it >= args.warmup]
+                    medians.append(statistics.median(ps) if ps else max(v["iteration_peaks"].values(), default=0))
+        doc = {"model": args.model, "world_size": world, "batch_size": args.batch_size,
+               "accum_steps": args.accum_steps, "checkpoint": args.checkpoint, "device": dev,
+               "warmup": args.warmup, "iters": args.iters, "torch": torch.__version__,
+               "rule": "per rank: median over the measured iterations of the allocator's largest total in "
+                       "the iteration; peak_bytes = the largest rank's",
+               "peak_bytes": max(medians) if medians else None,
+               "per_rank": {str(i): r for i, r in enumerate(every)}}
+        tmp = args.memory_peak + f".tmp{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        os.replace(tmp, args.memory_peak)
+
+
+def _plan_api():
+    """dpro_torch.plan (installed, else from this checkout); imported only for --plan."""
+    try:
+        from dpro_torch import plan
+    except ImportError:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sys.path[:0] = [os.path.join(root, "collectors", "torch"), root]
+        from dpro_torch import plan
+    return plan
+
+
+def check_plan(args: argparse.Namespace) -> None:
+    """Fail before any rank starts on a missing/invalid plan or one made for another model."""
+    api = _plan_api()
+    from dpro_kit.errors import DproError
+    try:
+        api.plan_groups(args.plan, build(args.model, 1, torch.device("cpu"))[0])
+    except DproError as exc:
+        sys.exit(f"train.py: error: {exc}")
 
 
 def _worker(local_rank: int, args: argparse.Namespace) -> None:
@@ -251,7 +427,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nproc", type=int, default=0,
                    help="spawn this many ranks here (without torchrun); 0 = use the torchrun environment")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--bucket-mb", type=float, default=None,
+                   help="DDP bucket_cap_mb (default: DDP's own default - 25 MB buckets after a 1 MB first bucket; "
+                        "an explicit value also caps the first bucket, torch >= 2.13); ignored with --plan")
+    p.add_argument("--plan", default="", help="apply this `dpro optimize` plan.json (dpro_torch.plan.apply_plan)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--iters", type=int, default=20, help="measured iterations (after warm-up)")
     p.add_argument("--warmup", type=int, default=5)
@@ -264,12 +443,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="bind each rank to its own cores (by LOCAL_RANK, or by RANK when emulated hosts "
                         "share one machine)")
     p.add_argument("--json-out", default="", help="write per-iteration times of every rank here (rank 0)")
+    p.add_argument("--accum-steps", type=int, default=1, metavar="M",
+                   help="gradient accumulation: M micro-batches of batch/M per iteration, DDP no_sync on the "
+                        "first M-1")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing: torch.utils.checkpoint over round(sqrt(L)) segments of the "
+                        "L parameterised layers (the last segment keeps its activations)")
+    p.add_argument("--memory-peak", default="", metavar="FILE",
+                   help="measure the real peak memory (torch.profiler allocator events from before the model is "
+                        "built) and write it here (rank 0); not under `dpro profile`")
     p.add_argument("--quiet", action="store_true", help="print only the summary lines")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.plan:
+        check_plan(args)
     if args.nproc and "LOCAL_RANK" not in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
