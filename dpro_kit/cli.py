@@ -43,8 +43,13 @@ class _Progress:
             click.echo(msg, err=True)
 
 
+#: above this many events ``dpro replay`` replays mean durations by default (one graph per iteration
+#: would cost a DFG build per profiled iteration)
+PER_ITERATION_MAX_EVENTS = 2_000_000
+
+
 def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None, align: bool = True,
-                     per_iteration: bool = False) -> tuple[nx.DiGraph, dict[str, Any], Any]:
+                     per_iteration: bool | None = False) -> tuple[nx.DiGraph, dict[str, Any], Any]:
     """A global DFG from a trace directory (optionally transformed by a what-if), or from a graph file.
 
     Returns the graph, facts about the job for the output, and the profiled
@@ -58,6 +63,8 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None, align:
     if path.is_file() and path.suffix in (".json", ".graphml") and path.name != "manifest.json":
         if (whatif is not None and whatif.any()) or per_iteration:
             raise DproError("what-if and --per-iteration need a trace directory, not a graph file", path=path)
+        if per_iteration is None:
+            pass  # a graph file holds one set of durations
         return load_graph(path), {}, None
     ts = load_trace(path, progress=progress.step("reading traces"))
     if align:
@@ -75,8 +82,13 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None, align:
     if measured is not None and "whatif" not in info:
         info["measured_iteration_ms"] = float(measured)
     progress.note(f"building the global DFG of {len(ts.nodes())} node(s)")
-    if not per_iteration:
+    n_iter = int(ts.events["iteration"].nunique()) if len(ts.events) else 0
+    if per_iteration is None:
+        per_iteration = 2 <= n_iter and len(ts.events) <= PER_ITERATION_MAX_EVENTS
+    if not per_iteration or n_iter < 2:
+        info["durations"] = "mean over the profiled iterations"
         return build_global_dfg(ts, comm_model=model), info, profiled
+    info["durations"] = "per iteration: the median of one replay per profiled iteration"
     # one graph per profiled iteration (its own op durations), the comm model fitted on all of them;
     # the graph whose replay is the median stands for the job
     from .replay import replay as run_replay
@@ -132,14 +144,16 @@ def cli() -> None:
 @click.option("--world-size", type=click.IntRange(1), default=None,
               help="What if: this many workers (profiled ranks replicated, ring re-formed).")
 @click.option("--no-align", is_flag=True, help="Do not apply the trace time alignment (`dpro align`).")
-@click.option("--per-iteration", is_flag=True,
-              help="Replay each profiled iteration with its own op durations and report the median "
-                   "(instead of one replay of mean durations; robust to outlier iterations).")
+@click.option("--per-iteration/--mean-durations", default=None,
+              help="Replay each profiled iteration with its own op durations and report the median one, or "
+                   "replay once with every op's mean duration.  Default: per iteration (robust to outlier "
+                   f"iterations; docs/accuracy.md) unless the trace has more than {PER_ITERATION_MAX_EVENTS:,} "
+                   "events.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def replay(trace: Path, iterations: int, timeline: Path | None, measured_timeline: Path | None, top: int, bucket_mb: float | None,
            first_bucket_mb: float | None, bandwidth_mbps: float | None, world_size: int | None, no_align: bool,
-           per_iteration: bool, as_json: bool, quiet: bool) -> None:
+           per_iteration: bool | None, as_json: bool, quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
     TRACE is a trace directory (with manifest.json) or a graph file written by
@@ -205,8 +219,9 @@ def _print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
     if out.get("whatif"):
         echo("what if: " + ", ".join(f"{k.replace('_', ' ')} = {v}" for k, v in out["whatif"].items()))
     if out.get("per_iteration_ms"):
-        its = ", ".join(f"{k}: {v:.3f}" for k, v in out["per_iteration_ms"].items())
-        echo(f"per profiled iteration (ms): {its}; the median one ({out['median_iteration']}) is shown")
+        v = sorted(out["per_iteration_ms"].values())
+        echo(f"replayed each of {len(v)} profiled iterations: {v[0]:.3f} .. {v[-1]:.3f} ms; the median one "
+             f"(iteration {out['median_iteration']}) is shown (--mean-durations: one replay of mean durations)")
     line = f"predicted iteration time: {out['iteration_time_ms']:.3f} ms"
     if "measured_iteration_ms" in out:
         line += f"   (measured {out['measured_iteration_ms']:.3f} ms, error {out['error_pct']:+.1f} %)"

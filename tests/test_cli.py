@@ -141,4 +141,9 @@ def test_per_iteration_replay_reports_the_median(tiny_trace_dir: Path):
     # the fixture's durations scale by 0.9 / 1.0 / 1.1 per iteration: compute time orders the replays
     assert per["0"] < per["1"] < per["2"]
     text = run("replay", str(tiny_trace_dir), "--per-iteration")
-    assert text.returncode == 0 and "per profiled iteration" in text.stdout
+    assert text.returncode == 0 and "replayed each of 3 profiled iterations" in text.stdout
+    # per iteration is the default; --mean-durations replays the mean durations once
+    default = json.loads(run("replay", str(tiny_trace_dir), "--json").stdout)
+    assert default["iteration_time_ms"] == pytest.approx(out["iteration_time_ms"])
+    mean = json.loads(run("replay", str(tiny_trace_dir), "--json", "--mean-durations").stdout)
+    assert "per_iteration_ms" not in mean and mean["durations"].startswith("mean")
