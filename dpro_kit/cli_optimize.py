@@ -11,14 +11,16 @@ from .errors import DproError, atomic_write_text
 
 
 def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: int | None = None,
-              bucket_mb: float | None = None, first_bucket_mb: float = 1.0, align: bool = True,
+              bucket_mb: float | None = None, first_bucket_mb: float | None = None, align: bool = True,
               per_param: bool = True) -> tuple[Any, list[list[str]], dict[str, Any]]:
     """BaseJob of a trace directory (or graph file), the initial tensor groups, and facts for the plan.
 
     With per-parameter gradient sizes in the trace (dpro_torch records them),
     the base tensors are single parameters (``rebucket`` to 1 byte) and the
     initial groups are the traced (or ``--bucket-mb``) buckets; otherwise the
-    traced collectives are the base tensors.
+    traced collectives are the base tensors.  ``info["memory_profile"]`` is the
+    trace's memory profile (allocator samples of ``dpro profile --memory``; None
+    without them), built before time alignment so samples and ops share a clock.
     """
     from .costmodel import fit_from_events
     from .graph import build_global_dfg, load_graph
@@ -34,10 +36,13 @@ def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: i
         base = extract_base(load_graph(trace))
         return base, base.initial_groups, {}
     ts = load_trace(trace)
+    from .optimize.memory import build_profile
+    memory_profile = build_profile(ts)
     if align:
         from .align import aligned_traceset
         ts = aligned_traceset(ts, trace)
-    info: dict[str, Any] = {"job": ts.manifest.job, "world_size": ts.manifest.world_size}
+    info: dict[str, Any] = {"job": ts.manifest.job, "world_size": ts.manifest.world_size,
+                            "memory_profile": memory_profile}
     model = fit_from_events(ts.events, ts.manifest.world_size)
     if wi.any():
         ts, model = apply(ts, model, wi)
@@ -75,14 +80,17 @@ def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: i
 @click.option("--max-steps", type=click.IntRange(1), default=50, show_default=True, help="Search step budget.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed (order of single-candidate retries).")
 @click.option("--memory-budget", type=str, default=None, help="Peak memory budget per worker, e.g. 16GB, 512MiB.")
-@click.option("--activation-bytes", type=str, default="0", show_default=True,
-              help="Activation memory per worker for the memory model (not in traces yet).")
-@click.option("--optimizer-slots", type=float, default=1.0, show_default=True,
-              help="Optimizer state per parameter, in parameter sizes (SGD+momentum 1, Adam 2).")
+@click.option("--activation-bytes", type=str, default=None,
+              help="Override: activation memory per worker (default: the memory timeline of the trace's "
+                   "allocator samples, recorded by `dpro profile --memory`).")
+@click.option("--optimizer-slots", type=float, default=None,
+              help="Override: optimizer state per parameter, in parameter sizes (SGD+momentum 1, Adam 2); "
+                   "default: recorded in the trace, else 1.")
 @click.option("--bandwidth-mbps", type=float, default=None, help="What if: every link at this line rate (Mbit/s).")
 @click.option("--world-size", type=click.IntRange(1), default=None, help="What if: this many workers.")
 @click.option("--bucket-mb", type=float, default=None, help="What if: start from DDP buckets of this size (MiB).")
-@click.option("--first-bucket-mb", type=float, default=1.0, show_default=True)
+@click.option("--first-bucket-mb", type=float, default=None,
+              help="Start buckets: size cap of the first bucket (default: the --bucket-mb value).")
 @click.option("--no-op-fusion", is_flag=True, help="Search tensor fusion/partition only.")
 @click.option("--no-tensor-fusion", is_flag=True)
 @click.option("--no-partition", is_flag=True)
@@ -96,8 +104,8 @@ def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: i
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int, memory_budget: str | None,
-             activation_bytes: str, optimizer_slots: float, bandwidth_mbps: float | None, world_size: int | None,
-             bucket_mb: float | None, first_bucket_mb: float, no_op_fusion: bool, no_tensor_fusion: bool,
+             activation_bytes: str | None, optimizer_slots: float | None, bandwidth_mbps: float | None, world_size: int | None,
+             bucket_mb: float | None, first_bucket_mb: float | None, no_op_fusion: bool, no_tensor_fusion: bool,
              no_partition: bool, extra_passes: tuple[str, ...], checkpoint: Path | None, resume: Path | None,
              no_align: bool, as_json: bool, quiet: bool) -> None:
     """Find a faster strategy for the job in TRACE (dPRO Alg. 1) and write plan.json.
@@ -106,7 +114,8 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
     Examples:
       dpro optimize T -o plan.json
       dpro optimize T --bandwidth-mbps 200 -o plan-slow.json     optimise for a slower network
-      dpro optimize T --memory-budget 8GB --activation-bytes 6GB
+      dpro optimize T --memory-budget 8GB                          T from `dpro profile --memory`
+      dpro optimize T --memory-budget 8GB --activation-bytes 6GB   activations given
     """
     from .optimize.memory import MemoryModel, parse_size
     from .optimize.passes import load_entry_point_passes, load_pass
@@ -119,9 +128,13 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
     extra = [load_pass(p) for p in extra_passes]
     base, initial, info = load_base(trace, bandwidth_mbps=bandwidth_mbps, world_size=world_size,
                                     bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, align=not no_align)
+    memory_model = MemoryModel(activation_bytes=parse_size(activation_bytes) or 0, optimizer_slots=optimizer_slots,
+                               profile=info.pop("memory_profile", None))
+    if memory_budget is not None and memory_model.profile is None and not memory_model.activation_bytes:
+        click.echo("warning: the trace has no allocator samples (record it with `dpro profile --memory`) and no "
+                   "--activation-bytes was given: activations count as 0 in the memory estimate", err=True)
     opts = SearchOptions(budget_s=budget, max_steps=max_steps, seed=seed, memory_budget=parse_size(memory_budget),
-                         memory_model=MemoryModel(activation_bytes=parse_size(activation_bytes) or 0,
-                                                  optimizer_slots=optimizer_slots),
+                         memory_model=memory_model,
                          op_fusion=not no_op_fusion, tensor_fusion=not no_tensor_fusion,
                          tensor_partition=not no_partition, extra_passes=extra, checkpoint=checkpoint,
                          progress=progress)
@@ -167,4 +180,9 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
     click.echo(f"tensor groups: {len(plan['tensor_groups'])}, op-fusion groups: {len(plan['op_fusion_groups'])}, "
                f"DDP bucket_cap_mb={plan['frameworks']['pytorch_ddp']['bucket_cap_mb']:.6g} "
                f"(exact: {plan['frameworks']['pytorch_ddp']['exact']})")
+    mb, ma = plan["memory"]["estimate_before"], plan["memory"]["estimate_after"]
+    if mb.get("model") == "timeline" or plan["memory"]["choices"]:
+        click.echo(f"peak memory per worker (estimated, {mb.get('model', 'sum')} model): "
+                   f"{mb['peak_bytes'] / 2**20:.2f} MiB -> {ma['peak_bytes'] / 2**20:.2f} MiB"
+                   + (f" with {plan['memory']['choices']}" if plan["memory"]["choices"] else ""))
     click.echo(f"plan written to {output}")

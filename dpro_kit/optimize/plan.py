@@ -113,6 +113,17 @@ def _internal(names: list[str]) -> bool:
     return all(n.startswith("torch.distributed") or n.startswith("aten::as_strided") for n in names)
 
 
+def _memory_provenance(est: dict[str, Any]) -> dict[str, Any]:
+    """Where the memory estimate's numbers came from (plan.json -> memory.model / memory.sources)."""
+    if est.get("model") == "timeline":
+        model = ("timeline model: allocations and frees of the trace's allocator samples (dpro profile --memory), "
+                 "transformed for recomputation / accumulation; + persistent parameters, buffers, optimizer state")
+    else:
+        model = "sum model: params + grads + optimizer state + activations (" + \
+                str(est.get("activation_source", "as given")) + ")"
+    return {"model": model, "sources": dict(est.get("sources", {}))}
+
+
 def make_plan(base: BaseJob, r: SearchResult, *, trace: str = "", info: dict[str, Any] | None = None,
               options: dict[str, Any] | None = None, memory_budget: int | None = None,
               ready_us: dict[str, float] | None = None) -> dict[str, Any]:
@@ -148,13 +159,14 @@ def make_plan(base: BaseJob, r: SearchResult, *, trace: str = "", info: dict[str
             spans.append(max(rs) - min(rs))
     cycle_ms = max(0.5, round(float(np.median(spans)) / 1e3, 3)) if spans else 1.0
     frameworks = {
-        "pytorch_ddp": {"bucket_cap_mb": round(cap_mb, 6), "bucket_plan": [g["params"] for g in groups],
+        "pytorch_ddp": {"bucket_cap_mb": round(cap_mb, 6), "bucket_cap_bytes": int(round(cap_mb * 2**20)),
+                        "bucket_plan": [g["params"] for g in groups],
                         "exact": bool(exact),
                         "note": ("DDP(bucket_cap_mb=...) reproduces these groups exactly (parameter order as traced)"
                                  if exact else "no single bucket_cap_mb reproduces the groups; bucket_cap_mb is the "
                                  "largest group (closest); exact groups need a comm hook or parameter re-ordering"),
-                        "first_bucket_note": "DDP may cap its first bucket separately "
-                                             "(torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB)",
+                        "first_bucket_note": "an explicit bucket_cap_mb caps DDP's first bucket too (torch 2.13); "
+                                             "only DDP's default (None) uses a 1 MiB first bucket",
                         "partitions_note": "DDP has no tensor partition; groups with partitions > 1 need a comm hook"
                         if any(g["partitions"] > 1 for g in groups) else ""},
         "horovod": {"HOROVOD_FUSION_THRESHOLD": int(max_group) if any(len(g["tensors"]) > 1 for g in groups) else 0,
@@ -179,13 +191,13 @@ def make_plan(base: BaseJob, r: SearchResult, *, trace: str = "", info: dict[str
                       "speedup": (r.before_us / r.after_us) if r.after_us > 0 else 1.0},
         "strategies": r.changes, "tensor_groups": groups, "op_fusion_groups": fusions,
         "memory": {"choices": s.mem(), "budget_bytes": memory_budget, "estimate_before": r.memory_before,
-                   "estimate_after": r.memory},
+                   "estimate_after": r.memory, **_memory_provenance(r.memory_before)},
         "frameworks": frameworks,
         "search": {"steps": r.steps, "elapsed_s": r.elapsed_s, "stopped": r.stopped, "replays": r.replays,
                    "sync_evals": r.sync_evals, **(options or {})},
         "strategy_state": s.to_json(),
         "estimated": ["predicted.* (replay of the rebuilt DFG)", "op_fusion_groups[].fused_us (cost model)",
-                      "memory.* (memory model; activations as given)",
+                      "memory.* (" + _memory_provenance(r.memory_before)["model"] + ")",
                       "communication of re-grouped tensors (comm model: latency + bytes/bandwidth)",
                       "frameworks.horovod.HOROVOD_CYCLE_TIME (heuristic)"],
     }
