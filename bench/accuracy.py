@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[Config, dict[str, list]] = {c: {"measured": [], "pred": [], "unprof": [], "prof": [],
                                                   "traces": [], "comm": [], "pred_calibrated": [],
-                                                  "pred_keep": []} for c in need}
+                                                  "pred_keep": [], "pred_mean": []} for c in need}
     profiled_needed = set(cfgs) | {w.a for w in whatifs}
     for rnd in range(args.rounds):
         for c in need:
@@ -343,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.no_ablation:  # the same trace without / with only the micro-calibrated subtraction
                     r["pred_calibrated"].append(runner.replay(p["trace"], overhead="calibrated")["iteration_time_ms"])
                     r["pred_keep"].append(runner.replay(p["trace"], overhead="keep")["iteration_time_ms"])
+                    r["pred_mean"].append(runner.replay(p["trace"], ["--mean-durations"])["iteration_time_ms"])
                 line += (f", predicted {rep['iteration_time_ms']:.2f} ms "
                          f"({pct(rep['iteration_time_ms'], m['measured_ms']):+.1f} %); profiled run: "
                          f"{p['unprofiled_ms']:.2f} ms outside / {p['profiled_ms']:.2f} ms inside the window")
@@ -365,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                      "predicted_keep_ms": med(r["pred_keep"]),
                      "error_calibrated_pct": pct(med(r["pred_calibrated"]), meas) if r["pred_calibrated"] else None,
                      "error_keep_pct": pct(med(r["pred_keep"]), meas) if r["pred_keep"] else None,
+                     "predicted_mean_durations_ms": med(r["pred_mean"]),
+                     "error_mean_durations_pct": pct(med(r["pred_mean"]), meas) if r["pred_mean"] else None,
                      "comm_model": cm})
     wrows = []
     for w in whatifs:
@@ -393,8 +396,9 @@ def render(rows: list[dict], wrows: list[dict], kind: str, args: argparse.Namesp
     out.append(f"replay accuracy ({kind} matrix, {args.rounds} round(s); medians; error = predicted / measured - 1)")
     out.append("")
     out.append("| config | measured ms | predicted ms | error % | profiled run: unprof. / window ms | "
-               "overhead % | err. vs same run % | err. calibrated-only % | err. no subtraction % | fitted link |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+               "overhead % | err. vs same run % | err. mean durations % | err. calibrated-only % | "
+               "err. no subtraction % | fitted link |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     f1 = lambda v: "-" if v is None else f"{v:+.1f}"  # noqa: E731
     for r in rows:
         cm = r["comm_model"] or {}
@@ -403,7 +407,7 @@ def render(rows: list[dict], wrows: list[dict], kind: str, args: argparse.Namesp
               if r["profiled_run_unprofiled_ms"] and r["profiled_run_window_ms"] else "-")
         out.append(f"| {r['config']} | {r['measured_ms']:.2f} | {r['predicted_ms']:.2f} | {r['error_pct']:+.1f} "
                    f"| {pr} | {f1(r['overhead_pct'])} | {f1(r['error_vs_same_run_pct'])} "
-                   f"| {f1(r.get('error_calibrated_pct'))} | {f1(r.get('error_keep_pct'))} | {link} |")
+                   f"| {f1(r.get('error_mean_durations_pct'))} | {f1(r.get('error_calibrated_pct'))} | {f1(r.get('error_keep_pct'))} | {link} |")
     if wrows:
         out.append("")
         out.append("what-if (profile A, predict B with `dpro replay A <args>`, measure B)")
@@ -432,6 +436,7 @@ def render(rows: list[dict], wrows: list[dict], kind: str, args: argparse.Namesp
         out.append(f"replay error where no two ranks share a core (world <= {cores}): median |error| "
                    f"{statistics.median(fit):.1f} %, max {max(fit):.1f} % ({len(fit)} configurations)")
     for key, what in (("error_vs_same_run_pct", "vs the unprofiled iterations of the profiled run itself"),
+                      ("error_mean_durations_pct", "with one replay of mean durations (--mean-durations)"),
                       ("error_calibrated_pct", "with only the micro-calibrated overhead subtracted"),
                       ("error_keep_pct", "with no overhead subtracted")):
         e = [abs(r[key]) for r in rows if r.get(key) is not None]
