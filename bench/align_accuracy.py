@@ -73,7 +73,7 @@ def replay_ms(ts) -> float:
     from dpro_kit.costmodel import fit_from_events
     from dpro_kit.graph import build_global_dfg
     from dpro_kit.replay import replay
-    g = build_global_dfg(ts, comm_model=fit_from_events(ts.events, ts.manifest.world_size))
+    g = build_global_dfg(ts)
     return replay(g, iterations=1).iteration_time_us / 1e3
 
 

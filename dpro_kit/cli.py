@@ -55,7 +55,7 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None, align:
     Returns the graph, facts about the job for the output, and the profiled
     (aligned) TraceSet, or None for a graph file.
     """
-    from .costmodel import fit_from_events
+    from .costmodel import collective_latency_us, fit_from_events
     from .graph import build_global_dfg, load_graph
     from .trace import load_trace
     from .whatif import apply
@@ -73,7 +73,8 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None, align:
     profiled = ts
     info: dict[str, Any] = {"job": ts.manifest.job, "framework": ts.manifest.framework, "comm_backend": ts.manifest.comm_backend,
             "world_size": ts.manifest.world_size, "profiled_iterations": ts.manifest.iterations}
-    model = fit_from_events(ts.events, ts.manifest.world_size)
+    model = fit_from_events(ts.events, ts.manifest.world_size,
+                            collective_latency_us(ts.manifest.extra))
     if whatif is not None and whatif.any():
         ts, model = apply(ts, model, whatif)
         info["whatif"] = whatif.describe()

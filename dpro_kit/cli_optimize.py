@@ -22,7 +22,7 @@ def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: i
     trace's memory profile (allocator samples of ``dpro profile --memory``; None
     without them), built before time alignment so samples and ops share a clock.
     """
-    from .costmodel import fit_from_events
+    from .costmodel import collective_latency_us, fit_from_events
     from .graph import build_global_dfg, load_graph
     from .optimize.state import extract_base
     from .trace import load_trace
@@ -42,8 +42,10 @@ def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: i
         from .align import aligned_traceset
         ts = aligned_traceset(ts, trace)
     info: dict[str, Any] = {"job": ts.manifest.job, "world_size": ts.manifest.world_size,
-                            "memory_profile": memory_profile}
-    model = fit_from_events(ts.events, ts.manifest.world_size)
+                            "memory_profile": memory_profile,
+                            "traced_ddp": (ts.manifest.extra or {}).get("ddp") or {}}
+    model = fit_from_events(ts.events, ts.manifest.world_size,
+                            collective_latency_us(ts.manifest.extra))
     if wi.any():
         ts, model = apply(ts, model, wi)
         info["whatif"] = wi.describe()
@@ -100,6 +102,10 @@ def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: i
               help="Write the search state here after every step (JSON).")
 @click.option("--resume", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Continue from a checkpoint written by --checkpoint.")
+@click.option("--min-gain", default=5.0, show_default=True, type=click.FloatRange(min=0.0),
+              help="Recommend a change only if it is predicted to save at least this many percent of the "
+                   "iteration time; else the plan keeps the traced configuration (predictions of another "
+                   "configuration are good to a few percent, and every extra collective costs something real).")
 @click.option("--no-align", is_flag=True, help="Do not apply the trace time alignment.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
@@ -107,7 +113,7 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
              activation_bytes: str | None, optimizer_slots: float | None, bandwidth_mbps: float | None, world_size: int | None,
              bucket_mb: float | None, first_bucket_mb: float | None, no_op_fusion: bool, no_tensor_fusion: bool,
              no_partition: bool, extra_passes: tuple[str, ...], checkpoint: Path | None, resume: Path | None,
-             no_align: bool, as_json: bool, quiet: bool) -> None:
+             min_gain: float, no_align: bool, as_json: bool, quiet: bool) -> None:
     """Find a faster strategy for the job in TRACE (dPRO Alg. 1) and write plan.json.
 
     \b
@@ -156,6 +162,21 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
                                   "applied_as": "start"})
             result, searcher, start = r2, s2, "unfused"
     info["search_start"] = start
+    gain = result.before_us / result.after_us - 1.0 if result.after_us > 0 else 0.0
+    if min_gain > 0 and gain < min_gain / 100.0 and result.strategy.mem() == result.initial.mem() \
+            and result.strategy != initial_strategy(base, initial):
+        # not worth a change: keep the traced configuration (memory choices forced by a budget stay)
+        best = f"{result.after_us / 1e3:.3f} ms ({100 * gain:+.1f} %)"
+        kept = initial_strategy(base, initial)
+        result.changes = [{"pass": "keep", "args": {"min_gain_pct": min_gain},
+                           "reason": f"the best plan found predicts {best}, less than --min-gain {min_gain:g} %: "
+                                     "keep the traced configuration",
+                           "predicted_before_ms": result.before_us / 1e3, "predicted_after_ms": result.before_us / 1e3,
+                           "applied_as": "keep"}]
+        result.strategy, result.after_us = kept, result.before_us
+        searcher = Searcher(base, opts)
+        info["kept_traced"] = True
+        info["best_rejected_ms"] = result.changes[0]["reason"]
     # gradient-ready times of the final strategy (for Horovod's cycle time)
     _, res, g = searcher.evaluate(result.strategy)
     ready: dict[str, float] = {}

@@ -12,6 +12,13 @@ ranks of that iteration (the last rank to enter waits least, so its duration is
 closest to the transfer itself); per tensor the median over iterations is used
 (robust to the iterations in which a gloo worker thread was descheduled on a
 busy machine - those can take several times longer).
+
+A trace with two or three bucket sizes cannot separate ``alpha`` from ``B``
+well, and a wrong ``alpha`` matters most where it is multiplied: plans with
+many small groups.  So when the collector timed tiny allreduces on the job's
+own process group (``manifest.extra.comm_calibration``, one element, median
+of several), that time is the per-collective cost: ``alpha`` is fixed to
+``T_tiny / (2(N-1))`` and only ``B`` is fitted (:func:`collective_latency_us`).
 """
 from __future__ import annotations
 
@@ -54,7 +61,16 @@ class CommModel:
                 "per_link": {k: asdict(v) for k, v in self.per_link.items()}}
 
 
-def fit_ring_allreduce(sizes: np.ndarray, times_us: np.ndarray, n: int) -> LinkModel | None:
+def collective_latency_us(extra: dict[str, Any] | None) -> float | None:
+    """Per-collective cost measured by the collector (``extra.comm_calibration.median_us``), if any."""
+    cal = (extra or {}).get("comm_calibration") if isinstance(extra, dict) else None
+    if isinstance(cal, dict) and isinstance(cal.get("median_us"), (int, float)) and cal["median_us"] > 0:
+        return float(cal["median_us"])
+    return None
+
+
+def fit_ring_allreduce(sizes: np.ndarray, times_us: np.ndarray, n: int,
+                       collective_latency_us: float | None = None) -> LinkModel | None:
     """Fit ``T = 2(N-1)(alpha + S/(N*B))`` by non-negative least squares.
 
     Returns ``None`` when there is nothing to fit.  With a single distinct size
@@ -72,6 +88,12 @@ def fit_ring_allreduce(sizes: np.ndarray, times_us: np.ndarray, n: int) -> LinkM
     steps = 2 * (n - 1)
     x = sizes / n  # bytes per step
     t = times_us / steps
+    if collective_latency_us is not None:
+        alpha = collective_latency_us / steps
+        rest = np.maximum(t - alpha, 0.0)
+        inv_bw = float(np.sum(rest * x) / np.sum(x * x))
+        if inv_bw > 0:
+            return LinkModel(latency_us=float(alpha), bandwidth_Bps=float(1e6 / inv_bw))
     if np.unique(sizes).size >= 2:
         from scipy.optimize import nnls  # scipy comes with cvxpy
         a = np.column_stack([np.ones_like(x), x])
@@ -88,12 +110,18 @@ def fit_ring_allreduce(sizes: np.ndarray, times_us: np.ndarray, n: int) -> LinkM
     return LinkModel(latency_us=0.0, bandwidth_Bps=float(1e6 / inv_bw)) if inv_bw > 0 else None
 
 
-def fit_from_events(events: pd.DataFrame, world_size: int) -> CommModel:
-    """Fit a :class:`CommModel` to the coarse collectives (kind COMM) in a trace."""
+def fit_from_events(events: pd.DataFrame, world_size: int, collective_latency_us: float | None = None) -> CommModel:
+    """Fit a :class:`CommModel` to the coarse collectives (kind COMM) in a trace.
+
+    ``collective_latency_us``: a measured per-collective cost (see :func:`collective_latency_us`);
+    it fixes the latency term and only the bandwidth is fitted.
+    """
     comm = events[(events["kind"] == "COMM") & (events["bytes"] > 0)]
     if comm.empty or world_size < 2:
         return CommModel()
     per_iter = comm.groupby(["tensor", "iteration"], observed=True).agg(bytes=("bytes", "first"), dur=("dur", "min"))
     per_tensor = per_iter.groupby(level=0).agg(bytes=("bytes", "first"), dur=("dur", "median"))
-    lm = fit_ring_allreduce(per_tensor["bytes"].to_numpy(), per_tensor["dur"].to_numpy(), world_size)
-    return CommModel(default=lm, origin="fitted") if lm is not None else CommModel()
+    lm = fit_ring_allreduce(per_tensor["bytes"].to_numpy(), per_tensor["dur"].to_numpy(), world_size,
+                            collective_latency_us)
+    origin = "fitted" if collective_latency_us is None else "fitted (latency calibrated)"
+    return CommModel(default=lm, origin=origin) if lm is not None else CommModel()

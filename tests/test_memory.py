@@ -42,6 +42,10 @@ def test_profile_memory_records_allocator_samples(mem_trace: Path, tmp_path: Pat
     # and the report plots them
     view = report_memory(ts)
     assert view["available"] and set(view["series"]) == set(ts.manifest.workers())
+    # the collector records the optimizer's state size (SGD with momentum: one buffer per parameter)
+    opt = ts.manifest.extra["optimizer"]
+    params = sum(b for c in ts.collectives for b in c.param_bytes)
+    assert opt["class"] == "SGD" and opt["state_bytes"] == params > 0
 
 
 def test_report_says_not_available_without_memory(tiny_trace_dir: Path):

@@ -75,3 +75,29 @@ def test_cli_user_pass_checkpoint_resume_memory(tmp_path):
     m = json.loads((tmp_path / "m.json").read_text())
     assert m["memory"]["choices"] and m["memory"]["estimate_after"]["peak_bytes"] <= 30_000_000
     assert any(s["applied_as"] == "memory" for s in m["strategies"])
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="example trace missing")
+def test_min_gain_keeps_the_traced_configuration(tmp_path):
+    """A predicted gain below --min-gain is not worth a change (real collectives cost more than the model says):
+    the plan keeps the traced DDP settings, and applying it leaves DDP as traced."""
+    keep, change = tmp_path / "keep.json", tmp_path / "change.json"
+    r = CliRunner().invoke(optimize, [str(TRACE), "-o", str(keep), "-q", "--no-align", "--min-gain", "50"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(optimize, [str(TRACE), "-o", str(change), "-q", "--no-align", "--min-gain", "0"])
+    assert r.exit_code == 0, r.output
+    pk, pc = json.loads(keep.read_text()), json.loads(change.read_text())
+    validate_plan(pk)
+    assert pc["predicted"]["after_ms"] < pc["predicted"]["before_ms"]          # something was found ...
+    assert [s["pass"] for s in pk["strategies"]] == ["keep"]                    # ... but it is below 50 %
+    assert "less than --min-gain 50 %" in pk["strategies"][0]["reason"]
+    assert pk["predicted"]["after_ms"] == pytest.approx(pk["predicted"]["before_ms"])
+    ddp = pk["frameworks"]["pytorch_ddp"]
+    assert ddp["keep_traced"] and ddp["exact"] and not pk["op_fusion_groups"]
+    traced = json.loads((TRACE / "manifest.json").read_text())["extra"]["ddp"]["bucket_cap_bytes"]
+    assert ddp["bucket_cap_bytes"] == traced
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectors" / "torch"))
+    pytest.importorskip("torch")
+    from dpro_torch.plan import ddp_kwargs
+    assert ddp_kwargs(str(keep)) == {"bucket_cap_mb": traced / 2**20}

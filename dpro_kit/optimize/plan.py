@@ -158,11 +158,21 @@ def make_plan(base: BaseJob, r: SearchResult, *, trace: str = "", info: dict[str
         if len(rs) > 1:
             spans.append(max(rs) - min(rs))
     cycle_ms = max(0.5, round(float(np.median(spans)) / 1e3, 3)) if spans else 1.0
+    inf = info or {}
+    traced = inf.get("traced_ddp") or {}
+    keep = bool(inf.get("kept_traced")) and not inf.get("whatif")
+    if keep and traced.get("bucket_cap_bytes"):
+        # no change recommended: the DDP settings the job was traced with
+        cap_mb, exact = int(traced["bucket_cap_bytes"]) / 2**20, True
     frameworks = {
         "pytorch_ddp": {"bucket_cap_mb": round(cap_mb, 6), "bucket_cap_bytes": int(round(cap_mb * 2**20)),
+                        "keep_traced": keep, "traced_default_cap": bool(traced.get("bucket_cap_default", False)),
                         "bucket_plan": [g["params"] for g in groups],
                         "exact": bool(exact),
-                        "note": ("DDP(bucket_cap_mb=...) reproduces these groups exactly (parameter order as traced)"
+                        "note": ("no change recommended (the best plan's predicted gain is below --min-gain): keep "
+                                 + ("DDP's default buckets (bucket_cap_mb=None)" if traced.get("bucket_cap_default")
+                                    else f"bucket_cap_mb={cap_mb:g}") if keep else
+                                 "DDP(bucket_cap_mb=...) reproduces these groups exactly (parameter order as traced)"
                                  if exact else "no single bucket_cap_mb reproduces the groups; bucket_cap_mb is the "
                                  "largest group (closest); exact groups need a comm hook or parameter re-ordering"),
                         "first_bucket_note": "an explicit bucket_cap_mb caps DDP's first bucket too (torch 2.13); "

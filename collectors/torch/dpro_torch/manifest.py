@@ -70,15 +70,25 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
         "tool_version": f"dpro_torch/{_version()} torch/{d0.get('torch_version', '?')}",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "extra": {"collector": "dpro_torch", "run_id": d0.get("run_id", ""),
-                  "ddp": {k: ddp0.get(k) for k in ("bucket_cap_bytes", "gradient_as_bucket_view",
+                  "ddp": {k: ddp0.get(k) for k in ("bucket_cap_bytes", "bucket_cap_default", "gradient_as_bucket_view",
                                                    "find_unused_parameters", "static_graph", "device")},
                   # median wall time of the unprofiled iterations; the job's is its slowest rank's
                   "measured_iteration_ms": round(max(known) / 1e3, 4) if known else None,
                   "measured_iteration_ms_per_node": {n: (round(v / 1e3, 4) if v else None)
                                                      for n, v in medians.items()},
                   # the same inside the profiling window (profiler overhead = this / measured - 1)
-                  "profiled_iteration_ms": round(max(known_prof) / 1e3, 4) if known_prof else None},
+                  "profiled_iteration_ms": round(max(known_prof) / 1e3, 4) if known_prof else None,
+                  # class and state size of rank 0's optimizer (peak-memory model)
+                  "optimizer": d0.get("optimizer"),
+                  # per-collective cost: the slowest rank's median time of a one-element allreduce
+                  "comm_calibration": _slowest_calibration([by_rank[r][1] for r in range(world)])},
     }
+
+
+def _slowest_calibration(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    cals = [d.get("comm_calibration") for d in docs if isinstance(d.get("comm_calibration"), dict)]
+    cals = [c for c in cals if isinstance(c.get("median_us"), (int, float))]
+    return max(cals, key=lambda c: c["median_us"]) if cals else None
 
 
 def _version() -> str:

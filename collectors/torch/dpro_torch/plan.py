@@ -251,6 +251,9 @@ def ddp_kwargs(plan: PlanLike, mode: str = "auto") -> dict[str, Any]:
     """
     doc, _ = load_plan(plan)
     _check_mode(mode)
+    ddp_doc = doc["frameworks"]["pytorch_ddp"]
+    if ddp_doc.get("keep_traced") and mode != "hook":
+        return {"bucket_cap_mb": None if ddp_doc.get("traced_default_cap") else _plan_cap_mb(doc)}
     hook, _ = _needs_hook(doc)
     if mode == "hook" or (mode == "auto" and hook):
         return {"bucket_cap_mb": HOOK_BUCKET_CAP_MB}
@@ -545,6 +548,16 @@ def apply_plan(model: DistributedDataParallel | nn.Module, plan: PlanLike, *, mo
             n for n, _ in ddp_options.get("delay_all_reduce_named_params") or ())
     groups, notes = _groups(doc, where, model, ignored)   # names checked before anything is built
     plan_cap = _plan_cap_mb(doc)
+    ddp_doc = doc["frameworks"]["pytorch_ddp"]
+    if ddp_doc.get("keep_traced") and mode != "hook":
+        # the plan recommends no change: DDP exactly as it was traced (its default when it was the default)
+        cap_arg = None if ddp_doc.get("traced_default_cap") else plan_cap
+        ddp = model if prebuilt else DistributedDataParallel(model, bucket_cap_mb=cap_arg, **ddp_options)
+        desc = ("no change: the plan keeps the traced configuration ("
+                + ("DDP's default buckets, bucket_cap_mb=None" if cap_arg is None else f"bucket_cap_mb={_fmt_mb(plan_cap)}")
+                + ")")
+        return AppliedPlan(model=ddp, mode="keep", description=desc, bucket_cap_mb=cap_bytes_of(ddp) / 2**20,
+                           groups=groups, hook_state=None, warnings=notes, source=where)
     need_hook, why = _needs_hook(doc)
     use_hook = mode == "hook" or (mode == "auto" and need_hook)
     obstacle = _hook_obstacle(model, groups) if use_hook else ""

@@ -223,6 +223,10 @@ class Recorder:
         self.memory = _env_flag("DPRO_MEMORY", False) if memory is None else bool(memory)
         # per-chunk communication timestamps through a timed ring comm hook (dpro_torch.ringhook)
         self.ring = _env_flag("DPRO_RING", False) if ring is None else bool(ring)
+        # time a few tiny allreduces when the window opens: the per-collective cost of this job's
+        # process group (the comm model's latency; a 2-bucket trace cannot separate it from bandwidth)
+        self.comm_calibrate = _env_flag("DPRO_COMM_CALIBRATE", True)
+        self._comm_cal: dict[str, Any] | None = None
         self._ring_hooks: list[Any] = []
         self._overhead: dict[str, Any] | None = None
         self._step = 0
@@ -243,6 +247,8 @@ class Recorder:
         self._clock: list[dict[str, Any]] = []
         self._trace_written: str | None = None
         self._ring_written: str | None = None
+        self._optimizer: weakref.ref | None = None   # the (first) optimizer stepped inside the window
+        self._optimizer_meta: dict[str, Any] | None = None  # its class and state size, taken at window end
         self._stop_reason = ""
         self._rank: int | None = None
         self._world: int | None = None
@@ -353,6 +359,8 @@ class Recorder:
                        for i, (n, p) in enumerate(zip(names, params))],
             "param_refs": [weakref.ref(p) for p in params],
             "bucket_cap_bytes": int(getattr(ddp, "bucket_bytes_cap", 0)),
+            # DDP built with bucket_cap_mb=None (its default: 1 MiB first bucket, then 25 MiB)
+            "bucket_cap_default": bool(getattr(ddp, "bucket_bytes_cap_default", False)),
             "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", False)),
             "gradient_as_bucket_view": bool(getattr(ddp, "gradient_as_bucket_view", False)),
             "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
@@ -437,6 +445,8 @@ class Recorder:
     def _opt_post(self, opt, args, kwargs) -> None:
         if self._opt_stack:
             self._exit(self._opt_stack.pop())
+        if self._profiling and self._optimizer is None:
+            self._optimizer = weakref.ref(opt)
         if self.auto_step:  # None (not decided yet: no `with`, no rec.step()) counts nothing
             self._boundary()
 
@@ -530,6 +540,11 @@ class Recorder:
         for info in self._ddps:
             info["buckets_at_start"] = self._buckets(info["ref"](), [r() for r in info["param_refs"]]) \
                 if info["ref"]() is not None else None
+        if self.comm_calibrate:
+            try:
+                self._comm_cal = self._time_tiny_allreduce()
+            except Exception as exc:  # never break the user's job
+                _log(f"communication calibration failed: {exc!r}")
         cal = None
         if self.calibrate:
             try:
@@ -556,6 +571,32 @@ class Recorder:
             self._clock.append({"marker": M.CLOCK_SYNC, "occurrence": k, "time_ns_before": t0,
                                 "time_ns_after": t1, "monotonic_ns_before": m0, "monotonic_ns_after": m1})
 
+    def _time_tiny_allreduce(self, reps: int = 20, skip: int = 3) -> dict[str, Any] | None:
+        """Wall time of ``reps`` allreduces of one element on the first DDP module's process group.
+
+        Every rank opens its window at the same step boundary, so every rank makes the same
+        calls.  The first ``skip`` also absorb the ranks' arrival skew and are not used.
+        """
+        if not self._ddps or self._ddps[0]["world_size"] < 2:
+            return None
+        ddp = self._ddps[0]["ref"]()
+        if ddp is None:
+            return None
+        import torch.distributed as dist
+        dev = torch.device(self._ddps[0]["device"]) if self._ddps[0]["device"].startswith("cuda") else None
+        t = torch.zeros(1, device=dev)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter_ns()
+            dist.all_reduce(t, group=ddp.process_group)
+            if dev is not None:
+                torch.cuda.synchronize(dev)
+            times.append((time.perf_counter_ns() - t0) / 1e3)
+        used = times[skip:]
+        return {"op": "allreduce", "bytes": int(t.element_size()), "world_size": self._ddps[0]["world_size"],
+                "times_us": [round(x, 1) for x in times], "skipped": skip,
+                "median_us": round(statistics.median(used), 1), "min_us": round(min(used), 1)}
+
     def _stop_profiler(self, reason: str) -> None:
         if not self._profiling:
             return
@@ -577,6 +618,7 @@ class Recorder:
         for info in self._ddps:
             ddp = info["ref"]()
             info["buckets_at_stop"] = self._buckets(ddp, [r() for r in info["param_refs"]]) if ddp else None
+        self._optimizer_meta = self._optimizer_info()   # the optimizer may be gone when the process exits
         for hook in self._ring_hooks:
             try:
                 from .ringhook import FILE
@@ -642,7 +684,22 @@ class Recorder:
             "threads": torch.get_num_threads(),
             "profiler_overhead": self._overhead,
             "grad_ready_markers": self.grad_ready,
+            "optimizer": self._optimizer_meta or self._optimizer_info(),
+            "comm_calibration": self._comm_cal,
         }
+
+    def _optimizer_info(self) -> dict[str, Any] | None:
+        """Class and state size of the optimizer stepped in the window (the memory model's optimizer state)."""
+        opt = self._optimizer() if self._optimizer is not None else None
+        if opt is None:
+            return None
+        try:
+            nbytes = sum(int(t.numel() * t.element_size()) for st in opt.state.values() for t in st.values()
+                         if isinstance(t, torch.Tensor))
+        except Exception as exc:  # an optimizer with unusual state: leave the field out
+            _log(f"cannot size the optimizer state: {exc!r}")
+            return None
+        return {"class": type(opt).__name__, "state_bytes": nbytes}
 
     def _write_meta(self) -> None:
         if not self._step_end_ns and not self._profiled_steps and not self._ddps:
