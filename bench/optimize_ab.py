@@ -133,6 +133,7 @@ def one_config(name: str, spec: dict[str, Any], cl: Cluster, args: argparse.Name
         print(f"  {name} round {r + 1}/{args.rounds}: " + ", ".join(f"{v} {rounds[v][-1]:.1f}" for v in variants),
               file=sys.stderr, flush=True)
     meas = {v: statistics.median(xs) for v, xs in rounds.items()}
+    predicted = predict_variants(trace, variants, plan)
     sweep = {v: meas[v] for v in variants if v not in ("plan",)}
     best = min(sweep, key=sweep.get)
     pred_after = plan["predicted"]["after_ms"]
@@ -144,20 +145,41 @@ def one_config(name: str, spec: dict[str, Any], cl: Cluster, args: argparse.Name
         "plan_applied_as": plan_desc, "rounds": rounds, "measured_ms": meas, "best_sweep": best,
         "speedup_vs_default": meas["default"] / meas["plan"], "plan_vs_best": meas["plan"] / meas[best] - 1.0,
         "plan_prediction_error": pred_after / meas["plan"] - 1.0,
+        "predicted_ms": predicted,
     }
+
+
+def predict_variants(trace: Path, variants: dict[str, list[str]], plan: dict[str, Any]) -> dict[str, float]:
+    """What the replay predicts for every measured variant (``dpro replay TRACE --bucket-mb X``): how well
+    the model ranks the configurations the search chooses between."""
+    out: dict[str, float] = {"plan": plan["predicted"]["after_ms"]}
+    for v, a in variants.items():
+        if v == "plan":
+            continue
+        args = ["replay", str(trace), "--json", "-q"]
+        if v == "default":
+            pass
+        elif "--bucket-mb" in a:
+            args += ["--bucket-mb", a[a.index("--bucket-mb") + 1]]
+        out[v] = dpro_json(args)["iteration_time_ms"]
+    return out
 
 
 def render(rows: list[dict[str, Any]]) -> str:
     head = ("| config | default ms | per-tensor ms | best sweep | plan ms (predicted) | plan speed-up | "
             "plan vs best | plan prediction error |")
     out = [head, "|" + "---|" * 8]
+    detail = ["", "measured (predicted) ms of every variant:", ""]
     for r in rows:
         m = r["measured_ms"]
         out.append(f"| {r['config']} (batch {r['batch']}) | {m['default']:.1f} | {m['per-tensor']:.1f} | "
                    f"{r['best_sweep']} {m[r['best_sweep']]:.1f} | {m['plan']:.1f} ({r['plan_predicted_after_ms']:.1f}) | "
                    f"{r['speedup_vs_default']:.2f}x | {100 * r['plan_vs_best']:+.1f} % | "
                    f"{100 * r['plan_prediction_error']:+.1f} % |")
-    return "\n".join(out)
+        pr = r.get("predicted_ms") or {}
+        detail.append(f"* {r['config']}: " + ", ".join(f"{v} {m[v]:.1f} ({pr[v]:.1f})" if v in pr else f"{v} {m[v]:.1f}"
+                                                      for v in m))
+    return "\n".join(out + detail)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,6 +44,12 @@ HAND_GROUPS = [(["head.bias", "head.weight", "body.2.bias"], 1), (["body.2.weigh
                (["body.1.weight"], 2), (["body.1.bias", "body.0.bias"], 1)]
 
 
+# Contiguous in gradient order, unpartitioned, and no single cap gives them (20 KiB, 1 MiB, 1.5 MiB):
+# DDP's per-bucket caps (bucket_cap_mb_list, torch >= 2.13) apply them with no hook.
+LIST_GROUPS = [(["head.bias", "head.weight"], 1), (["body.2.bias", "body.2.weight", "body.1.bias"], 1),
+               (["body.1.weight", "body.0.bias", "body.0.weight"], 1)]
+
+
 def make_plan(groups: list[tuple[list[str], int]], exact: bool = False, cap_mb: float = 1.0) -> dict:
     """A minimal valid plan (what `dpro optimize` writes, without the prediction details)."""
     from dpro_kit.graph.topology import split_bytes
@@ -94,6 +100,7 @@ def job(tmp_path_factory, fixture_plan) -> dict:
     mem = make_plan(HAND_GROUPS)
     mem["memory"]["choices"] = {"accum_steps": 2, "recompute": False}
     (d / "hand_mem.json").write_text(json.dumps(mem))
+    (d / "list.json").write_text(json.dumps(make_plan(LIST_GROUPS)))
     env = dict(_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
     t0 = time.time()
     procs = [subprocess.Popen([PY, __file__, str(d), str(fixture_plan)], env=dict(env, RANK=str(r)),
@@ -132,6 +139,18 @@ def test_gradients_equal_default_ddp(job, setup):
             assert it["max_abs_diff"] <= 1e-6
             assert it["grad_norm"] > 0
             assert it["differs_from_local"] > 1e-4          # averaged over ranks, not this rank's own
+
+
+@pytest.mark.slow
+def test_contiguous_groups_use_per_bucket_caps(job):
+    """A non-exact, unpartitioned plan whose groups are contiguous in gradient order: stock DDP with
+    bucket_cap_mb_list, the same gradients as default DDP, and after the rebuild DDP's buckets are the groups."""
+    for r in range(2):
+        res = job[r]["list"]
+        assert res["mode"] == "bucket_cap_list", res["description"]
+        assert all(it["grads_allclose"] and it["params_allclose"] for it in res["iterations"])
+        assert res["verify"][0], res["verify"]
+        assert [sorted(b) for b in res["buckets"]] == [sorted(g) for g, _ in LIST_GROUPS]
 
 
 # --------------------------------------------------------------------------- (b) the plan's groups ran
@@ -346,6 +365,7 @@ def _worker(out_dir: Path, fixture_plan: Path) -> None:
         "fixture_hook": (fixture_plan, {"mode": "hook"}),
         "hand_cap": (out_dir / "hand_mem.json", {"mode": "cap"}),
         "fixture_prebuilt_25mb": (fixture_plan, {"prebuilt": {}}),
+        "list": (out_dir / "list.json", {}),
     }
     results: dict = {}
     torch.manual_seed(0)

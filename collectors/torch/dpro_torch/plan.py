@@ -560,6 +560,14 @@ def apply_plan(model: DistributedDataParallel | nn.Module, plan: PlanLike, *, mo
                            groups=groups, hook_state=None, warnings=notes, source=where)
     need_hook, why = _needs_hook(doc)
     use_hook = mode == "hook" or (mode == "auto" and need_hook)
+    caps = _cap_list(doc, groups, model) if (mode == "auto" and need_hook and not prebuilt) else None
+    if caps is not None:
+        # stock DDP with one size limit per bucket (torch >= 2.13): the exact groups, no hook in the loop
+        ddp = DistributedDataParallel(model, bucket_cap_mb_list=caps, **ddp_options)
+        desc = (f"exact tensor groups: DDP bucket_cap_mb_list reproduces the plan's {len(groups)} groups "
+                "after DDP's bucket rebuild (first iteration: DDP's own order)")
+        return AppliedPlan(model=ddp, mode="bucket_cap_list", description=desc, bucket_cap_mb=max(caps),
+                           groups=groups, hook_state=None, warnings=notes, source=where)
     obstacle = _hook_obstacle(model, groups) if use_hook else ""
     if obstacle:
         if mode == "hook":
@@ -606,6 +614,25 @@ def apply_plan(model: DistributedDataParallel | nn.Module, plan: PlanLike, *, mo
             warnings.warn(f"dpro plan ({where}): {n}", stacklevel=2)
     return AppliedPlan(model=ddp, mode=res_mode, description=desc, bucket_cap_mb=cap_mb, groups=groups,
                        hook_state=state, warnings=notes, source=where)
+
+
+def _cap_list(doc: dict[str, Any], groups: list[PlanGroup], model: nn.Module) -> list[float] | None:
+    """Per-bucket caps (MiB) that make DDP's rebuilt buckets the plan's groups, or None when that cannot work.
+
+    DDP (torch >= 2.13, ``bucket_cap_mb_list``) closes bucket *i* as soon as it holds
+    ``caps[i]`` bytes, in gradient-ready order at its rebuild; a cap of exactly the group's
+    bytes closes it after the group's last parameter.  Needs: no partitioned group, every
+    group from the plan (an unplanned parameter has no place in the order), one dtype.
+    """
+    import inspect
+    if "bucket_cap_mb_list" not in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return None
+    if any(g.get("partitions", 1) > 1 for g in doc["tensor_groups"]) or not all(g.from_plan for g in groups):
+        return None
+    params = dict(_module_of(model).named_parameters())
+    if len({params[n].dtype for g in groups for n in g.params}) > 1:
+        return None
+    return [sum(params[n].numel() * params[n].element_size() for n in g.params) / 2**20 for g in groups]
 
 
 def _hook_obstacle(model: nn.Module, groups: list[PlanGroup]) -> str:
