@@ -391,6 +391,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+#: a configuration whose own measurements differ by more than this (max - min over median, %) cannot check
+#: a prediction to the issue's 10 %: the bench prints its error but also a summary without it
+STABLE_SPREAD_PCT = 10.0
+
+
+def spread_pct(r: dict) -> float | None:
+    vals = [v for v in (r.get("measured_runs_ms") or []) if v] + (
+        [r["profiled_run_unprofiled_ms"]] if r.get("profiled_run_unprofiled_ms") else [])
+    if len(vals) < 2:
+        return None
+    return 100.0 * (max(vals) - min(vals)) / statistics.median(vals)
+
+
 def render(rows: list[dict], wrows: list[dict], kind: str, args: argparse.Namespace, seconds: float) -> str:
     out = []
     out.append(f"replay accuracy ({kind} matrix, {args.rounds} round(s); medians; error = predicted / measured - 1)")
@@ -442,6 +455,22 @@ def render(rows: list[dict], wrows: list[dict], kind: str, args: argparse.Namesp
         e = [abs(r[key]) for r in rows if r.get(key) is not None]
         if e:
             out.append(f"replay error {what}: median |error| {statistics.median(e):.1f} %, max {max(e):.1f} %")
+    # how well can this machine measure a configuration at all?  The spread of the same configuration's
+    # own measurements (the separate unprofiled jobs and the profiled run's unprofiled iterations)
+    spreads = {r["config"]: spread_pct(r) for r in rows}
+    stable = [r for r in rows if spreads[r["config"]] is not None and spreads[r["config"]] <= STABLE_SPREAD_PCT]
+    out.append("")
+    out.append("measurement spread of each configuration ((max - min) / median of its own measurements: "
+               "the unprofiled jobs of every round and the profiled run's unprofiled iterations): "
+               + ", ".join(f"{c} {v:.0f} %" for c, v in spreads.items() if v is not None))
+    if stable and len(stable) < len(rows):
+        e = [abs(r["error_pct"]) for r in stable]
+        out.append(f"replay error where the configuration's own measurements agree within {STABLE_SPREAD_PCT:g} % "
+                   f"({len(stable)} of {len(rows)}: {', '.join(r['config'] for r in stable)}): median |error| "
+                   f"{statistics.median(e):.1f} %, max {max(e):.1f} %")
+        so = [r["overhead_pct"] for r in stable if r["overhead_pct"] is not None]
+        if so:
+            out.append(f"profiling overhead there: median {statistics.median(so):+.1f} %")
     ovs = [r["overhead_pct"] for r in rows if r["overhead_pct"] is not None]
     if ovs:
         out.append(f"profiling overhead (profiled window vs unprofiled iterations of the same run): median "
