@@ -164,7 +164,9 @@ def cnn_job(tmp_path_factory) -> dict:
             f = d / f"{label}{k}.json"
             r = subprocess.run(_train("cnn", "--iters", "3", "--warmup", "1", "--memory-peak", str(f), *flags),
                                capture_output=True, text=True, timeout=300)
-            assert r.returncode == 0, r.stderr[-2000:]
+            # gloo can abort at interpreter exit after the job wrote its result (bench/accuracy.py notes
+            # the same); a missing result is a failure
+            assert r.returncode == 0 or f.exists(), r.stderr[-2000:]
             peaks.append(json.loads(f.read_text())["peak_bytes"])
         real[label] = min(peaks)
     return {"trace": trace, "real": real}
