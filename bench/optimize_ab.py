@@ -167,16 +167,27 @@ def predict_variants(trace: Path, variants: dict[str, list[str]], plan: dict[str
     return out
 
 
+def paired(r: dict[str, Any]) -> tuple[float, float]:
+    """Median over rounds of default/plan and of plan/best-1, each ratio taken within one round (the
+    variants of a round ran minutes apart; the machine drifts between rounds)."""
+    rd = r["rounds"]
+    n = len(rd["plan"])
+    sp = statistics.median(rd["default"][i] / rd["plan"][i] for i in range(n))
+    vb = statistics.median(rd["plan"][i] / rd[r["best_sweep"]][i] - 1.0 for i in range(n))
+    return sp, vb
+
+
 def render(rows: list[dict[str, Any]]) -> str:
     head = ("| config | default ms | per-tensor ms | best sweep | plan ms (predicted) | plan speed-up | "
-            "plan vs best | plan prediction error |")
-    out = [head, "|" + "---|" * 8]
+            "plan vs best | paired speed-up | paired vs best | plan prediction error |")
+    out = [head, "|" + "---|" * 10]
     detail = ["", "measured (predicted) ms of every variant:", ""]
     for r in rows:
         m = r["measured_ms"]
         out.append(f"| {r['config']} (batch {r['batch']}) | {m['default']:.1f} | {m['per-tensor']:.1f} | "
                    f"{r['best_sweep']} {m[r['best_sweep']]:.1f} | {m['plan']:.1f} ({r['plan_predicted_after_ms']:.1f}) | "
                    f"{r['speedup_vs_default']:.2f}x | {100 * r['plan_vs_best']:+.1f} % | "
+                   f"{paired(r)[0]:.2f}x | {100 * paired(r)[1]:+.1f} % | "
                    f"{100 * r['plan_prediction_error']:+.1f} % |")
         pr = r.get("predicted_ms") or {}
         detail.append(f"* {r['config']}: " + ", ".join(f"{v} {m[v]:.1f} ({pr[v]:.1f})" if v in pr else f"{v} {m[v]:.1f}"
@@ -197,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/dpro-optimize-ab"))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the emulated cluster is cleaned up on kill
     if os.geteuid() != 0:
         print("needs root (network namespaces for the emulated cluster)", file=sys.stderr)
         return 2

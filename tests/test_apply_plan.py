@@ -116,6 +116,7 @@ def job(tmp_path_factory, fixture_plan) -> dict:
     assert all(p.returncode == 0 for p in procs), "\n---\n".join(outs)
     res = {r: json.loads((d / f"rank{r}.json").read_text()) for r in range(2)}
     res["wall_s"] = time.time() - t0
+    res["fixture_plan"] = str(fixture_plan)
     return res
 
 
@@ -213,7 +214,8 @@ def test_exact_plan_uses_the_bucket_cap(job):
         assert "bucket_cap_mb" in res["description"]
         assert res["verify"][0], res["verify"][1]
         assert all(it["grads_allclose"] for it in res["iterations"])
-        assert res["buckets"] == [[p] for p in READY]
+        plan = json.loads(Path(job["fixture_plan"]).read_text())
+        assert res["buckets"] == plan["frameworks"]["pytorch_ddp"]["bucket_plan"]
         hook = job[r]["fixture_hook"]                 # and the same groups through the hook
         assert hook["mode"] == "comm_hook" and hook["verify"][0]
         assert all(it["grads_allclose"] for it in hook["iterations"])
@@ -231,7 +233,9 @@ def test_closest_bucket_cap_says_so(job):
     res = job[0]["fixture_prebuilt_25mb"]
     assert res["mode"] == "closest_bucket_cap" and res["description"].startswith("NOT applied: DDP was built")
     assert any("NOT applied" in w for w in res["warnings"])
-    assert not res["verify"][0] and res["buckets"] == [READY[:4], READY[4:]]   # DDP default: 1 MiB first bucket
+    assert res["buckets"] == [READY[:4], READY[4:]]   # DDP default: 1 MiB first bucket
+    plan = json.loads(Path(job["fixture_plan"]).read_text())["frameworks"]["pytorch_ddp"]["bucket_plan"]
+    assert res["verify"][0] == ([sorted(b) for b in res["buckets"]] == [sorted(g) for g in plan])
 
 
 # --------------------------------------------------------------------------- (c) bad plans
