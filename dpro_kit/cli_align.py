@@ -34,8 +34,9 @@ def align(trace_dir: Path, alpha: float, beta: float, family: str, statistic: st
     """Estimate every node's clock offset against the reference node and store the result.
 
     \b
-    Uses per-chunk SEND/RECV events when the trace has them (NCCL / ps-lite patches,
-    synthetic jobs), otherwise whole collectives (gloo).  Prints the offsets (aligned
+    Uses per-chunk SEND/RECV events when the trace has them (`dpro profile --ring` for
+    gloo, NCCL / ps-lite patches, synthetic jobs: offsets to microseconds), otherwise
+    whole collectives (plain gloo traces: 0.01-1 ms on a busy machine).  Prints the offsets (aligned
     time = raw time - offset), how well the adjusted transfer times agree, the
     dependency constraints that bind, and the solve time.  `dpro replay` applies the
     stored offsets automatically.
