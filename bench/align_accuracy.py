@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,7 +69,6 @@ def run_job(out: Path, hosts: int, per_host: int, rate: float | None, bucket_mb:
 
 
 def replay_ms(ts) -> float:
-    from dpro_kit.costmodel import fit_from_events
     from dpro_kit.graph import build_global_dfg
     from dpro_kit.replay import replay
     g = build_global_dfg(ts)

@@ -114,7 +114,7 @@ def one_config(name: str, spec: dict[str, Any], cl: Cluster, args: argparse.Name
     replay = dpro_json(["replay", str(trace), "--json", "-q"])
     plan_file = cl.work / f"{name}-plan.json"
     t0 = time.time()
-    opt = dpro_json(["optimize", str(trace), "-o", str(plan_file), "--budget", str(args.budget), "--json", "--quiet"])
+    dpro_json(["optimize", str(trace), "-o", str(plan_file), "--budget", str(args.budget), "--json", "--quiet"])
     search_s = time.time() - t0
     plan = json.loads(plan_file.read_text())
     variants: dict[str, list[str]] = {"default": [], "per-tensor": ["--bucket-mb", "1e-6"]}

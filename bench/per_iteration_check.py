@@ -14,7 +14,7 @@ import argparse
 import json
 import statistics
 
-from dpro_kit.costmodel import fit_from_events
+from dpro_kit.costmodel import fit_from_trace
 from dpro_kit.graph import build_global_dfg
 from dpro_kit.replay import replay
 from dpro_kit.trace import load_trace, select_iterations
@@ -22,7 +22,7 @@ from dpro_kit.trace import load_trace, select_iterations
 
 def predictions(path: str) -> tuple[float, float]:
     ts = load_trace(path)
-    model = fit_from_events(ts.events, ts.manifest.world_size)
+    model = fit_from_trace(ts)
     mean = replay(build_global_dfg(ts, comm_model=model)).iteration_time_us / 1e3
     per = [replay(build_global_dfg(select_iterations(ts, [it]), comm_model=model)).iteration_time_us / 1e3
            for it in sorted(ts.events["iteration"].unique())]
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("results", help="the --json file of bench/accuracy.py (run with --keep)")
     a = ap.parse_args()
     rows = [r for r in json.load(open(a.results))["rows"] if r.get("kind") == "replay"]
-    print(f"| config | measured ms | mean-duration ms | error % | per-iteration median ms | error % |")
+    print("| config | measured ms | mean-duration ms | error % | per-iteration median ms | error % |")
     print("|---|---:|---:|---:|---:|---:|")
     e_mean, e_per = [], []
     for r in rows:

@@ -49,13 +49,12 @@ def phase_of(kind: str) -> str:
 def load_trace_and_graph(trace_dir: str | Path, progress: Callable[[int, int], None] | None = None
                          ) -> tuple[Any, nx.DiGraph]:
     """``load_trace`` + comm model fit + ``build_global_dfg``, as ``dpro replay`` does it."""
-    from .costmodel import collective_latency_us, fit_from_events
+    from .costmodel import fit_from_trace
     from .graph import build_global_dfg
     from .trace import load_trace
 
     ts = load_trace(trace_dir, progress=progress)
-    model = fit_from_events(ts.events, ts.manifest.world_size,
-                            collective_latency_us(ts.manifest.extra))
+    model = fit_from_trace(ts)
     return ts, build_global_dfg(ts, comm_model=model)
 
 

@@ -55,7 +55,7 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None, align:
     Returns the graph, facts about the job for the output, and the profiled
     (aligned) TraceSet, or None for a graph file.
     """
-    from .costmodel import collective_latency_us, fit_from_events
+    from .costmodel import fit_from_trace
     from .graph import build_global_dfg, load_graph
     from .trace import load_trace
     from .whatif import apply
@@ -63,8 +63,6 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None, align:
     if path.is_file() and path.suffix in (".json", ".graphml") and path.name != "manifest.json":
         if (whatif is not None and whatif.any()) or per_iteration:
             raise DproError("what-if and --per-iteration need a trace directory, not a graph file", path=path)
-        if per_iteration is None:
-            pass  # a graph file holds one set of durations
         return load_graph(path), {}, None
     ts = load_trace(path, progress=progress.step("reading traces"))
     if align:
@@ -73,8 +71,7 @@ def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None, align:
     profiled = ts
     info: dict[str, Any] = {"job": ts.manifest.job, "framework": ts.manifest.framework, "comm_backend": ts.manifest.comm_backend,
             "world_size": ts.manifest.world_size, "profiled_iterations": ts.manifest.iterations}
-    model = fit_from_events(ts.events, ts.manifest.world_size,
-                            collective_latency_us(ts.manifest.extra))
+    model = fit_from_trace(ts)
     if whatif is not None and whatif.any():
         ts, model = apply(ts, model, whatif)
         info["whatif"] = whatif.describe()

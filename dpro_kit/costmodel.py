@@ -61,6 +61,12 @@ class CommModel:
                 "per_link": {k: asdict(v) for k, v in self.per_link.items()}}
 
 
+def fit_from_trace(ts: Any) -> CommModel:
+    """The comm model of a TraceSet: :func:`fit_from_events` with the collector's calibrated
+    per-collective latency when the manifest has one.  Every caller fits through here."""
+    return fit_from_events(ts.events, ts.manifest.world_size, collective_latency_us(ts.manifest.extra))
+
+
 def collective_latency_us(extra: dict[str, Any] | None) -> float | None:
     """Per-collective cost measured by the collector (``extra.comm_calibration.median_us``), if any."""
     cal = (extra or {}).get("comm_calibration") if isinstance(extra, dict) else None

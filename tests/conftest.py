@@ -1,6 +1,9 @@
 """Shared fixtures: small traces written through the public trace model (hand-built, documented)."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,26 @@ def tiny_traceset(workers: int = 2, iterations: int = 3, layers: int = 3, hosts:
 @pytest.fixture
 def tiny_trace_dir(tmp_path: Path) -> Path:
     return save_trace(tiny_traceset(), tmp_path / "trace")
+
+
+def netns_unusable_reason(prefix: str = "dpkt") -> str | None:
+    """Why namespaces can't be used here (None if they can)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "needs root: network namespaces and tc qdiscs require CAP_NET_ADMIN"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` (iproute2) not installed"
+    probe = f"{prefix}probe{os.getpid()}"
+    try:
+        for argv in (["ip", "netns", "add", probe],
+                     ["ip", "-n", probe, "link", "set", "lo", "up"],
+                     ["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "tbf",
+                      "rate", "1mbit", "burst", "32k", "latency", "10ms"]):
+            cp = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            if cp.returncode != 0:
+                return f"`{' '.join(argv)}` unusable here: {cp.stderr.strip()}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"ip netns unusable here: {exc}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None

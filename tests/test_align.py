@@ -6,8 +6,6 @@ job in the emulated cluster (root only) and injects offsets through the trace mo
 """
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from dpro_kit.align import (align, align_cached, aligned_traceset, apply_offsets
 from dpro_kit.errors import DproError  # noqa: E402
 from dpro_kit.trace import Manifest, NodeInfo, TraceSet, load_trace, make_events, save_trace  # noqa: E402
 
-from conftest import tiny_traceset  # noqa: E402
+from conftest import netns_unusable_reason, tiny_traceset  # noqa: E402
 
 
 def _errs(res, truth):
@@ -187,16 +185,10 @@ def test_cli_align_json(tmp_path):
 
 # --------------------------------------------------------------------------- a real 2-host run
 
-def _netns_reason() -> str | None:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "needs root: the emulated cluster uses network namespaces"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` not installed"
-    return None
+_NETNS = netns_unusable_reason()
 
 
-@pytest.mark.skipif(_netns_reason() is not None, reason=str(_netns_reason()))
+@pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
 def test_real_two_host_run_with_injected_offsets(tmp_path):
     import align_accuracy
     trace = tmp_path / "job"
@@ -219,7 +211,7 @@ def test_real_two_host_run_with_injected_offsets(tmp_path):
     assert abs(err) < 2000.0
 
 
-@pytest.mark.skipif(_netns_reason() is not None, reason=str(_netns_reason()))
+@pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
 def test_real_two_host_ring_run_recovers_offsets_to_microseconds(tmp_path):
     """Per-chunk SEND/RECV times from `dpro profile --ring` (2 hosts x 2 ranks, the same-machine
     term at work): injected offsets come back within the issue's 50 us (typically < 10 us)."""

@@ -10,10 +10,8 @@ Whole file: ~20 s on 2 cores (mostly importing torch in the gloo test).
 from __future__ import annotations
 
 import json
-import os
 import re
 import select
-import shutil
 import statistics
 import subprocess
 import sys
@@ -25,34 +23,13 @@ from dpro_kit import cluster as cl
 from dpro_kit.cluster import EmulatedCluster, cleanup_stale, list_namespaces
 from dpro_kit.errors import DproError
 
+from conftest import netns_unusable_reason  # noqa: E402
+
 PREFIX = "dpkt"
 PY = sys.executable
 
 
-def _unusable_reason() -> str | None:
-    """Why namespaces can't be used here (None if they can)."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "needs root: network namespaces and tc qdiscs require CAP_NET_ADMIN"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` (iproute2) not installed"
-    probe = f"{PREFIX}probe{os.getpid()}"
-    try:
-        for argv in (["ip", "netns", "add", probe],
-                     ["ip", "-n", probe, "link", "set", "lo", "up"],
-                     ["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "tbf",
-                      "rate", "1mbit", "burst", "32k", "latency", "10ms"]):
-            cp = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-            if cp.returncode != 0:
-                return f"`{' '.join(argv)}` unusable here: {cp.stderr.strip()}"
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"ip netns unusable here: {exc}"
-    finally:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-_REASON = _unusable_reason()
+_REASON = netns_unusable_reason(PREFIX)
 needs_netns = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 
 

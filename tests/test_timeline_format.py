@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from dpro_kit.analysis import critical_path_summary
-from dpro_kit.costmodel import fit_from_events
+from dpro_kit.costmodel import fit_from_trace
 from dpro_kit.graph import build_global_dfg
 from dpro_kit.replay import replay
 from dpro_kit.timeline import assign_lanes, replay_to_chrome, trace_to_chrome, write_chrome
@@ -120,7 +120,7 @@ def validate_trace_events(doc: Any) -> list[str]:
 
 
 def _replayed(ts, iterations=1):
-    g = build_global_dfg(ts, comm_model=fit_from_events(ts.events, ts.manifest.world_size))
+    g = build_global_dfg(ts, comm_model=fit_from_trace(ts))
     return g, replay(g, iterations=iterations)
 
 

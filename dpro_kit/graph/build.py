@@ -11,12 +11,11 @@ communication scheme only adds a topology in :mod:`dpro_kit.graph.topology`.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable
 
 import networkx as nx
 import pandas as pd
 
-from ..costmodel import CommModel, collective_latency_us, fit_from_events
+from ..costmodel import CommModel, fit_from_trace
 from ..errors import GraphError
 from ..trace import COMM_KINDS, OpKind, TraceSet
 from .model import add_op, compute_device, op_key, validate
@@ -36,7 +35,7 @@ def build_global_dfg(ts: TraceSet, *, comm_model: CommModel | None = None,
     """
     m = ts.manifest
     ev = ts.events
-    model = comm_model or fit_from_events(ev, m.world_size, collective_latency_us(m.extra))
+    model = comm_model or fit_from_trace(ts)
     links = links or Links(m)
     g = nx.DiGraph()
 

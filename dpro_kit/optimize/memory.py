@@ -456,12 +456,16 @@ def simulate(tl: IterationTimeline, prof: MemoryProfile, *, accum_steps: int = 1
     body = [p for p in play if p.phase in ("fw", "loss", "bw")]
     pre = [p for p in play if p.phase == "pre"]
     post = [p for p in play if p.phase == "post"]
-    for p in pre:
-        if p.kind == "x":
-            x += p.delta
-        else:
-            g += p.delta
-        see(p.phase, p.op)
+    def once(steps: list) -> None:   # steps played once per iteration (not per micro-batch)
+        nonlocal g, x
+        for p in steps:
+            if p.kind == "x":
+                x += p.delta
+            else:
+                g += p.delta
+            see(p.phase, p.op)
+
+    once(pre)
     for j in range(m):
         pending: list[tuple[int, float]] = []      # (ready op, bytes) of gradients to add in place
         for p in body:
@@ -478,12 +482,7 @@ def simulate(tl: IterationTimeline, prof: MemoryProfile, *, accum_steps: int = 1
                 g += p.delta
             see(p.phase, p.op)
         g -= sum(b for _, b in pending)
-    for p in post:
-        if p.kind == "x":
-            x += p.delta
-        else:
-            g += p.delta
-        see(p.phase, p.op)
+    once(post)
     op = int(best["op"])
     return {"peak": int(round(best["level"])), "grads": int(round(best["grads"])), "other": int(round(best["x"])),
             "phase": best["phase"], "op": tl.op_names[op] if op < len(tl.op_names) else "", **info}
