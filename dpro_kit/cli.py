@@ -273,12 +273,15 @@ def graph(trace_dir: Path, output: Path, as_json: bool, quiet: bool) -> None:
 @click.option("--ring", is_flag=True,
               help="gloo: run DDP's bucket AllReduce as a timed ring (a comm hook) to record per-chunk SEND/RECV "
                    "times (what `dpro align` needs for microsecond clock alignment across hosts).")
+@click.option("--shapes", is_flag=True,
+              help="Record op input shapes in one extra iteration after the window (kineto_shapes.json); "
+                   "`dpro optimize` rebuilds op-fusion candidates from them and times them with torch.compile.")
 @click.option("--framework", type=click.Choice(["torch"]), default="torch", show_default=True,
               help="Which collector to enable.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary after the job ends.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, framework: str, as_json: bool,
-            command: tuple[str, ...]) -> None:
+def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, shapes: bool, framework: str,
+            as_json: bool, command: tuple[str, ...]) -> None:
     """Profile COMMAND (e.g. `python train.py`, `torchrun ...`) without changing it.
 
     \b
@@ -308,7 +311,8 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, f
         raise DproError("refusing to overwrite an existing trace directory", path=out,
                         hint="choose a new --out folder")
     out.mkdir(parents=True, exist_ok=True)
-    env = profile_env(str(out), steps, host or os.environ.get("DPRO_HOST"), memory=memory, ring=ring)
+    env = profile_env(str(out), steps, host or os.environ.get("DPRO_HOST"), memory=memory, ring=ring,
+                      shapes=shapes)
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:

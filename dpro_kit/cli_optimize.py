@@ -43,6 +43,68 @@ def _merge_near_ties(base: Any, searcher: Any, result: Any, deadline: float) -> 
     return result
 
 
+def _time_op_fusions(trace: Path, base: Any, searcher: Any, result: Any, mode: str, deadline: float,
+                     progress: Any) -> tuple[Any, dict[str, Any]]:
+    """Replace the fused-op model by torch.compile timings for the plan's fusion groups; drop the
+    groups that do not pay off with the measured times (docs/optimizer.md, "Fused-op times").
+
+    The search itself runs with the model (timing every candidate would take minutes); the
+    groups it chose are rebuilt from the shapes trace and timed, then each timed group is
+    kept only if the replay with measured times is not slower with it than without it.
+    """
+    info: dict[str, Any] = {"mode": mode, "groups": []}
+    s = result.strategy
+    if mode == "model" or not s.fusions:
+        info["note"] = "fused-op times from the model" if mode == "model" else "no op-fusion group to time"
+        return result, info
+    from .optimize.compile_timing import load_shapes, time_fusions
+    shapes, threads = load_shapes(trace) if trace.is_dir() else ({}, None)
+    if not shapes:
+        if mode == "compile":
+            raise DproError("--fusion-timing compile needs op input shapes, and the trace has none", path=trace,
+                            hint="record it with `dpro profile --shapes`")
+        info["note"] = "no shapes trace (`dpro profile --shapes`): fused-op times from the model"
+        return result, info
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if mode == "compile":
+            raise DproError("--fusion-timing compile needs PyTorch installed here", hint="pip install torch") from None
+        info["note"] = "PyTorch is not installed here: fused-op times from the model"
+        return result, info
+    timings = time_fusions(s.fusions, shapes, threads=threads, deadline=deadline, progress=progress)
+    info["groups"] = [t.as_dict() for t in timings.values()]
+    ratios = {g: t.ratio for g, t in timings.items() if t.ratio is not None}
+    if not ratios:
+        info["note"] = "no fusion group could be timed (reasons per group): fused-op times from the model"
+        return result, info
+    model_t = result.after_us
+    base.fusion_ratios.update(ratios)
+    searcher._eval_cache.clear()
+    t = searcher.evaluate(s)[0]
+    dropped = []
+    for g in list(ratios):
+        if g not in s.fusions:
+            continue
+        s2 = type(s)(groups=s.groups, partitions=s.partitions, fusions=tuple(f for f in s.fusions if f != g),
+                     memory=s.memory)
+        t2 = searcher.evaluate(s2)[0]
+        if t2 <= t:
+            s, t = s2, t2
+            dropped.append(list(g))
+    info.update({"timed": len(ratios), "dropped": dropped, "predicted_model_ms": model_t / 1e3,
+                 "predicted_measured_ms": t / 1e3})
+    result.changes.append({"pass": "op_fusion_timing", "args": {"timed": len(ratios), "dropped": len(dropped)},
+                           "reason": f"{len(ratios)} fusion group(s) timed with torch.compile (compiled/eager "
+                                     + ", ".join(f"{r:.2f}" for r in ratios.values())
+                                     + f"); {len(dropped)} dropped as not faster; predicted "
+                                       f"{model_t / 1e3:.3f} ms with the model -> {t / 1e3:.3f} ms measured",
+                           "predicted_before_ms": model_t / 1e3, "predicted_after_ms": t / 1e3,
+                           "applied_as": "op_fusion_timing"})
+    result.strategy, result.after_us = s, t
+    return result, info
+
+
 #: DDP bucket caps (MB) tried as search starts
 CAP_GRID_MB = (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
@@ -154,6 +216,11 @@ def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: i
 @click.option("--first-bucket-mb", type=float, default=None,
               help="Start buckets: size cap of the first bucket (default: the --bucket-mb value).")
 @click.option("--no-op-fusion", is_flag=True, help="Search tensor fusion/partition only.")
+@click.option("--fusion-timing", type=click.Choice(["auto", "compile", "model"]), default="auto", show_default=True,
+              help="Fused-op times of the plan's op-fusion groups: `compile` rebuilds each group from the op "
+                   "shapes of `dpro profile --shapes` and times it with torch.compile (groups that are not "
+                   "faster are dropped); `model` uses the cost model; `auto`: compile when shapes were "
+                   "recorded and PyTorch is installed.")
 @click.option("--no-tensor-fusion", is_flag=True)
 @click.option("--no-partition", is_flag=True)
 @click.option("--pass", "extra_passes", multiple=True, metavar="MODULE:CLASS",
@@ -172,7 +239,7 @@ def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: i
 def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int, memory_budget: str | None,
              activation_bytes: str | None, optimizer_slots: float | None, bandwidth_mbps: float | None, world_size: int | None,
              bucket_mb: float | None, first_bucket_mb: float | None, no_op_fusion: bool, no_tensor_fusion: bool,
-             no_partition: bool, extra_passes: tuple[str, ...], checkpoint: Path | None, resume: Path | None,
+             no_partition: bool, fusion_timing: str, extra_passes: tuple[str, ...], checkpoint: Path | None, resume: Path | None,
              min_gain: float, no_align: bool, as_json: bool, quiet: bool) -> None:
     """Find a faster strategy for the job in TRACE (dPRO Alg. 1) and write plan.json.
 
@@ -190,6 +257,11 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
     from .optimize.state import initial_strategy
 
     progress = terminal_progress(not (quiet or as_json))
+    if fusion_timing == "compile":   # asked for explicitly: fail before the search, not after it
+        from .optimize.compile_timing import load_shapes
+        if not (trace.is_dir() and load_shapes(trace)[0]):
+            raise DproError("--fusion-timing compile needs op input shapes, and the trace has none", path=trace,
+                            hint="record it with `dpro profile --shapes`, or use --fusion-timing model")
     load_entry_point_passes()
     extra = [load_pass(p) for p in extra_passes]
     base, initial, info = load_base(trace, bandwidth_mbps=bandwidth_mbps, world_size=world_size,
@@ -238,6 +310,9 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
     # model's per-collective latency (a small one queues behind a large transfer on a busy link), so a
     # tie goes to the plan with fewer of them (measured: docs/optimizer.md, cnn at 100 Mbit/s)
     result = _merge_near_ties(base, searcher, result, deadline=t_search0 + budget)
+    # fused-op times: torch.compile timings of the chosen groups replace the model where possible
+    result, info["fusion_timing"] = _time_op_fusions(trace, base, searcher, result, fusion_timing,
+                                                     deadline=t_search0 + budget, progress=progress)
     gain = result.before_us / result.after_us - 1.0 if result.after_us > 0 else 0.0
     if min_gain > 0 and gain < min_gain / 100.0 and result.strategy.mem() == result.initial.mem() \
             and result.strategy != initial_strategy(base, initial):

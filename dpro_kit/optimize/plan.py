@@ -41,8 +41,9 @@ PLAN_SCHEMA: dict[str, Any] = {
             "properties": {"name": _str, "tensors": _strs, "params": _strs, "bytes": _int, "partitions": _int,
                            "partition_bytes": {"type": "array", "items": _int}}}},
         "op_fusion_groups": {"type": "array", "items": {
-            "type": "object", "required": ["ops", "fused_us", "parts_us"],
-            "properties": {"ops": _strs, "fused_us": _num, "parts_us": {"type": "array", "items": _num}}}},
+            "type": "object", "required": ["ops", "fused_us", "parts_us", "source"],
+            "properties": {"ops": _strs, "fused_us": _num, "parts_us": {"type": "array", "items": _num},
+                           "source": {"enum": ["model", "torch.compile"]}}}},
         "memory": {"type": "object", "required": ["choices", "estimate_before", "estimate_after"],
                    "properties": {"choices": {"type": "object"}, "estimate_before": {"type": "object"},
                                   "estimate_after": {"type": "object"}}},
@@ -138,13 +139,25 @@ def make_plan(base: BaseJob, r: SearchResult, *, trace: str = "", info: dict[str
     ref = base.nodes[0] if base.nodes else ""
     fusions = []
     from ..graph.model import op_key
+    timed = {tuple(t["ops"]): t for t in ((info or {}).get("fusion_timing") or {}).get("groups", [])}
     for f in s.fusions:
         parts = [float(base.local.nodes[op_key(ref, o)]["dur"]) for o in f if op_key(ref, o) in base.local]
-        fusions.append({"ops": list(f), "names": [base.local.nodes[op_key(ref, o)]["name"] for o in f
-                                                   if op_key(ref, o) in base.local],
-                        "fused_us": fused_duration(base, parts), "parts_us": parts,
-                        "cost_model": "sum of parts - (n-1) x launch overhead "
-                                      f"({base.launch_overhead_us:.2f} us, p10 of traced op durations) [MODEL]"})
+        ratio = base.fusion_ratios.get(tuple(f))
+        entry = {"ops": list(f), "names": [base.local.nodes[op_key(ref, o)]["name"] for o in f
+                                           if op_key(ref, o) in base.local],
+                 "fused_us": fused_duration(base, parts, f), "parts_us": parts,
+                 "source": "torch.compile" if ratio is not None else "model"}
+        if ratio is not None:
+            t = timed.get(tuple(f), {})
+            entry["cost_model"] = (f"sum of parts x measured compiled/eager ratio {ratio:.3f} (region rebuilt from "
+                                   f"recorded shapes: eager {t.get('eager_us') or 0:.1f} us, torch.compile "
+                                   f"{t.get('compiled_us') or 0:.1f} us) [MEASURED]")
+        else:
+            why = timed.get(tuple(f), {}).get("reason")
+            entry["cost_model"] = ("sum of parts - (n-1) x launch overhead "
+                                   f"({base.launch_overhead_us:.2f} us, p10 of traced op durations) [MODEL]"
+                                   + (f"; not timed: {why}" if why else ""))
+        fusions.append(entry)
     # framework settings
     sizes = [base.tensors[t].bytes for grp in s.groups for t in grp]
     gbytes = [g["bytes"] for g in groups]
@@ -206,7 +219,10 @@ def make_plan(base: BaseJob, r: SearchResult, *, trace: str = "", info: dict[str
         "search": {"steps": r.steps, "elapsed_s": r.elapsed_s, "stopped": r.stopped, "replays": r.replays,
                    "sync_evals": r.sync_evals, **(options or {})},
         "strategy_state": s.to_json(),
-        "estimated": ["predicted.* (replay of the rebuilt DFG)", "op_fusion_groups[].fused_us (cost model)",
+        "fusion_timing": {k: v for k, v in ((info or {}).get("fusion_timing") or {"mode": "model"}).items()},
+        "estimated": ["predicted.* (replay of the rebuilt DFG)",
+                      "op_fusion_groups[].fused_us (cost model where source is 'model'; measured ratio x traced "
+                      "parts where source is 'torch.compile')",
                       "memory.* (" + _memory_provenance(r.memory_before)["model"] + ")",
                       "communication of re-grouped tensors (comm model: latency + bytes/bandwidth)",
                       "frameworks.horovod.HOROVOD_CYCLE_TIME (heuristic)"],

@@ -430,7 +430,7 @@ class Searcher:
                              if op_key(nodes[a]["node"], x) in self.base.local) or t1
                     t2 = sum(self.base.local.nodes[op_key(nodes[b]["node"], x)]["dur"] for x in B
                              if op_key(nodes[b]["node"], x) in self.base.local) or t2
-                tf = fused_duration(self.base, [t1, t2])
+                tf = fused_duration(self.base, [t1, t2], A + B)
                 T1 = self.best_partition(state, ga)[1] if ga else 0.0
                 T2 = self.best_partition(state, gb)[1] if gb else 0.0
                 T12 = T1 + T2

@@ -71,6 +71,8 @@ class BaseJob:
     manifest: Manifest
     meta: dict[str, Any]
     launch_overhead_us: float = 0.0     # fused-op cost model (see fused_duration)
+    # fusion group (local op ids) -> measured compiled/eager ratio (optimize.compile_timing)
+    fusion_ratios: dict[tuple[str, ...], float] = field(default_factory=dict)
     order: dict[str, int] = field(default_factory=dict)  # local op id -> topological index (first node)
 
     @property
@@ -245,14 +247,22 @@ def initial_strategy(base: BaseJob, groups: list[list[str]] | None = None) -> St
 
 # --------------------------------------------------------------------------- cost models
 
-def fused_duration(base: BaseJob, durs: Iterable[float]) -> float:
-    """MODEL (not profiled): a fused op takes the sum of its ops minus one launch overhead per op saved.
+def fused_duration(base: BaseJob, durs: Iterable[float], ops: Iterable[str] | None = None) -> float:
+    """Time of a fused op made of ops with traced times ``durs``.
 
-    The per-op launch overhead is estimated from the trace as the 10th
-    percentile of computation-op durations (short ops are mostly launch cost),
-    capped at half the shortest fused op, and never below the longest part.
+    Measured, when ``base.fusion_ratios`` holds the group ``ops`` (timed with
+    torch.compile, :mod:`.compile_timing`): the sum of the parts times the measured
+    compiled / eager ratio.  Otherwise MODEL (not profiled): the sum of its ops minus
+    one launch overhead per op saved.  The per-op launch overhead is estimated from
+    the trace as the 10th percentile of computation-op durations (short ops are
+    mostly launch cost), capped at half the shortest fused op, and never below the
+    longest part.
     """
     ds = [float(x) for x in durs]
+    if ops is not None:
+        ratio = base.fusion_ratios.get(tuple(ops))
+        if ratio is not None:
+            return ratio * sum(ds)
     if len(ds) < 2:
         return sum(ds)
     saved = (len(ds) - 1) * min(base.launch_overhead_us, 0.5 * min(ds))
@@ -282,8 +292,9 @@ def fused_local(base: BaseJob, strategy: Strategy,
             kinds = [d["kind"] for d in ds]
             add_op(g, fk, node=node, device=ds[0]["device"],
                    kind=OpKind.BW.value if OpKind.BW.value in kinds else kinds[0],
-                   dur=fused_duration(base, [d["dur"] for d in ds]), name=fused_name(d["name"] for d in ds),
-                   tensor=",".join(d["tensor"] for d in ds if d["tensor"]), source="model:fused",
+                   dur=fused_duration(base, [d["dur"] for d in ds], grp), name=fused_name(d["name"] for d in ds),
+                   tensor=",".join(d["tensor"] for d in ds if d["tensor"]),
+                   source="torch.compile:fused" if tuple(grp) in base.fusion_ratios else "model:fused",
                    priority=min(d["priority"] for d in ds))
             g.remove_nodes_from(keys)
             g.add_edges_from((p, fk) for p in preds)

@@ -325,6 +325,28 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
                       node_of_rank=ranks)
 
 
+def read_op_shapes(node_dir: Path) -> dict[str, dict[str, Any]]:
+    """Op id -> recorded inputs of the training thread's top-level ops, from ``kineto_shapes.json``.
+
+    ``dpro profile --shapes`` records the iteration after the window once more with
+    ``record_shapes=True``; its ops get the ids of the window's ops (same numbering,
+    :func:`parse_node`).  Values: the Kineto ``args`` (``Input Dims``, ``Input type``,
+    ``Concrete Inputs``) plus ``kind`` (FW/BW/UPDATE/OTHER).  Empty when no shapes were recorded.
+    """
+    node_dir = Path(node_dir)
+    meta = _load_meta(node_dir)
+    sh = meta.get("shapes") or {}
+    if not sh.get("trace_file"):
+        return {}
+    path = node_dir / str(sh["trace_file"])
+    doc = _load_kineto(path)
+    m = dict(meta, window=dict(meta["window"], profiled_steps=[int(sh["step"])]),
+             clock={"sync": []}, steps=[], measured={})
+    out: dict[str, dict[str, Any]] = {}
+    parse_node(m, doc, path=path, fold_gaps=False, overhead="keep", op_args=out)
+    return out
+
+
 #: how the reader removes the profiler's cost from op durations (manifest extra torch_kineto.profiler_overhead)
 OVERHEAD_MODES = ("window", "calibrated", "keep")
 #: upper bound on the per-event cost the "window" mode may attribute (ns)
@@ -396,7 +418,10 @@ def _subtree_sizes(roots: list[Ev]) -> dict[int, int]:
 
 def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_gaps: bool = True,
                overhead: str = "window", ring: tuple[Path, Any] | None = None,
-               node_of_rank: dict[int, str] | None = None) -> NodeTrace:
+               node_of_rank: dict[int, str] | None = None,
+               op_args: dict[str, dict[str, Any]] | None = None) -> NodeTrace:
+    """One rank's trace; ``op_args`` (a dict), when given, receives op id -> Kineto ``args`` of the
+    training thread's top-level ops (input shapes for a ``record_shapes`` trace)."""
     mk = dict(MARKERS)
     mk.update({k: v for k, v in (meta.get("markers") or {}).items() if isinstance(v, str)})
     phase_of_marker = {mk["forward"]: OpKind.FW.value, mk["backward"]: OpKind.BW.value,
@@ -516,6 +541,8 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
         key = (o.iteration, o.thread, o.ev.name)
         o.op = f"{o.thread}{o.ev.name}#{counter[key]}"
         counter[key] += 1
+    if op_args is not None:
+        op_args.update({o.op: dict(o.ev.args, kind=o.kind) for o in ops if o.thread == ""})
     seqs: dict[tuple[int, str], list[_Op]] = defaultdict(list)  # (iteration, thread) -> ops in order
     for o in ops:
         if not o.thread.startswith("gpu"):

@@ -20,7 +20,8 @@ AUTOLOAD = Path(__file__).resolve().parent / "autoload"
 
 
 def profile_env(out: str, steps: str = "10:15", host: str | None = None,
-                base: dict[str, str] | None = None, memory: bool = False, ring: bool = False) -> dict[str, str]:
+                base: dict[str, str] | None = None, memory: bool = False, ring: bool = False,
+                shapes: bool = False) -> dict[str, str]:
     """The environment that profiles a PyTorch job launched with it."""
     from .recorder import parse_steps
     parse_steps(steps)
@@ -34,6 +35,8 @@ def profile_env(out: str, steps: str = "10:15", host: str | None = None,
         env["DPRO_MEMORY"] = "1"
     if ring:
         env["DPRO_RING"] = "1"
+    if shapes:
+        env["DPRO_SHAPES"] = "1"
     parts = [str(AUTOLOAD), str(AUTOLOAD.parent.parent)]
     if env.get("PYTHONPATH"):
         parts.append(env["PYTHONPATH"])

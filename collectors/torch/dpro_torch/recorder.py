@@ -24,7 +24,12 @@ just before and just after the profiler starts, the latter inside a
 Outside the window only the optimizer post-hook (a Python call per step) and a
 flag test in the ``torch.autograd.backward`` wrapper remain, so unprofiled
 iterations run at full speed.  No shapes, stacks, memory or execution-trace
-observer are recorded.
+observer are recorded in the window.  With ``shapes=True`` (``DPRO_SHAPES=1``,
+``dpro profile --shapes``) the iteration right after the window is profiled
+once more with ``record_shapes=True`` into ``kineto_shapes.json``: op input
+shapes, dtypes and scalar arguments, which ``dpro optimize`` uses to rebuild
+op-fusion candidates and time them with torch.compile.  Recording shapes costs
+more per op, which is why it never happens on the timed steps.
 
 Per rank the recorder writes ``<out>/<host>/<rank>/kineto_trace.json`` (when the
 window ends) and ``meta.json`` (at the end of the window and again at exit,
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import json
 import os
 import signal
@@ -59,6 +65,7 @@ _PATCHED = {"ddp": False, "backward": False}
 MAX_STEP_RECORDS = 100_000
 _FAST_RF = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None)
 TRACE_FILE = "kineto_trace.json"
+SHAPES_FILE = "kineto_shapes.json"
 
 
 def active_recorder() -> "Recorder | None":
@@ -165,7 +172,7 @@ def patch_backward() -> None:
     @functools.wraps(orig)
     def backward(*args, **kwargs):
         rec = _ACTIVE
-        if rec is None or not rec._profiling:
+        if rec is None or not rec._marking:
             return orig(*args, **kwargs)
         handle = rec._enter(M.BACKWARD)
         try:
@@ -201,7 +208,8 @@ class Recorder:
                  host: str | None = None, auto_step: bool | None = None, job: str | None = None,
                  activities: list | None = None, model: "torch.nn.Module | None" = None,
                  grad_ready: bool | None = None, calibrate: bool | None = None,
-                 memory: bool | None = None, ring: bool | None = None, _from_env: bool = False) -> None:
+                 memory: bool | None = None, ring: bool | None = None, shapes: bool | None = None,
+                 _from_env: bool = False) -> None:
         global _ACTIVE
         if _ACTIVE is not None and _ACTIVE is not self and not _ACTIVE._closed:
             raise RuntimeError("a dpro Recorder is already active in this process "
@@ -223,6 +231,11 @@ class Recorder:
         self.memory = _env_flag("DPRO_MEMORY", False) if memory is None else bool(memory)
         # per-chunk communication timestamps through a timed ring comm hook (dpro_torch.ringhook)
         self.ring = _env_flag("DPRO_RING", False) if ring is None else bool(ring)
+        # one extra iteration after the window with record_shapes=True (kineto_shapes.json)
+        self.shapes = _env_flag("DPRO_SHAPES", False) if shapes is None else bool(shapes)
+        self._shape_prof = None
+        self._shapes: dict[str, Any] | None = None   # {"trace_file", "step"} once written
+        self._shapes_tried = False
         # time a few tiny allreduces when the window opens: the per-collective cost of this job's
         # process group (the comm model's latency; a 2-bucket trace cannot separate it from bandwidth)
         self.comm_calibrate = _env_flag("DPRO_COMM_CALIBRATE", True)
@@ -438,8 +451,13 @@ class Recorder:
         self._opt_handles.append(register_optimizer_step_pre_hook(self._opt_pre))
         self._opt_handles.append(register_optimizer_step_post_hook(self._opt_post))
 
+    @property
+    def _marking(self) -> bool:
+        """Phase markers are emitted: the window or the shapes iteration is being recorded."""
+        return self._profiling or self._shape_prof is not None
+
     def _opt_pre(self, opt, args, kwargs) -> None:
-        if self._profiling and threading.current_thread() is self._main_thread:
+        if self._marking and threading.current_thread() is self._main_thread:
             self._opt_stack.append(self._enter(M.OPTIMIZER))
 
     def _opt_post(self, opt, args, kwargs) -> None:
@@ -509,9 +527,14 @@ class Recorder:
                 self._profiled_steps.append(k)
                 if k + 1 >= self.stop_step:
                     self._stop_profiler("window complete")
+            elif self._shape_prof is not None:
+                self._marker(M.STEP_END)
+                self._stop_shapes(k)
             self._step += 1
             if not self._profiling and not self._done and self._step == self.start_step:
                 self._start_profiler()
+            elif self._done and self.shapes and not self._shapes_tried and self._stop_reason == "window complete":
+                self._start_shapes()
 
     def _find_ddps(self) -> None:
         """DDP modules built before the DDP patch was installed (searched once, when a window opens)."""
@@ -571,6 +594,36 @@ class Recorder:
             self._clock.append({"marker": M.CLOCK_SYNC, "occurrence": k, "time_ns_before": t0,
                                 "time_ns_after": t1, "monotonic_ns_before": m0, "monotonic_ns_after": m1})
 
+    def _start_shapes(self) -> None:
+        """Profile the next iteration with record_shapes=True (never a timed one: it costs more per op)."""
+        from torch.profiler import ProfilerActivity, profile
+        self._shapes_tried = True
+        try:
+            self._shape_prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=False,
+                                       profile_memory=False, with_flops=False, with_modules=False)
+            self._shape_prof.start()
+        except Exception as exc:  # never break the user's job
+            _log(f"could not start the shapes profiler: {exc!r}")
+            self._shape_prof = None
+            return
+        self._install_phase_hooks()
+
+    def _stop_shapes(self, step: int) -> None:
+        prof, self._shape_prof = self._shape_prof, None
+        self._remove_phase_hooks()
+        try:
+            prof.stop()
+            out = self.node_dir / SHAPES_FILE
+            tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.json")
+            prof.export_chrome_trace(str(tmp))
+            os.replace(tmp, out)
+            self._shapes = {"trace_file": out.name, "step": step}
+        except Exception as exc:
+            _log(f"could not write the shapes trace: {exc!r}")
+        del prof
+        gc.collect()  # as in _stop_profiler
+        self._write_meta()
+
     def _time_tiny_allreduce(self, reps: int = 20, skip: int = 3) -> dict[str, Any] | None:
         """Wall time of ``reps`` allreduces of one element on the first DDP module's process group.
 
@@ -627,6 +680,11 @@ class Recorder:
             except Exception as exc:
                 _log(f"could not write the ring records: {exc!r}")
         self._prof = None
+        # free the profiler's results now (they sit in reference cycles): left to the interpreter's
+        # final garbage collection, Kineto's ~MemoryTraceLogger can crash the process at exit
+        # (seen with torch 2.13 whenever a second profiler session had run: SIGSEGV after the job's
+        # work was done); this iteration's interval is excluded from the measured summary anyway
+        gc.collect()
         self._export_s = time.perf_counter() - t0
         self._write_meta()
 
@@ -644,14 +702,16 @@ class Recorder:
         """Median wall time of the unprofiled iterations (the job's undisturbed speed)."""
         skip = min(self.start_step, 5)  # first iterations: allocator warm-up, DDP bucket rebuild
         after_stop = self.stop_step      # its interval holds the trace export
-        used = [r for r in recs if not r["profiled"] and r["step"] >= max(skip, 1) and r["step"] != after_stop]
+        # --shapes: the iteration after the window is recorded with shapes, the next one holds its export
+        excluded = {after_stop, after_stop + 1} if self.shapes else {after_stop}
+        used = [r for r in recs if not r["profiled"] and r["step"] >= max(skip, 1) and r["step"] not in excluded]
         prof = [r["dur_us"] for r in recs if r["profiled"]]
         return {
             "median_unprofiled_us": statistics.median([r["dur_us"] for r in used]) if used else None,
             "unprofiled_steps_used": [r["step"] for r in used],
             "median_profiled_us": statistics.median(prof) if prof else None,
-            "rule": (f"steps >= {max(skip, 1)} that were not profiled, excluding step {after_stop} "
-                     "(its interval holds the trace export)"),
+            "rule": (f"steps >= {max(skip, 1)} that were not profiled, excluding step(s) "
+                     f"{', '.join(map(str, sorted(excluded)))} (trace export; --shapes iteration)"),
         }
 
     def _meta(self) -> dict[str, Any]:
@@ -671,6 +731,7 @@ class Recorder:
             "argv": list(sys.argv),
             "trace_file": self._trace_written,
             "ring_file": self._ring_written,
+            "shapes": self._shapes,
             "window": {"start_step": self.start_step, "stop_step": self.stop_step,
                        "profiled_steps": list(self._profiled_steps), "stop_reason": self._stop_reason,
                        "export_seconds": round(self._export_s, 4),
@@ -715,6 +776,13 @@ class Recorder:
         with self._lock:
             if self._closed:
                 return
+            if self._shape_prof is not None:  # the shapes iteration did not finish: nothing to keep
+                prof, self._shape_prof = self._shape_prof, None
+                self._remove_phase_hooks()
+                try:
+                    prof.stop()
+                except Exception:
+                    pass
             if self._profiling:
                 self._stop_profiler(reason)
             else:
