@@ -151,6 +151,28 @@ def threads_per_rank(world: int) -> int:
     return max(1, cores // world)
 
 
+def machine_speed_probe(seconds: float = 8.0, chunk_s: float = 0.5) -> dict[str, Any]:
+    """How steady is this machine right now?  A one-thread 256x256 matmul loop in a child process;
+    per ``chunk_s`` the median time of one matmul.  On a shared VM the same loop runs up to
+    ~1.5x slower for seconds at a time (docs/accuracy.md); a job measured in such a phase
+    differs from one measured outside it, whatever dpro predicts."""
+    code = ("import time,statistics,torch\n"
+            "torch.set_num_threads(1); a=torch.randn(256,256); out=[]\n"
+            f"end=time.time()+{seconds}\n"
+            "while time.time()<end:\n"
+            " c=[]; t1=time.time()\n"
+            f" while time.time()-t1<{chunk_s}:\n"
+            "  t=time.perf_counter(); a@a; c.append(time.perf_counter()-t)\n"
+            " out.append(statistics.median(c)*1e6)\n"
+            "print(' '.join(f'{x:.2f}' for x in out))\n")
+    p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=seconds * 4 + 60)
+    chunks = [float(x) for x in p.stdout.split()] if p.returncode == 0 else []
+    if not chunks:
+        return {"chunks_us": [], "spread_pct": None}
+    return {"chunks_us": chunks, "min_us": min(chunks), "max_us": max(chunks),
+            "spread_pct": 100.0 * (max(chunks) / min(chunks) - 1.0)}
+
+
 class Runner:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args = args
@@ -326,7 +348,15 @@ def main(argv: list[str] | None = None) -> int:
                                                   "traces": [], "comm": [], "pred_calibrated": [],
                                                   "pred_keep": [], "pred_mean": []} for c in need}
     profiled_needed = set(cfgs) | {w.a for w in whatifs}
+    probes = []
     for rnd in range(args.rounds):
+        if not args.quick:
+            probes.append(machine_speed_probe())
+            pr = probes[-1]
+            if pr["spread_pct"] is not None:
+                print(f"  [{time.time() - t_start:6.0f} s] machine probe before round {rnd + 1}: one-thread matmul "
+                      f"{pr['min_us']:.1f} .. {pr['max_us']:.1f} us over 0.5 s chunks ({pr['spread_pct']:+.0f} %)",
+                      flush=True)
         for c in need:
             r = results[c]
             m = runner.run(c, profile=False)
@@ -378,13 +408,13 @@ def main(argv: list[str] | None = None) -> int:
                       "error_pct": pct(pred, meas), "predicted_a_ms": med(results[w.a]["pred"]),
                       "measured_a_ms": med(results[w.a]["measured"])})
 
-    text = render(rows, wrows, kind, args, time.time() - t_start)
+    text = render(rows, wrows, kind, args, time.time() - t_start, probes)
     print(text)
     if args.md:
         Path(args.md).write_text(text + "\n")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"kind": kind, "rounds": args.rounds, "rows": rows,
-                                                   "whatif": wrows, "argv": sys.argv,
+                                                   "whatif": wrows, "argv": sys.argv, "machine_probes": probes,
                                                    "seconds": round(time.time() - t_start)}, indent=1))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
@@ -404,7 +434,8 @@ def spread_pct(r: dict) -> float | None:
     return 100.0 * (max(vals) - min(vals)) / statistics.median(vals)
 
 
-def render(rows: list[dict], wrows: list[dict], kind: str, args: argparse.Namespace, seconds: float) -> str:
+def render(rows: list[dict], wrows: list[dict], kind: str, args: argparse.Namespace, seconds: float,
+           probes: list[dict] | None = None) -> str:
     out = []
     out.append(f"replay accuracy ({kind} matrix, {args.rounds} round(s); medians; error = predicted / measured - 1)")
     out.append("")
@@ -475,6 +506,12 @@ def render(rows: list[dict], wrows: list[dict], kind: str, args: argparse.Namesp
     if ovs:
         out.append(f"profiling overhead (profiled window vs unprofiled iterations of the same run): median "
                    f"{statistics.median(ovs):+.1f} %, range {min(ovs):+.1f} .. {max(ovs):+.1f} %")
+    sp = [p for p in (probes or []) if p.get("spread_pct") is not None]
+    if sp:
+        lo, hi = min(p["min_us"] for p in sp), max(p["max_us"] for p in sp)
+        out.append(f"machine steadiness (one-thread matmul probe before each round, 0.5 s chunk medians): "
+                   f"{lo:.1f} .. {hi:.1f} us ({100 * (hi / lo - 1):+.0f} % between the fastest and slowest chunk); "
+                   "per probe: " + ", ".join(f"{p['spread_pct']:+.0f} %" for p in sp))
     out.append(f"bench time: {seconds / 60:.1f} min")
     return "\n".join(out)
 
