@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import socket
@@ -412,6 +413,11 @@ def _run(args: argparse.Namespace) -> None:
         train(args)
         dist.barrier()  # no rank tears gloo down while a peer still has a collective in flight
     finally:
+        # free the DDP module (it sits in reference cycles and holds the process group) while the
+        # interpreter is alive: left to the final garbage collection, gloo's worker threads and work
+        # objects are torn down during interpreter finalization, which occasionally aborted a rank
+        # ("terminate called without an active exception", SIGABRT) after all results were written
+        gc.collect()
         dist.destroy_process_group()
 
 
