@@ -350,6 +350,13 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
     click.echo(f"tensor groups: {len(plan['tensor_groups'])}, op-fusion groups: {len(plan['op_fusion_groups'])}, "
                f"DDP bucket_cap_mb={plan['frameworks']['pytorch_ddp']['bucket_cap_mb']:.6g} "
                f"(exact: {plan['frameworks']['pytorch_ddp']['exact']})")
+    ft = plan.get("fusion_timing") or {}
+    if ft.get("timed"):
+        click.echo(f"op-fusion times: {ft['timed']} group(s) timed with torch.compile (compiled/eager "
+                   + ", ".join(f"{g['ratio']:.2f}" for g in ft["groups"] if g.get("ratio") is not None)
+                   + f"), {len(ft.get('dropped', []))} dropped as not faster")
+    elif ft.get("note") and ft.get("mode") != "model" and plan["op_fusion_groups"]:
+        click.echo(f"op-fusion times: {ft['note']}")
     mb, ma = plan["memory"]["estimate_before"], plan["memory"]["estimate_after"]
     if mb.get("model") == "timeline" or plan["memory"]["choices"]:
         click.echo(f"peak memory per worker (estimated, {mb.get('model', 'sum')} model): "
