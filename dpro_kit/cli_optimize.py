@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any
 
@@ -57,21 +58,13 @@ def _time_op_fusions(trace: Path, base: Any, searcher: Any, result: Any, mode: s
     if mode == "model" or not s.fusions:
         info["note"] = "fused-op times from the model" if mode == "model" else "no op-fusion group to time"
         return result, info
+    # (mode "compile" was checked for shapes and torch before the search: _fusion_timing_unavailable)
     from .optimize.compile_timing import load_shapes, time_fusions
-    shapes, threads = load_shapes(trace) if trace.is_dir() else ({}, None)
-    if not shapes:
-        if mode == "compile":
-            raise DproError("--fusion-timing compile needs op input shapes, and the trace has none", path=trace,
-                            hint="record it with `dpro profile --shapes`")
-        info["note"] = "no shapes trace (`dpro profile --shapes`): fused-op times from the model"
+    why = _fusion_timing_unavailable(trace)
+    if why:
+        info["note"] = f"{why}: fused-op times from the model"
         return result, info
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        if mode == "compile":
-            raise DproError("--fusion-timing compile needs PyTorch installed here", hint="pip install torch") from None
-        info["note"] = "PyTorch is not installed here: fused-op times from the model"
-        return result, info
+    shapes, threads = load_shapes(trace)
     timings = time_fusions(s.fusions, shapes, threads=threads, deadline=deadline, progress=progress)
     info["groups"] = [t.as_dict() for t in timings.values()]
     ratios = {g: t.ratio for g, t in timings.items() if t.ratio is not None}
@@ -80,14 +73,13 @@ def _time_op_fusions(trace: Path, base: Any, searcher: Any, result: Any, mode: s
         return result, info
     model_t = result.after_us
     base.fusion_ratios.update(ratios)
-    searcher._eval_cache.clear()
+    searcher.forget_evaluations()   # durations of the timed groups changed
     t = searcher.evaluate(s)[0]
     dropped = []
     for g in list(ratios):
         if g not in s.fusions:
             continue
-        s2 = type(s)(groups=s.groups, partitions=s.partitions, fusions=tuple(f for f in s.fusions if f != g),
-                     memory=s.memory)
+        s2 = dc_replace(s, fusions=tuple(f for f in s.fusions if f != g))
         t2 = searcher.evaluate(s2)[0]
         if t2 <= t:
             s, t = s2, t2
@@ -103,6 +95,18 @@ def _time_op_fusions(trace: Path, base: Any, searcher: Any, result: Any, mode: s
                            "applied_as": "op_fusion_timing"})
     result.strategy, result.after_us = s, t
     return result, info
+
+
+def _fusion_timing_unavailable(trace: Path) -> str | None:
+    """Why torch.compile timing cannot run on this trace here, or None."""
+    from .optimize.compile_timing import load_shapes
+    if not (trace.is_dir() and load_shapes(trace)[0]):
+        return "no shapes trace (record it with `dpro profile --shapes`)"
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "PyTorch is not installed here"
+    return None
 
 
 #: DDP bucket caps (MB) tried as search starts
@@ -258,10 +262,10 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
 
     progress = terminal_progress(not (quiet or as_json))
     if fusion_timing == "compile":   # asked for explicitly: fail before the search, not after it
-        from .optimize.compile_timing import load_shapes
-        if not (trace.is_dir() and load_shapes(trace)[0]):
-            raise DproError("--fusion-timing compile needs op input shapes, and the trace has none", path=trace,
-                            hint="record it with `dpro profile --shapes`, or use --fusion-timing model")
+        why = _fusion_timing_unavailable(trace)
+        if why:
+            raise DproError(f"--fusion-timing compile: {why}", path=trace,
+                            hint="record the trace with `dpro profile --shapes`, or use --fusion-timing auto|model")
     load_entry_point_passes()
     extra = [load_pass(p) for p in extra_passes]
     base, initial, info = load_base(trace, bandwidth_mbps=bandwidth_mbps, world_size=world_size,

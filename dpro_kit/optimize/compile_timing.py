@@ -118,11 +118,17 @@ class Region:
         gen = torch.Generator().manual_seed(seed)
         self.inputs: list[Any] = []
         self.calls: list[_Call] = []
+        results: list[Any] = []                          # each op's eager result while building
         outs: list[tuple[tuple[int, ...], str]] = []     # (shape, dtype) of each op's first output
         used_outs: set[int] = set()
-        for i, op in enumerate(ops):
-            self.calls.append(self._call(op, i, outs, used_outs, gen))
-            outs.append(self._dry_run_shape(i))
+        for op in ops:
+            call, result, used = self._call(op, results, outs, used_outs, gen)
+            self.calls.append(call)
+            results.append(result)
+            used_outs |= used
+            out = self._first_tensor(result)
+            outs.append((tuple(out.shape), str(out.dtype).replace("torch.", ""))
+                        if isinstance(out, torch.Tensor) else ((), "none"))
 
     # ---- building
     def _tensor(self, dims: tuple[int, ...], dtype: str, gen: Any) -> Any:
@@ -145,11 +151,15 @@ class Region:
             raise RegionError(f"{name}: no overload takes {n} arguments")
         return sorted(fits, key=lambda c: c._schema.overload_name != "")  # the default overload first
 
-    def _call(self, op: RecordedOp, i: int, outs: list, used_outs: set[int], gen: Any) -> _Call:
+    def _call(self, op: RecordedOp, results: list[Any], outs: list, used_outs: set[int],
+              gen: Any) -> tuple[_Call, Any, set[int]]:
+        """The first overload that accepts the recorded arguments (run eagerly once), its result,
+        and the earlier outputs it consumes."""
         n = len(op.types)
         errors = []
         for fn in self._overloads(op.name, n):
             specs: list[tuple[str, Any]] = []
+            used: set[int] = set()
             n_inputs0 = len(self.inputs)
             try:
                 first_tensor = True
@@ -164,10 +174,10 @@ class Region:
                             src = next((j for j in range(len(outs) - 1, -1, -1) if outs[j] == (dims, dtype)), None)
                         else:
                             src = next((j for j in range(len(outs) - 1, -1, -1)
-                                        if outs[j] == (dims, dtype) and j not in used_outs), None)
+                                        if outs[j] == (dims, dtype) and j not in used_outs | used), None)
                         first_tensor = False
                         if src is not None:
-                            used_outs.add(src)
+                            used.add(src)
                             specs.append(("out", src))
                         else:
                             self.inputs.append(self._tensor(dims, dtype, gen))
@@ -184,9 +194,7 @@ class Region:
                 args = [s for a, s in zip(fn._schema.arguments, specs) if not a.kwarg_only]
                 kwargs = {a.name: s for a, s in zip(fn._schema.arguments, specs) if a.kwarg_only}
                 call = _Call(fn=fn, args=args, kwargs=kwargs)
-                # check the overload accepts these arguments (eagerly, once)
-                self._run_call(call, i)
-                return call
+                return call, self._exec(call, self.inputs, results), used
             except RegionError as exc:
                 errors.append(str(exc))
                 del self.inputs[n_inputs0:]
@@ -208,25 +216,9 @@ class Region:
     def _first_tensor(x: Any) -> Any:
         return x[0] if isinstance(x, (tuple, list)) else x
 
-    def _run_prefix(self, upto: int) -> list[Any]:
-        results: list[Any] = []
-        for c in self.calls[:upto]:
-            results.append(self._exec(c, self.inputs, results))
-        return results
-
     def _exec(self, c: _Call, ins: list[Any], results: list[Any]) -> Any:
         return c.fn(*[self._resolve(s, ins, results) for s in c.args],
                     **{k: self._resolve(s, ins, results) for k, s in c.kwargs.items()})
-
-    def _run_call(self, call: _Call, i: int) -> Any:
-        results = self._run_prefix(i)
-        return self._exec(call, self.inputs, results)
-
-    def _dry_run_shape(self, i: int) -> tuple[tuple[int, ...], str]:
-        out = self._first_tensor(self._run_prefix(i + 1)[-1])
-        if not isinstance(out, self._torch.Tensor):
-            return ((), "none")
-        return (tuple(out.shape), str(out.dtype).replace("torch.", ""))
 
     def function(self) -> Callable[..., tuple]:
         """``f(*inputs) -> every op's output`` as a ``torch.fx.GraphModule``.

@@ -133,6 +133,10 @@ class Searcher:
             self._cg = (new, self._cg[1])
 
     # ------------------------------------------------------------------ evaluation
+    def forget_evaluations(self) -> None:
+        """Drop cached replays (after op or tensor costs of the base job changed)."""
+        self._eval_cache.clear()
+
     def evaluate(self, s: Strategy) -> tuple[float, Any, nx.DiGraph]:
         key = json.dumps(s.to_json(), sort_keys=True)
         if key not in self._eval_cache:

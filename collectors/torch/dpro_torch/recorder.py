@@ -608,11 +608,14 @@ class Recorder:
             return
         self._install_phase_hooks()
 
-    def _stop_shapes(self, step: int) -> None:
+    def _stop_shapes(self, step: int | None) -> None:
+        """End the shapes iteration ``step`` and export it; ``None``: it did not finish, discard it."""
         prof, self._shape_prof = self._shape_prof, None
         self._remove_phase_hooks()
         try:
             prof.stop()
+            if step is None:
+                return
             out = self.node_dir / SHAPES_FILE
             tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.json")
             prof.export_chrome_trace(str(tmp))
@@ -620,8 +623,9 @@ class Recorder:
             self._shapes = {"trace_file": out.name, "step": step}
         except Exception as exc:
             _log(f"could not write the shapes trace: {exc!r}")
-        del prof
-        gc.collect()  # as in _stop_profiler
+        finally:
+            del prof
+            gc.collect()  # as in _stop_profiler
         self._write_meta()
 
     def _time_tiny_allreduce(self, reps: int = 20, skip: int = 3) -> dict[str, Any] | None:
@@ -777,12 +781,7 @@ class Recorder:
             if self._closed:
                 return
             if self._shape_prof is not None:  # the shapes iteration did not finish: nothing to keep
-                prof, self._shape_prof = self._shape_prof, None
-                self._remove_phase_hooks()
-                try:
-                    prof.stop()
-                except Exception:
-                    pass
+                self._stop_shapes(None)
             if self._profiling:
                 self._stop_profiler(reason)
             else:
