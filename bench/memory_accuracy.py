@@ -15,8 +15,9 @@ For every model of ``examples/ddp/train.py`` (gloo, CPU):
    count; per rank the median over the measured iterations of the largest total
    in the iteration, the largest rank's), with ``--accum-steps M`` /
    ``--checkpoint`` for the passes; ``--repeats`` runs per configuration, the
-   median is the real peak (a run can keep a buffer of DDP's initialisation alive
-   for its whole life: one of ~40 single-rank runs held 2.6 MB more than the rest).
+   median is the real peak.  ``--memory-peak`` builds DDP without its initial
+   broadcast: that buffer, when a gloo thread frees it, is never subtracted by the
+   profiler's allocator accounting (docs/optimizer.md).
 
 Error = (estimated - real) / real.  The estimate never sees the real runs: the
 pass rows are predictions from the default run's trace.
