@@ -196,6 +196,9 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     }
     if "measured_iteration_ms" in info:
         out["error_pct"] = 100.0 * (it_ms - info["measured_iteration_ms"]) / info["measured_iteration_ms"]
+    if ts is not None:
+        from .placement import placement_warnings
+        out["warnings"] = placement_warnings(ts.manifest.extra)
     if timeline is not None:
         out["timeline"] = str(timeline)
     if measured_timeline is not None:
@@ -233,6 +236,8 @@ def _print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
     echo(f"critical path: {len(cp['ops'])} ops ({kinds})")
     for t in cp["top"]:
         echo(f"  {t['start_ms']:>10.3f} ms  {t['dur_ms']:>9.3f} ms  {t['kind']:<7} {t['device']:<28} {t['name']}")
+    for w in out.get("warnings") or []:
+        echo(click.style("warning: ", fg="yellow") + w, err=True)
     if out.get("timeline"):
         echo(f"\ntimeline written to {out['timeline']} (open in https://ui.perfetto.dev)")
 

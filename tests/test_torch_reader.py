@@ -24,6 +24,7 @@ from dpro_kit.errors import TraceFormatError
 from dpro_kit.graph import build_global_dfg
 from dpro_kit.readers import register_reader
 from dpro_kit.readers import torch_kineto
+from dpro_kit.placement import placement_warnings
 from dpro_kit.replay import replay
 from dpro_kit.trace import OpKind, load_manifest, load_trace
 
@@ -355,6 +356,12 @@ def test_e2e_ddp_job_profiled_with_dpro_profile(tmp_path):
                          capture_output=True, text=True, timeout=240)
     assert rep.returncode == 0, rep.stderr[-2000:]
     doc = json.loads(rep.stdout)
+    # where each rank ran: its CPU set and the machine (boot id); replay warns when ranks time-share cores
+    place = ts.manifest.extra["cpu_placement"]
+    assert set(place) == {"testhost/0", "testhost/1"}
+    assert all(p["affinity"] and p["threads"] == 1 and p["machine"] == place["testhost/0"]["machine"]
+               for p in place.values())
+    assert doc["warnings"] == placement_warnings(ts.manifest.extra)
     predicted, measured = doc["iteration_time_ms"], doc["measured_iteration_ms"]
     assert measured == pytest.approx(_measured_ms(out), rel=1e-3)
     script_median = json.loads(times.read_text())["median_iteration_s"] * 1e3

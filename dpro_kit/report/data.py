@@ -370,6 +370,8 @@ def collect(trace_dir: str | Path, *, plan: str | Path | None = None, iterations
                              "profiled_iterations": list(m.iterations), "tool_version": m.tool_version,
                              "created": m.created, "ops": g.number_of_nodes(), "edges": g.number_of_edges(),
                              "iterations_replayed": iterations, "comm_model": g.graph.get("meta", {}).get("comm_model")}
+    from ..placement import placement_warnings
+    facts["warnings"] = placement_warnings(m.extra)
     measured = m.extra.get("measured_iteration_ms")
     if _finite(measured):
         facts["measured_iteration_ms"] = float(measured)

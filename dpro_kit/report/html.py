@@ -33,6 +33,7 @@ td.l,th.l{text-align:left;white-space:normal;max-width:520px;overflow-wrap:anywh
 .legend{display:flex;flex-wrap:wrap;gap:12px;font-size:12px;margin:4px 0 6px}
 .legend .key i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px;border-radius:2px}
 .note{color:#666;font-size:12.5px}
+.warn{color:#8a5a00;background:#fff4d6;padding:4px 8px;border-radius:4px}
 .na{color:#8a6d00;background:#fff8e1;border:1px solid #ffe08a;border-radius:4px;padding:6px 10px;display:inline-block}
 .scroll{overflow-x:auto}
 svg{display:block;margin:4px 0}
@@ -104,6 +105,7 @@ def render(d: ReportData) -> str:
                                  f"{cm.get('latency_us', 0):.0f} us latency" if cm else "n/a"],
                   ["collected", f"{f.get('created') or '?'} by {f.get('tool_version') or '?'}"]]
     overview = '<div class="cards">' + "".join(cards) + "</div>" + _table(["fact", "value"], facts_rows, left=2)
+    overview += "".join(f'<p class="warn">warning: {esc(w)}</p>' for w in f.get("warnings") or [])
     sections.append(("overview", "Overview", overview))
 
     # ---------------------------------------------------------------- timelines

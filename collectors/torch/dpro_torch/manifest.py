@@ -81,7 +81,11 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
                   # class and state size of rank 0's optimizer (peak-memory model)
                   "optimizer": d0.get("optimizer"),
                   # per-collective cost: the slowest rank's median time of a one-element allreduce
-                  "comm_calibration": _slowest_calibration([by_rank[r][1] for r in range(world)])},
+                  "comm_calibration": _slowest_calibration([by_rank[r][1] for r in range(world)]),
+                  # CPU set, machine and torch threads of every rank (dpro_kit.placement)
+                  "cpu_placement": {f"{by_rank[r][1]['host']}/{r}": {**(by_rank[r][1].get("cpu") or {}),
+                                                                     "threads": by_rank[r][1].get("threads")}
+                                    for r in range(world)}},
     }
 
 

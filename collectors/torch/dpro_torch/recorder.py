@@ -72,6 +72,24 @@ def active_recorder() -> "Recorder | None":
     return _ACTIVE
 
 
+def cpu_placement() -> dict[str, Any]:
+    """Where this rank ran: its CPU set, the machine's CPU count and the machine itself.
+
+    ``machine`` is the kernel's boot id: network namespaces (the emulated cluster)
+    and containers on one machine share it, so the reader can tell ranks that
+    compete for the same cores even when their host names differ.
+    """
+    try:
+        cpus: list[int] | None = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = None
+    try:
+        machine: str | None = Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        machine = None
+    return {"affinity": cpus, "count": os.cpu_count(), "machine": machine}
+
+
 def _log(msg: str) -> None:
     if os.environ.get("DPRO_QUIET") != "1":
         print(f"[dpro_torch pid {os.getpid()}] {msg}", file=sys.stderr, flush=True)
@@ -747,6 +765,7 @@ class Recorder:
             "steps": recs,
             "measured": self._summary(recs),
             "threads": torch.get_num_threads(),
+            "cpu": cpu_placement(),
             "profiler_overhead": self._overhead,
             "grad_ready_markers": self.grad_ready,
             "optimizer": self._optimizer_meta or self._optimizer_info(),
