@@ -57,7 +57,12 @@ def test_ring_counts(ranks, rph, buckets):
         if d["kind"] == "SEND":
             recvs = [v for v in g.successors(k) if g.nodes[v]["kind"] == "RECV"]
             assert len(recvs) == 1 and g.nodes[recvs[0]]["txn"] == d["txn"]
-            assert all(g.nodes[v]["kind"] in ("RECV", "VIRTUAL") for v in g.successors(k))  # last SEND -> Out
+            # the RECV, the rank's next step (same node and tensor) or, after the last step, Out
+            for v in g.successors(k):
+                dv = g.nodes[v]
+                assert dv["kind"] in ("RECV", "VIRTUAL") or (
+                    dv["kind"] == "SEND" and dv["node"] == d["node"] and dv["tensor"] == d["tensor"]
+                    and dv["step"] == d["step"] + 1), (k, v)
             assert d["txn"] == txn_id(d["tensor"], d["phase"], d["step"], d["chunk"], d["node"], d["peer"])
             src, dst = int(d["node"][1:]), int(d["peer"][1:])
             assert dst == (src + 1) % ranks

@@ -156,6 +156,29 @@ def test_ring_three_workers_iteration_time():
         assert row.end == approx(30 + 23 * (row.step + 1))
 
 
+def test_ring_late_rank_holds_back_every_step_it_sends():
+    # N=3, 60 bytes (T = 23 us per step); w2's BW ends at 90 instead of 30. Links L0 = h0->h1,
+    # L1 = h1->h2, L2 = h2->h0. Hand schedule (a rank sends its steps in order; each forwards the
+    # chunk it received in the step before):
+    #   step 0: w0, w1 at 30-53 (L0, L1); w2 at 90-113 (L2, waits for its own gradients)
+    #   step 1: w1 53-76 (got w0's chunk at 53); w2 113-136 (after its step 0); w0 113-136 (got w2's at 113)
+    #   step 2: all three 136-159 (w0, w1 got their step-1 chunks at 136; w2 after its step 1)
+    #   step 3: all three 159-182; UPDATE 182-186
+    # Before the step chain, w2 forwarded w1's chunk at 53, before it had computed its own.
+    ts = make_job({"w0": "h0", "w1": "h1", "w2": "h2"}, nbytes=60)
+    ev = ts.events
+    late = (ev["node"] == "w2") & (ev["op"] == "BW")
+    ts.events.loc[late, "dur"] = 80.0
+    g = build_global_dfg(ts, comm_model=MODEL)
+    df = replay(g).to_frame(g)
+    s = df[df["kind"] == "SEND"].set_index(["node", "step"])["start"]
+    want = {("w0", 0): 30, ("w1", 0): 30, ("w2", 0): 90, ("w1", 1): 53, ("w2", 1): 113, ("w0", 1): 113}
+    want.update({(w, 2): 136 for w in ("w0", "w1", "w2")})
+    want.update({(w, 3): 159 for w in ("w0", "w1", "w2")})
+    assert {k: round(float(v), 6) for k, v in s.items()} == want
+    assert replay(g).iteration_time_us == approx(186)
+
+
 def test_ring_several_iterations_do_not_overlap():
     # STEP_END(w) after UPDATE precedes FW of the next iteration: iterations are serial.
     # 3 iterations of 126 us (N=3 as above): makespan 378, iteration time 126.
