@@ -29,6 +29,11 @@ all statistics are medians.
     python bench/accuracy.py --quick         # smoke subset (< 3 min)
     python bench/accuracy.py --full          # the whole cross product (hours)
     python bench/accuracy.py --json rows.json --md table.md
+    python bench/accuracy.py --repredict rows.json   # same measurements, predictions of this code
+
+``--repredict`` runs no job: it replays the traces a previous run kept (``--keep``)
+with the code in this checkout and prints the same tables against the measurements
+recorded in that run's JSON - how a model change is judged on identical data.
 """
 from __future__ import annotations
 
@@ -308,7 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out", default="", help="write every row here")
     ap.add_argument("--md", default="", help="write the tables as Markdown here")
     ap.add_argument("--keep", default="", help="keep traces and logs in this folder (default: a temp dir)")
+    ap.add_argument("--repredict", default="", metavar="RUN.json",
+                    help="run no job: replay the traces kept by an earlier run (its --json, run with --keep) "
+                         "with this code and print the tables against that run's measurements")
     args = ap.parse_args(argv)
+    if args.repredict:
+        return repredict(Path(args.repredict), args)
     import signal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clusters and temp dirs are cleaned up
     if args.quick:
@@ -406,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         wrows.append({"kind": "whatif", "what": w.what, "from": w.a.short(), "to": w.b.short(),
                       "args": " ".join(w.replay_args()), "measured_ms": meas, "predicted_ms": pred,
                       "error_pct": pct(pred, meas), "predicted_a_ms": med(results[w.a]["pred"]),
-                      "measured_a_ms": med(results[w.a]["measured"])})
+                      "measured_a_ms": med(results[w.a]["measured"]), "traces_a": results[w.a]["traces"]})
 
     text = render(rows, wrows, kind, args, time.time() - t_start, probes)
     print(text)
@@ -418,6 +428,64 @@ def main(argv: list[str] | None = None) -> int:
                                                    "seconds": round(time.time() - t_start)}, indent=1))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _kept_traces(work: Path, config: str) -> list[str]:
+    """Traces of ``config`` profiled in a kept work dir (for runs that predate ``traces_a``)."""
+    tag = config.replace("/", "_")
+    return sorted(str(p) for p in work.glob(f"*-{tag}-prof/trace") if (p / "manifest.json").exists())
+
+
+def repredict(path: Path, args: argparse.Namespace) -> int:
+    """Re-replay the kept traces of an earlier run; measurements stay as recorded."""
+    t0 = time.time()
+    try:
+        doc = json.loads(path.read_text())
+        rows, wrows = doc["rows"], doc.get("whatif", [])
+    except (OSError, ValueError, KeyError) as exc:
+        sys.exit(f"bench/accuracy.py: {path}: not a bench result ({exc})")
+    missing = [t for r in rows for t in r.get("traces", []) if not (Path(t) / "manifest.json").exists()]
+    if missing or not rows:
+        sys.exit(f"bench/accuracy.py: {path}: the traces are gone ({len(missing)} missing, e.g. "
+                 f"{missing[:1]}); --repredict needs a run made with --keep")
+    work = Path(rows[0]["traces"][0]).parents[1]
+    runner = Runner.__new__(Runner)        # replay only: no jobs, no log
+    ablation = not args.no_ablation and any(r.get("predicted_keep_ms") is not None for r in rows)
+    for i, r in enumerate(rows):
+        reps = [runner.replay(t) for t in r["traces"]]
+        r["predicted_runs_ms"] = [x["iteration_time_ms"] for x in reps]
+        r["predicted_ms"] = med(r["predicted_runs_ms"])
+        r["error_pct"] = pct(r["predicted_ms"], r["measured_ms"])
+        unprof = r.get("profiled_run_unprofiled_ms")
+        r["error_vs_same_run_pct"] = pct(r["predicted_ms"], unprof) if unprof else None
+        r["comm_model"] = reps[-1].get("comm_model") or {}
+        for key, how in (("calibrated", {"overhead": "calibrated"}), ("keep", {"overhead": "keep"}),
+                         ("mean_durations", {"extra": ["--mean-durations"]})):
+            pk = "predicted_mean_durations_ms" if key == "mean_durations" else f"predicted_{key}_ms"
+            ek = "error_mean_durations_pct" if key == "mean_durations" else f"error_{key}_pct"
+            if ablation:
+                r[pk] = med([runner.replay(t, **how)["iteration_time_ms"] for t in r["traces"]])
+                r[ek] = pct(r[pk], r["measured_ms"])
+            else:
+                r[pk] = r[ek] = None
+        print(f"  [{time.time() - t0:6.0f} s] {i + 1}/{len(rows)} {r['config']}: predicted "
+              f"{r['predicted_ms']:.2f} ms ({r['error_pct']:+.1f} %)", flush=True)
+    for w in wrows:
+        traces = w.get("traces_a") or _kept_traces(work, w["from"])
+        if not traces:
+            sys.exit(f"bench/accuracy.py: no kept trace of {w['from']} under {work}")
+        w["predicted_ms"] = med([runner.replay(t, w["args"].split())["iteration_time_ms"] for t in traces])
+        w["error_pct"] = pct(w["predicted_ms"], w["measured_ms"])
+    args.rounds = doc.get("rounds", 1)
+    text = render(rows, wrows, f"{doc.get('kind', '?')}, re-predicted from {path.name}", args,
+                  time.time() - t0, doc.get("machine_probes"))
+    print(text)
+    if args.md:
+        Path(args.md).write_text(text + "\n")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({**doc, "rows": rows, "whatif": wrows, "repredicted_from": str(path),
+                                                   "argv": sys.argv}, indent=1))
     return 0
 
 
