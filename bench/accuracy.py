@@ -478,8 +478,8 @@ def repredict(path: Path, args: argparse.Namespace) -> int:
         w["predicted_ms"] = med([runner.replay(t, w["args"].split())["iteration_time_ms"] for t in traces])
         w["error_pct"] = pct(w["predicted_ms"], w["measured_ms"])
     args.rounds = doc.get("rounds", 1)
-    text = render(rows, wrows, f"{doc.get('kind', '?')}, re-predicted from {path.name}", args,
-                  time.time() - t0, doc.get("machine_probes"))
+    text = (f"re-predicted from {path} with this checkout's code; measurements as that run recorded them ('bench time' = the re-prediction's)\n\n"
+            + render(rows, wrows, str(doc.get("kind", "?")), args, time.time() - t0, doc.get("machine_probes")))
     print(text)
     if args.md:
         Path(args.md).write_text(text + "\n")

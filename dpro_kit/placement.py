@@ -1,22 +1,24 @@
-"""Where ranks ran on CPUs, and when that is outside what the replayer models.
+"""Where ranks ran on CPUs, and what that means for a prediction.
 
-The replayer gives every rank its own compute device (dPRO §4.3).  That holds
-when each rank has its own cores (or its own GPU).  When several ranks of one
-machine are pinned to - or simply crowd - fewer cores than they run threads,
-they time-share the cores: a rank's ops are slowed by whatever its neighbours
-do at that moment, and its collectives wait for peers that are descheduled.
-Neither is in the DFG, and the profiled op durations carry one particular mix
-of it.  On the 2-core test VM, 4 ranks on 2 cores were predicted 15-19 % too
-fast while 2 ranks on 2 cores were within 6 % (docs/accuracy.md).  Merging
-the ranks of a core into one device, with op durations deflated by their
-measured overlap, was tried and not kept (docs/accuracy.md, "Tried and
-rejected").
+The replayer gives every rank its own compute device (dPRO §4.3).  When
+several ranks of one machine run more torch threads than the CPUs they may
+use, they time-share cores: each profiled op time carries the contention of
+that run (a neighbour computing at the same moment, gloo threads waiting for
+a core).  Replaying the same placement reproduces it - on the 2-core test VM,
+rows with 3 or 4 ranks on 2 cores were within -2 ... +6 % once the ring DFG
+was right (docs/accuracy.md) - but nothing in the graph knows about it, so a
+what-if that changes how many ranks share a core (``--world-size`` on one
+machine, going from shared to dedicated cores) cannot follow: 2 ranks with a
+core each, asked for 4 ranks that then shared the 2 cores, was predicted 21 %
+too fast.  Merging the ranks of a core into one device was tried and not kept
+(docs/accuracy.md, "Tried and rejected").
 
-So the tool says so instead of guessing: :func:`shared_core_groups` finds the
-ranks that time-share cores from what the collector recorded
+So the tool says so: :func:`shared_core_groups` finds the ranks that
+time-share cores from what the collector recorded
 (``manifest.extra.cpu_placement``: each rank's CPU set, the machine's boot id -
 shared by network namespaces and containers of one machine - and torch's
-thread count), and :func:`placement_warnings` words it for ``dpro replay``.
+thread count), and :func:`placement_warnings` words it for ``dpro replay`` and
+``dpro report``.
 """
 from __future__ import annotations
 
@@ -75,7 +77,8 @@ def placement_warnings(extra: dict[str, Any] | None) -> list[str]:
     out = []
     for grp in shared_core_groups(extra):
         out.append(f"ranks {', '.join(grp['nodes'])} time-share CPU(s) {_cpus(grp['cpus'])} "
-                   f"({grp['threads']} torch threads on {len(grp['cpus'])} CPU(s) of one machine): the replay "
-                   "gives each rank its own compute device, so contention between them is not modelled; "
-                   "expect larger errors (docs/accuracy.md, 'Ranks sharing cores')")
+                   f"({grp['threads']} torch threads on {len(grp['cpus'])} CPU(s) of one machine): their op "
+                   "times include that contention, which the replay does not model; predictions hold for this "
+                   "placement, not for what-ifs that change how many ranks share a core "
+                   "(docs/accuracy.md, 'Ranks sharing cores')")
     return out

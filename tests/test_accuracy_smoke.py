@@ -70,3 +70,23 @@ def test_one_real_configuration(tmp_path):
     assert row["overhead_pct"] is not None
     trace = next((tmp_path / "work").glob("*-prof/trace"))
     assert (trace / "manifest.json").exists()
+    # --repredict: the same kept traces replayed again give the same predictions against the same
+    # measurements (no job runs: the replay is deterministic)
+    again = tmp_path / "again.json"
+    assert b.main(["--repredict", str(out), "--json", str(again)]) == 0
+    (row2,) = json.loads(again.read_text())["rows"]
+    assert row2["measured_ms"] == row["measured_ms"] and row2["traces"] == row["traces"]
+    assert row2["predicted_ms"] == pytest.approx(row["predicted_ms"], rel=1e-9)
+    assert row2["error_mean_durations_pct"] == pytest.approx(row["error_mean_durations_pct"], rel=1e-9)
+
+
+def test_repredict_needs_kept_traces(tmp_path):
+    b = _bench()
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps({"kind": "quick", "rounds": 1, "rows": [
+        {"config": "mlp/b25/w2/loopback", "traces": [str(tmp_path / "gone" / "trace")], "measured_ms": 5.0}]}))
+    with pytest.raises(SystemExit, match="traces are gone"):
+        b.main(["--repredict", str(f)])
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(SystemExit, match="not a bench result"):
+        b.main(["--repredict", str(tmp_path / "bad.json")])
