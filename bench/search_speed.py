@@ -64,6 +64,11 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="ResNet-50,BERT-base")
     ap.add_argument("--modes", default=",".join(m for m, _ in MODES))
     a = ap.parse_args(argv)
+    known = [m for m, _ in MODES]
+    bad = [m for m in a.modes.split(",") if m not in known] + [m for m in a.models.split(",") if m not in MODELS]
+    if bad:
+        ap.error(f"unknown mode/model {', '.join(map(repr, bad))}; modes: {', '.join(known)}; "
+                 f"models: {', '.join(MODELS)}")
     budget = a.budget or (30.0 if a.quick else 300.0)
     scale = 0.5 if a.quick else 1.0
     gc.disable()
