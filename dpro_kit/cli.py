@@ -197,8 +197,10 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     if "measured_iteration_ms" in info:
         out["error_pct"] = 100.0 * (it_ms - info["measured_iteration_ms"]) / info["measured_iteration_ms"]
     if ts is not None:
-        from .placement import placement_warnings
+        from .placement import placement_warnings, world_size_warnings
         out["warnings"] = placement_warnings(ts.manifest.extra)
+        if world_size is not None:
+            out["warnings"] += world_size_warnings(ts.manifest.extra, world_size)
     if timeline is not None:
         out["timeline"] = str(timeline)
     if measured_timeline is not None:

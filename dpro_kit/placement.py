@@ -27,7 +27,7 @@ from typing import Any
 
 import networkx as nx
 
-__all__ = ["shared_core_groups", "placement_warnings"]
+__all__ = ["shared_core_groups", "placement_warnings", "world_size_warnings"]
 
 
 def shared_core_groups(extra: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -82,3 +82,30 @@ def placement_warnings(extra: dict[str, Any] | None) -> list[str]:
                    "placement, not for what-ifs that change how many ranks share a core "
                    "(docs/accuracy.md, 'Ranks sharing cores')")
     return out
+
+
+def world_size_warnings(extra: dict[str, Any] | None, world_size: int) -> list[str]:
+    """A ``--world-size`` what-if from a job whose ranks all ran on one machine.
+
+    The what-if replicates the profiled ranks with their op times, i.e. as if
+    every added rank had cores like theirs (new machines).  When the target
+    world would not fit the profiled machine's CPUs (ranks x torch threads >
+    CPUs) and the user means to run it there, the ranks will time-share cores
+    and the prediction is too fast (2 -> 4 ranks on 2 cores: -22 %).
+    """
+    placement = (extra or {}).get("cpu_placement")
+    if not isinstance(placement, dict) or not placement:
+        return []
+    recs = [p for p in placement.values() if isinstance(p, dict)]
+    machines = {str(p.get("machine")) for p in recs if p.get("machine")}
+    counts = [p["count"] for p in recs if isinstance(p.get("count"), int) and p["count"] > 0]
+    if len(machines) != 1 or len(recs) != len(placement) or not counts:
+        return []
+    threads = max((p["threads"] for p in recs if isinstance(p.get("threads"), int) and p["threads"] > 0), default=1)
+    cpus = min(counts)
+    if world_size * threads <= cpus:
+        return []
+    return [f"--world-size {world_size}: the added ranks are replayed with the profiled ranks' op times, as if "
+            f"each had cores of its own; the profiled ranks all ran on one machine with {cpus} CPU(s), where "
+            f"{world_size} ranks x {threads} torch thread(s) would time-share cores and run slower than predicted "
+            "(docs/accuracy.md, 'Ranks sharing cores')"]

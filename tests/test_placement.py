@@ -1,7 +1,7 @@
 """Ranks that time-share CPU cores (dpro_kit.placement): found from the recorded CPU sets, worded for the user."""
 from __future__ import annotations
 
-from dpro_kit.placement import placement_warnings, shared_core_groups
+from dpro_kit.placement import placement_warnings, shared_core_groups, world_size_warnings
 
 
 def _extra(**ranks) -> dict:
@@ -44,3 +44,14 @@ def test_chains_of_overlapping_sets_form_one_group():
 def test_old_or_partial_traces_give_no_warning():
     assert shared_core_groups({}) == [] and shared_core_groups(None) == []
     assert shared_core_groups({"cpu_placement": {"h/0": {"affinity": None}, "h/1": "junk"}}) == []
+
+
+def test_world_size_what_if_that_would_not_fit_the_profiled_machine():
+    # 2 ranks, a core each, on a 2-CPU machine: 4 ranks would time-share the cores
+    ex = _extra(h_0=([0], 1, "m"), h_1=([1], 1, "m"))
+    w = world_size_warnings(ex, 4)
+    assert len(w) == 1 and w[0].startswith("--world-size 4:") and "2 CPU(s)" in w[0]
+    assert world_size_warnings(ex, 2) == []                       # fits
+    # ranks on two machines: a bigger world means more machines, nothing to say
+    assert world_size_warnings(_extra(a_0=([0], 1, "m1"), b_1=([0], 1, "m2")), 8) == []
+    assert world_size_warnings({}, 8) == [] and world_size_warnings(None, 8) == []
