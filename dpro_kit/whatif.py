@@ -21,7 +21,7 @@ import pandas as pd
 
 from .costmodel import CommModel, LinkModel
 from .errors import DproError
-from .trace import Collective, Manifest, NodeInfo, TraceSet
+from .trace import Collective, NodeInfo, TraceSet
 
 #: PyTorch DDP's cap for the first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024

@@ -4,11 +4,27 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from dpro_kit.trace import Collective, Manifest, NodeInfo, TraceSet, make_events, save_trace
+
+TRAIN = Path(__file__).resolve().parents[1] / "examples" / "ddp" / "train.py"
+
+
+def profile_ddp(out: Path, *options: str, steps: str, train: list[str], timeout: float = 240) -> Path:
+    """Run a real 2-rank ``examples/ddp/train.py`` job under ``dpro profile OPTIONS`` into ``out``.
+
+    ``train``: the script's arguments after ``--nproc 2 --quiet``.  Fails the test
+    (with the job's stderr) on a non-zero exit; returns ``out``.
+    """
+    cmd = [sys.executable, "-m", "dpro_kit.cli", "profile", *options, "--out", str(out), "--steps", steps,
+           "--", sys.executable, str(TRAIN), "--nproc", "2", "--quiet", *train]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
 
 
 def tiny_traceset(workers: int = 2, iterations: int = 3, layers: int = 3, hosts: int | None = None,

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import profile_ddp
 from dpro_kit.optimize.compile_timing import RecordedOp, Region, RegionError, parse_concrete, time_fusions
 from dpro_kit.optimize.state import extract_base, fused_duration
 from dpro_kit.readers.torch_kineto import read_op_shapes
 from dpro_kit.trace import load_trace
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_parse_concrete():
@@ -44,13 +43,8 @@ def test_fused_duration_uses_measured_ratio():
 @pytest.fixture(scope="module")
 def shapes_trace(tmp_path_factory) -> Path:
     pytest.importorskip("torch")
-    out = tmp_path_factory.mktemp("shapes") / "trace"
-    cmd = [sys.executable, "-m", "dpro_kit.cli", "profile", "--shapes", "--out", str(out), "--steps", "6:9",
-           "--", sys.executable, str(ROOT / "examples" / "ddp" / "train.py"), "--nproc", "2", "--model", "mlp",
-           "--iters", "12", "--warmup", "2", "--threads", "1", "--quiet"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return out
+    return profile_ddp(tmp_path_factory.mktemp("shapes") / "trace", "--shapes", steps="6:9",
+                       train=["--model", "mlp", "--iters", "12", "--warmup", "2", "--threads", "1"])
 
 
 @pytest.mark.slow

@@ -1,28 +1,20 @@
 """Memory over the iteration: `dpro profile --memory` on a real 2-rank DDP job, reader, round trip, report."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import profile_ddp
 from dpro_kit.report.data import memory as report_memory
 from dpro_kit.trace import load_trace, save_trace
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def mem_trace(tmp_path_factory) -> Path:
     pytest.importorskip("torch")
-    out = tmp_path_factory.mktemp("mem") / "trace"
-    cmd = [sys.executable, "-m", "dpro_kit.cli", "profile", "--memory", "--out", str(out), "--steps", "8:11",
-           "--", sys.executable, str(ROOT / "examples" / "ddp" / "train.py"), "--nproc", "2", "--model", "mlp",
-           "--iters", "14", "--warmup", "2", "--quiet"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return out
+    return profile_ddp(tmp_path_factory.mktemp("mem") / "trace", "--memory", steps="8:11",
+                       train=["--model", "mlp", "--iters", "14", "--warmup", "2"])
 
 
 @pytest.mark.slow

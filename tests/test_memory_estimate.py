@@ -31,6 +31,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from conftest import profile_ddp
 from dpro_kit.cli_optimize import optimize
 from dpro_kit.optimize.memory import MemoryModel, build_profile, checkpoint_segments, layer_of
 from dpro_kit.optimize.state import Strategy
@@ -151,10 +152,7 @@ def cnn_job(tmp_path_factory) -> dict:
     pytest.importorskip("torch")
     d = tmp_path_factory.mktemp("memest")
     trace = d / "trace"
-    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "profile", "--memory", "--out", str(trace),
-                        "--steps", "4:7", "--", *_train("cnn", "--iters", "6", "--warmup", "2")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    profile_ddp(trace, "--memory", steps="4:7", train=["--model", "cnn", "--iters", "6", "--warmup", "2"], timeout=300)
     real = {}
     for label, flags in (("default", []), ("accum2", ["--accum-steps", "2"])):
         # one run each: --memory-peak skips DDP's initial broadcast, whose buffer the profiler's CPU

@@ -1,5 +1,4 @@
 """Alg. 1 search: improvement, speed-up switches, budgets, checkpoint/resume, memory budget."""
-import json
 import sys
 from pathlib import Path
 

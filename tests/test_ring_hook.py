@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import profile_ddp  # noqa: E402
+
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,11 +76,8 @@ def test_ring_hook_gives_ddp_gradients(tmp_path):
 
 def test_profile_ring_gives_joined_send_recv_events(tmp_path):
     out = tmp_path / "t"
-    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "profile", "--ring", "-o", str(out), "--steps", "3:6",
-                        "--", sys.executable, str(ROOT / "examples/ddp/train.py"), "--nproc", "2", "--model", "mlp",
-                        "--iters", "4", "--warmup", "2", "--threads", "1", "--bucket-mb", "1", "--quiet"],
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
+    profile_ddp(out, "--ring", steps="3:6",
+                train=["--model", "mlp", "--iters", "4", "--warmup", "2", "--threads", "1", "--bucket-mb", "1"])
     from dpro_kit.graph import build_global_dfg
     from dpro_kit.trace import load_trace
     ts = load_trace(out)

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import json
-import math
 
 import networkx as nx
-import numpy as np
 import pandas as pd
 import pytest
 
