@@ -23,11 +23,38 @@ thread count), and :func:`placement_warnings` words it for ``dpro replay`` and
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
 
 __all__ = ["shared_core_groups", "placement_warnings", "world_size_warnings"]
+
+
+@dataclass(frozen=True)
+class _Rank:
+    node: str
+    machine: str
+    cpus: frozenset[int]   # empty when not recorded
+    threads: int
+    count: int             # the machine's CPUs, 0 when not recorded
+
+
+def _ranks(extra: dict[str, Any] | None) -> list[_Rank]:
+    """The collector's ``cpu_placement`` entries, read leniently (older traces have none)."""
+    placement = (extra or {}).get("cpu_placement")
+    if not isinstance(placement, dict):
+        return []
+    out = []
+    for node, p in placement.items():
+        if not isinstance(p, dict):
+            continue
+        aff, thr, cnt = p.get("affinity"), p.get("threads"), p.get("count")
+        out.append(_Rank(node=str(node), machine=str(p.get("machine") or str(node).split("/", 1)[0]),
+                         cpus=frozenset(int(c) for c in aff) if isinstance(aff, list) else frozenset(),
+                         threads=thr if isinstance(thr, int) and thr > 0 else 1,
+                         count=cnt if isinstance(cnt, int) and cnt > 0 else 0))
+    return out
 
 
 def shared_core_groups(extra: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -38,33 +65,23 @@ def shared_core_groups(extra: dict[str, Any] | None) -> list[dict[str, Any]]:
     union of their sets.  Ranks without a recorded CPU set are skipped (older
     traces, non-Linux).  Returns ``[{"nodes", "machine", "cpus", "threads"}]``.
     """
-    placement = (extra or {}).get("cpu_placement")
-    if not isinstance(placement, dict):
-        return []
-    by_machine: dict[str, dict[str, tuple[frozenset[int], int]]] = defaultdict(dict)
-    for node, p in placement.items():
-        if not isinstance(p, dict) or not isinstance(p.get("affinity"), list) or not p["affinity"]:
-            continue
-        machine = str(p.get("machine") or node.split("/", 1)[0])
-        threads = p.get("threads") if isinstance(p.get("threads"), int) and p["threads"] > 0 else 1
-        by_machine[machine][str(node)] = (frozenset(int(c) for c in p["affinity"]), threads)
+    by_machine: dict[str, list[_Rank]] = defaultdict(list)
+    for r in _ranks(extra):
+        if r.cpus:
+            by_machine[r.machine].append(r)
     groups = []
     for machine, ranks in by_machine.items():
         g = nx.Graph()
-        g.add_nodes_from(ranks)
-        names = sorted(ranks)
-        for i, a in enumerate(names):
-            for b in names[i + 1:]:
-                if ranks[a][0] & ranks[b][0]:
-                    g.add_edge(a, b)
+        g.add_nodes_from(range(len(ranks)))
+        g.add_edges_from((i, j) for i in range(len(ranks)) for j in range(i + 1, len(ranks))
+                         if ranks[i].cpus & ranks[j].cpus)
         for comp in nx.connected_components(g):
-            if len(comp) < 2:
-                continue
-            cpus = frozenset().union(*(ranks[n][0] for n in comp))
-            threads = sum(ranks[n][1] for n in comp)
-            if threads > len(cpus):
-                groups.append({"nodes": sorted(comp), "machine": machine, "cpus": sorted(cpus),
-                               "threads": threads})
+            members = [ranks[i] for i in comp]
+            cpus = frozenset().union(*(r.cpus for r in members))
+            threads = sum(r.threads for r in members)
+            if len(members) > 1 and threads > len(cpus):
+                groups.append({"nodes": sorted(r.node for r in members), "machine": machine,
+                               "cpus": sorted(cpus), "threads": threads})
     return sorted(groups, key=lambda d: d["nodes"])
 
 
@@ -74,14 +91,11 @@ def _cpus(cpus: list[int]) -> str:
 
 def placement_warnings(extra: dict[str, Any] | None) -> list[str]:
     """One sentence per group of :func:`shared_core_groups`, for the user."""
-    out = []
-    for grp in shared_core_groups(extra):
-        out.append(f"ranks {', '.join(grp['nodes'])} time-share CPU(s) {_cpus(grp['cpus'])} "
-                   f"({grp['threads']} torch threads on {len(grp['cpus'])} CPU(s) of one machine): their op "
-                   "times include that contention, which the replay does not model; predictions hold for this "
-                   "placement, not for what-ifs that change how many ranks share a core "
-                   "(docs/accuracy.md, 'Ranks sharing cores')")
-    return out
+    return [f"ranks {', '.join(grp['nodes'])} time-share CPU(s) {_cpus(grp['cpus'])} "
+            f"({grp['threads']} torch threads on {len(grp['cpus'])} CPU(s) of one machine): their op "
+            "times include that contention, which the replay does not model; predictions hold for this "
+            "placement, not for what-ifs that change how many ranks share a core "
+            "(docs/accuracy.md, 'Ranks sharing cores')" for grp in shared_core_groups(extra)]
 
 
 def world_size_warnings(extra: dict[str, Any] | None, world_size: int) -> list[str]:
@@ -93,16 +107,10 @@ def world_size_warnings(extra: dict[str, Any] | None, world_size: int) -> list[s
     CPUs) and the user means to run it there, the ranks will time-share cores
     and the prediction is too fast (2 -> 4 ranks on 2 cores: -22 %).
     """
-    placement = (extra or {}).get("cpu_placement")
-    if not isinstance(placement, dict) or not placement:
+    ranks = _ranks(extra)
+    if len({r.machine for r in ranks}) != 1 or not all(r.count for r in ranks):
         return []
-    recs = [p for p in placement.values() if isinstance(p, dict)]
-    machines = {str(p.get("machine")) for p in recs if p.get("machine")}
-    counts = [p["count"] for p in recs if isinstance(p.get("count"), int) and p["count"] > 0]
-    if len(machines) != 1 or len(recs) != len(placement) or not counts:
-        return []
-    threads = max((p["threads"] for p in recs if isinstance(p.get("threads"), int) and p["threads"] > 0), default=1)
-    cpus = min(counts)
+    threads, cpus = max(r.threads for r in ranks), min(r.count for r in ranks)
     if world_size * threads <= cpus:
         return []
     return [f"--world-size {world_size}: the added ranks are replayed with the profiled ranks' op times, as if "
