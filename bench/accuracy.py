@@ -256,7 +256,8 @@ class Runner:
                     codes.append(-9)
             return codes
 
-    def with_overhead_mode(self, trace: str, mode: str) -> str:
+    @staticmethod
+    def with_overhead_mode(trace: str, mode: str) -> str:
         """A view of ``trace`` whose manifest asks the reader for another profiler-overhead mode."""
         src = Path(trace)
         dst = src.parent / f"trace-overhead-{mode}"
@@ -270,9 +271,10 @@ class Runner:
             (dst / "manifest.json").write_text(json.dumps(man, indent=1))
         return str(dst)
 
-    def replay(self, trace: str, extra: list[str] | None = None, overhead: str | None = None) -> dict[str, Any]:
+    @staticmethod
+    def replay(trace: str, extra: list[str] | None = None, overhead: str | None = None) -> dict[str, Any]:
         if overhead is not None:
-            trace = self.with_overhead_mode(trace, overhead)
+            trace = Runner.with_overhead_mode(trace, overhead)
         cmd = DPRO + ["replay", trace, "--json", "-q", "-n", "3"] + (extra or [])
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if p.returncode != 0:
@@ -450,10 +452,9 @@ def repredict(path: Path, args: argparse.Namespace) -> int:
         sys.exit(f"bench/accuracy.py: {path}: the traces are gone ({len(missing)} missing, e.g. "
                  f"{missing[:1]}); --repredict needs a run made with --keep")
     work = Path(rows[0]["traces"][0]).parents[1]
-    runner = Runner.__new__(Runner)        # replay only: no jobs, no log
     ablation = not args.no_ablation and any(r.get("predicted_keep_ms") is not None for r in rows)
     for i, r in enumerate(rows):
-        reps = [runner.replay(t) for t in r["traces"]]
+        reps = [Runner.replay(t) for t in r["traces"]]
         r["predicted_runs_ms"] = [x["iteration_time_ms"] for x in reps]
         r["predicted_ms"] = med(r["predicted_runs_ms"])
         r["error_pct"] = pct(r["predicted_ms"], r["measured_ms"])
@@ -465,7 +466,7 @@ def repredict(path: Path, args: argparse.Namespace) -> int:
             pk = "predicted_mean_durations_ms" if key == "mean_durations" else f"predicted_{key}_ms"
             ek = "error_mean_durations_pct" if key == "mean_durations" else f"error_{key}_pct"
             if ablation:
-                r[pk] = med([runner.replay(t, **how)["iteration_time_ms"] for t in r["traces"]])
+                r[pk] = med([Runner.replay(t, **how)["iteration_time_ms"] for t in r["traces"]])
                 r[ek] = pct(r[pk], r["measured_ms"])
             else:
                 r[pk] = r[ek] = None
@@ -475,7 +476,7 @@ def repredict(path: Path, args: argparse.Namespace) -> int:
         traces = w.get("traces_a") or _kept_traces(work, w["from"])
         if not traces:
             sys.exit(f"bench/accuracy.py: no kept trace of {w['from']} under {work}")
-        w["predicted_ms"] = med([runner.replay(t, w["args"].split())["iteration_time_ms"] for t in traces])
+        w["predicted_ms"] = med([Runner.replay(t, w["args"].split())["iteration_time_ms"] for t in traces])
         w["error_pct"] = pct(w["predicted_ms"], w["measured_ms"])
     args.rounds = doc.get("rounds", 1)
     text = (f"re-predicted from {path} with this checkout's code; measurements as that run recorded them ('bench time' = the re-prediction's)\n\n"
