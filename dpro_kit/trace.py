@@ -369,9 +369,10 @@ def load_manifest(trace_dir: str | os.PathLike) -> Manifest:
         raise DproError("not a directory", path=trace_dir, hint="pass the trace folder, not a file in it")
     mpath = trace_dir / "manifest.json"
     if not mpath.exists():
-        empty = not any(trace_dir.iterdir())
-        raise DproError("directory is empty" if empty else "no manifest.json in the trace directory",
-                        path=trace_dir, hint="pass the folder written by `dpro profile` (it has manifest.json)")
+        # no manifest: each registered discoverer looks for what it can read (per-rank dpro_torch
+        # meta.json, plain torch.profiler files, ...) and builds the manifest in memory
+        from .readers import discover_manifest  # late import: readers import this module
+        return discover_manifest(trace_dir)
     return Manifest.from_json(read_json(mpath, what="manifest"), path=str(mpath))
 
 

@@ -38,6 +38,36 @@ def available() -> list[str]:
     return sorted(_READERS)
 
 
+#: A discoverer looks at a trace directory that has no ``manifest.json`` and returns the
+#: Manifest it can build from the files it recognises, or None if it recognises none of them.
+#: It raises DproError (one line: file, what is wrong, what to do) when it recognises its
+#: files but they cannot make a usable trace (ranks missing, mixed runs, ...).
+Discoverer = Callable[[Path], "Manifest | None"]
+_DISCOVERERS: list[tuple[str, Discoverer]] = []
+
+
+def register_discoverer(name: str, fn: Discoverer) -> None:
+    """Add ``fn`` to the discoverers tried, in registration order, by :func:`discover_manifest`."""
+    _DISCOVERERS[:] = [(n, f) for n, f in _DISCOVERERS if n != name] + [(name, fn)]
+
+
+def discover_manifest(trace_dir: Path) -> Manifest:
+    """The manifest of a trace directory without ``manifest.json``, built by the first discoverer
+    that recognises its files; a one-line :class:`DproError` when none does."""
+    from ..errors import DproError
+
+    trace_dir = Path(trace_dir)
+    for _name, fn in _DISCOVERERS:
+        man = fn(trace_dir)
+        if man is not None:
+            return man
+    empty = not any(trace_dir.iterdir())
+    raise DproError("directory is empty" if empty else "no trace this dpro can read in the directory",
+                    path=trace_dir,
+                    hint="pass the folder written by `dpro profile` (one per job, or the per-host folders "
+                         "copied together), or a folder of torch.profiler JSON traces (one per rank)")
+
+
 from . import native, torch_kineto  # noqa: E402  (the built-in readers; neither imports a framework)
 
 register_reader("dpro-events", native.read_node)
