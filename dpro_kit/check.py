@@ -46,16 +46,28 @@ def phase_of(kind: str) -> str:
 
 # ----------------------------------------------------------------------------- loading runs
 
-def load_trace_and_graph(trace_dir: str | Path, progress: Callable[[int, int], None] | None = None
-                         ) -> tuple[Any, nx.DiGraph]:
-    """``load_trace`` + comm model fit + ``build_global_dfg``, as ``dpro replay`` does it."""
-    from .costmodel import fit_from_trace
-    from .graph import build_global_dfg
-    from .trace import load_trace
+def load_trace_and_graph(trace_dir: str | Path, progress: Any = None, *, align: bool = True,
+                         per_iteration: bool | None = None) -> tuple[Any, nx.DiGraph]:
+    """The recorded TraceSet and the global DFG that ``dpro replay`` replays (through :class:`~dpro_kit.session.Session`).
 
-    ts = load_trace(trace_dir, progress=progress)
-    model = fit_from_trace(ts)
-    return ts, build_global_dfg(ts, comm_model=model)
+    Parameters
+    ----------
+    trace_dir : str or Path
+        A trace directory.
+    progress : dpro_kit.session.Progress or None
+        Progress for the slow stages.
+    align, per_iteration
+        As :class:`~dpro_kit.session.Session` (defaults: as ``dpro replay``).
+
+    Returns
+    -------
+    (TraceSet, nx.DiGraph)
+        The trace as recorded (not aligned: measured views keep the recorded clocks) and the graph.
+    """
+    from .session import Session
+
+    s = Session(trace_dir, align=align, per_iteration=per_iteration, progress=progress)
+    return s.raw, s.graph
 
 
 def replay_summary(res: Any, g: nx.DiGraph, *, top: int = 50) -> dict[str, Any]:
@@ -104,10 +116,25 @@ def _read_replay_json(path: Path) -> dict[str, Any]:
 
 
 def summary(path: str | Path, *, iterations: int | None = None, top: int = 50,
-            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """One run (trace directory, ``dpro graph`` file or ``dpro replay --json`` file) as a summary dict."""
-    from .graph import load_graph
-    from .replay import replay
+            progress: Callable[[str], None] | None = None, align: bool = True,
+            per_iteration: bool | None = None) -> dict[str, Any]:
+    """One run (trace directory, ``dpro graph`` file or ``dpro replay --json`` file) as a summary dict.
+
+    Parameters
+    ----------
+    path : str or Path
+        The run.  Trace directories and graph files are replayed through
+        :class:`~dpro_kit.session.Session`, as ``dpro replay`` does.
+    iterations : int or None
+        Iterations to replay (default 1).
+    top : int
+        Longest critical-path ops to keep.
+    progress : callable or None
+        Called with one line before each slow step.
+    align, per_iteration
+        As :class:`~dpro_kit.session.Session` (defaults: as ``dpro replay``).
+    """
+    from .session import Session
 
     path = Path(path)
     note = progress or (lambda _msg: None)
@@ -116,10 +143,10 @@ def summary(path: str | Path, *, iterations: int | None = None, top: int = 50,
                         hint="pass a trace directory or a file written by `dpro replay --json`")
     if path.is_dir():
         note(f"replaying {path}")
-        ts, g = load_trace_and_graph(path)
-        res = replay(g, iterations=iterations or 1)
+        s = Session(path, align=align, per_iteration=per_iteration)
+        ts, g, res = s.raw, s.graph, s.replay(iterations or 1)
         out = {"source": str(path), "input": "trace", "job": ts.manifest.job, "world_size": ts.manifest.world_size,
-               **replay_summary(res, g, top=top), **measured_summary(ts)}
+               "durations": s.info["durations"], **replay_summary(res, g, top=top), **measured_summary(ts)}
         measured = ts.manifest.extra.get("measured_iteration_ms")
         if isinstance(measured, (int, float)) and math.isfinite(measured) and measured > 0:
             out["measured_iteration_ms"] = float(measured)
@@ -127,8 +154,8 @@ def summary(path: str | Path, *, iterations: int | None = None, top: int = 50,
     doc = _read_replay_json(path)
     if isinstance(doc, dict) and doc.get("format") == "dpro-dfg":
         note(f"replaying graph {path}")
-        g = load_graph(path)
-        res = replay(g, iterations=iterations or 1)
+        s = Session(path)
+        g, res = s.graph, s.replay(iterations or 1)
         return {"source": str(path), "input": "graph", **replay_summary(res, g, top=top)}
     it = doc.get("iteration_time_ms") if isinstance(doc, dict) else None
     if not isinstance(it, (int, float)) or isinstance(it, bool) or not math.isfinite(it) or it <= 0:
@@ -137,7 +164,7 @@ def summary(path: str | Path, *, iterations: int | None = None, top: int = 50,
     out = {"source": str(path), "input": "replay-json", "iteration_time_ms": float(it),
            "iterations_replayed": int(doc.get("iterations_replayed", 1) or 1)}
     for key in ("job", "world_size", "measured_iteration_ms", "critical_path_ms_by_kind", "critical_path_top",
-                "critical_path", "nodes", "makespan_ms", "ops", "whatif"):
+                "critical_path", "nodes", "makespan_ms", "ops", "whatif", "durations"):
         if key in doc:
             out[key] = doc[key]
     for key, typ in (("critical_path_ms_by_kind", dict), ("nodes", dict), ("critical_path_top", list),
@@ -437,3 +464,9 @@ def _xml_text(s: str) -> str:
 
 def write_junit(rep: CheckReport, path: str | Path) -> None:
     atomic_write_text(path, to_junit(rep))
+
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAIL", "EXIT_PASS", "METRICS", "PHASES", "Check", "CheckReport", "budget",
+           "budget_checks", "compare", "explain", "load_trace_and_graph", "measured_summary", "parse_percent",
+           "phase_of", "render_text", "replay_json_iterations", "replay_summary", "summary", "to_junit",
+           "write_junit"]

@@ -17,6 +17,7 @@ import networkx as nx
 
 from . import __version__
 from .errors import DproError
+from .session import PER_ITERATION_MAX_EVENTS  # the replay help names it
 
 EXIT_BAD_INPUT = 2
 
@@ -41,65 +42,6 @@ class _Progress:
     def note(self, msg: str) -> None:
         if self.enabled:
             click.echo(msg, err=True)
-
-
-#: above this many events ``dpro replay`` replays mean durations by default (one graph per iteration
-#: would cost a DFG build per profiled iteration)
-PER_ITERATION_MAX_EVENTS = 2_000_000
-
-
-def _load_graph_from(path: Path, progress: _Progress, whatif: Any = None, align: bool = True,
-                     per_iteration: bool | None = False) -> tuple[nx.DiGraph, dict[str, Any], Any]:
-    """A global DFG from a trace directory (optionally transformed by a what-if), or from a graph file.
-
-    Returns the graph, facts about the job for the output, and the profiled
-    (aligned) TraceSet, or None for a graph file.
-    """
-    from .costmodel import fit_from_trace
-    from .graph import build_global_dfg, load_graph
-    from .trace import load_trace
-    from .whatif import apply
-
-    if path.is_file() and path.suffix in (".json", ".graphml") and path.name != "manifest.json":
-        if (whatif is not None and whatif.any()) or per_iteration:
-            raise DproError("what-if and --per-iteration need a trace directory, not a graph file", path=path)
-        return load_graph(path), {}, None
-    ts = load_trace(path, progress=progress.step("reading traces"))
-    if align:
-        from .align import aligned_traceset
-        ts = aligned_traceset(ts, path)  # cached in TRACE_DIR/aligned/offsets.json
-    profiled = ts
-    info: dict[str, Any] = {"job": ts.manifest.job, "framework": ts.manifest.framework, "comm_backend": ts.manifest.comm_backend,
-            "world_size": ts.manifest.world_size, "profiled_iterations": ts.manifest.iterations}
-    model = fit_from_trace(ts)
-    if whatif is not None and whatif.any():
-        ts, model = apply(ts, model, whatif)
-        info["whatif"] = whatif.describe()
-        info["world_size"] = ts.manifest.world_size
-    measured = ts.manifest.extra.get("measured_iteration_ms")
-    if measured is not None and "whatif" not in info:
-        info["measured_iteration_ms"] = float(measured)
-    progress.note(f"building the global DFG of {len(ts.nodes())} node(s)")
-    n_iter = int(ts.events["iteration"].nunique()) if len(ts.events) else 0
-    if per_iteration is None:
-        per_iteration = 2 <= n_iter and len(ts.events) <= PER_ITERATION_MAX_EVENTS
-    if not per_iteration or n_iter < 2:
-        info["durations"] = "mean over the profiled iterations"
-        return build_global_dfg(ts, comm_model=model), info, profiled
-    info["durations"] = "per iteration: the median of one replay per profiled iteration"
-    # one graph per profiled iteration (its own op durations), the comm model fitted on all of them;
-    # the graph whose replay is the median stands for the job
-    from .replay import replay as run_replay
-    from .trace import select_iterations
-    graphs = {}
-    for it in sorted(int(i) for i in ts.events["iteration"].unique()):
-        g_it = build_global_dfg(select_iterations(ts, [it]), comm_model=model)
-        graphs[it] = (run_replay(g_it).iteration_time_us / 1e3, g_it)
-    order = sorted(graphs, key=lambda i: graphs[i][0])
-    median_it = order[(len(order) - 1) // 2]
-    info["per_iteration_ms"] = {str(i): graphs[i][0] for i in sorted(graphs)}
-    info["median_iteration"] = median_it
-    return graphs[median_it][1], info, profiled
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -166,18 +108,19 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
       dpro replay T --world-size 8         more workers
     """
     from .analysis import breakdown, critical_path_summary
-    from .replay import replay as run_replay
+    from .session import Session
     from .timeline import replay_to_chrome, trace_to_chrome, write_chrome
     from .whatif import WhatIf
 
     progress = _Progress(not (quiet or as_json))
     wi = WhatIf(bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, bandwidth_mbps=bandwidth_mbps,
                 world_size=world_size)
-    g, info, ts = _load_graph_from(trace, progress, wi, align=not no_align, per_iteration=per_iteration)
+    session = Session(trace, align=not no_align, whatif=wi, per_iteration=per_iteration, progress=progress)
+    g, info, ts = session.graph, session.info, session.profiled
     if measured_timeline is not None and ts is None:
         raise DproError("--measured-timeline needs a trace directory, not a graph file", path=trace)
     progress.note(f"replaying {g.number_of_nodes()} ops x {iterations} iteration(s)")
-    res = run_replay(g, iterations=iterations)
+    res = session.replay(iterations)
     bd = breakdown(res, g)
     cp = critical_path_summary(res, g, top=top)
     if timeline is not None:
@@ -248,19 +191,32 @@ def _print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
 @click.argument("trace_dir", type=click.Path(path_type=Path))
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Output file: .json (node-link) or .graphml.")
+@click.option("--no-align", is_flag=True, help="Do not apply the trace time alignment (`dpro align`).")
+@click.option("--per-iteration/--mean-durations", default=None,
+              help="Op durations of the median profiled iteration (as `dpro replay`), or every op's mean "
+                   "duration.  Default: as `dpro replay`.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
-def graph(trace_dir: Path, output: Path, as_json: bool, quiet: bool) -> None:
-    """Build the global data-flow graph of a trace and save it (JSON or GraphML)."""
+def graph(trace_dir: Path, output: Path, no_align: bool, per_iteration: bool | None, as_json: bool,
+          quiet: bool) -> None:
+    """Build the global data-flow graph of a trace and save it (JSON or GraphML).
+
+    The graph is the one `dpro replay TRACE_DIR` replays (same alignment and
+    durations rule), so `dpro replay` of the file predicts the same time.
+    """
     from collections import Counter
 
     from .graph import save_graph
-    g, _, _ = _load_graph_from(trace_dir, _Progress(not (quiet or as_json)))
+    from .session import Session
+    session = Session(trace_dir, align=not no_align, per_iteration=per_iteration,
+                      progress=_Progress(not (quiet or as_json)))
+    g = session.graph
     save_graph(g, output)
     kinds = Counter(d["kind"] for _, d in g.nodes(data=True))
     summary = {"output": str(output), "ops": g.number_of_nodes(), "edges": g.number_of_edges(),
                "ops_by_kind": dict(sorted(kinds.items())),
-               "devices": len({d["device"] for _, d in g.nodes(data=True) if d["device"]})}
+               "devices": len({d["device"] for _, d in g.nodes(data=True) if d["device"]}),
+               "durations": session.info.get("durations")}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:

@@ -139,65 +139,28 @@ def _best_cap_start(base: Any, searcher: Any) -> tuple[list[list[str]] | None, f
 
 def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: int | None = None,
               bucket_mb: float | None = None, first_bucket_mb: float | None = None, align: bool = True,
-              per_param: bool = True) -> tuple[Any, list[list[str]], dict[str, Any]]:
-    """BaseJob of a trace directory (or graph file), the initial tensor groups, and facts for the plan.
+              per_param: bool = True, per_iteration: bool | None = None
+              ) -> tuple[Any, list[list[str]], dict[str, Any]]:
+    """:func:`dpro_kit.optimize.load.load_base` of a :class:`~dpro_kit.session.Session` opened with the CLI's options.
 
-    With per-parameter gradient sizes in the trace (dpro_torch records them),
-    the base tensors are single parameters (``rebucket`` to 1 byte) and the
-    initial groups are the traced (or ``--bucket-mb``) buckets; otherwise the
-    traced collectives are the base tensors.  ``info["memory_profile"]`` is the
-    trace's memory profile (allocator samples of ``dpro profile --memory``; None
-    without them), built before time alignment so samples and ops share a clock.
+    Parameters
+    ----------
+    trace : Path
+        A trace directory or a graph file.
+    bandwidth_mbps, world_size, bucket_mb, first_bucket_mb
+        What-if options (:class:`dpro_kit.whatif.WhatIf`).
+    align, per_iteration
+        As :class:`~dpro_kit.session.Session` (defaults: as ``dpro replay``).
+    per_param
+        As :func:`dpro_kit.optimize.load.load_base`.
     """
-    from .costmodel import fit_from_trace
-    from .graph import build_global_dfg, load_graph
-    from .optimize.state import extract_base
-    from .trace import load_trace
-    from .whatif import WhatIf, apply, rebucket
+    from .optimize.load import load_base as base_of
+    from .session import Session
+    from .whatif import WhatIf
 
     wi = WhatIf(bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, bandwidth_mbps=bandwidth_mbps,
                 world_size=world_size)
-    if trace.is_file():
-        if wi.any():
-            raise DproError("what-if options need a trace directory, not a graph file", path=trace)
-        base = extract_base(load_graph(trace))
-        return base, base.initial_groups, {}
-    ts = load_trace(trace)
-    from .optimize.memory import build_profile
-    memory_profile = build_profile(ts)
-    if align:
-        from .align import aligned_traceset
-        ts = aligned_traceset(ts, trace)
-    info: dict[str, Any] = {"job": ts.manifest.job, "world_size": ts.manifest.world_size,
-                            "memory_profile": memory_profile,
-                            "traced_ddp": (ts.manifest.extra or {}).get("ddp") or {}}
-    model = fit_from_trace(ts)
-    if wi.any():
-        ts, model = apply(ts, model, wi)
-        info["whatif"] = wi.describe()
-    params = {c.tensor: list(c.params) for c in ts.collectives}
-    groups_by_param = [list(c.params) for c in ts.collectives if c.op == "allreduce"]
-    fine = None
-    if per_param:
-        try:
-            fine = rebucket(ts, 1, 1)
-        except DproError:
-            fine = None
-    if fine is not None:
-        g = build_global_dfg(fine, comm_model=model)
-        base = extract_base(g, params={c.tensor: list(c.params) for c in fine.collectives}, comm_model=model)
-        by_param = {p: t for t, bt in base.tensors.items() for p in bt.params}
-        initial = [[by_param[p] for p in grp if p in by_param] for grp in groups_by_param]
-        initial = [g_ for g_ in initial if g_]
-        covered = {t for g_ in initial for t in g_}
-        initial += [[t] for t in base.tensors if t not in covered]
-        info["base_tensors"] = "per parameter"
-    else:
-        g = build_global_dfg(ts, comm_model=model)
-        base = extract_base(g, params=params, comm_model=model)
-        initial = base.initial_groups
-        info["base_tensors"] = "traced collectives"
-    return base, initial, info
+    return base_of(Session(trace, align=align, whatif=wi, per_iteration=per_iteration), per_param=per_param)
 
 
 @click.command(short_help="Search for faster op/tensor fusion, partition and memory strategies.")
@@ -238,13 +201,16 @@ def load_base(trace: Path, *, bandwidth_mbps: float | None = None, world_size: i
                    "iteration time; else the plan keeps the traced configuration (predictions of another "
                    "configuration are good to a few percent, and every extra collective costs something real).")
 @click.option("--no-align", is_flag=True, help="Do not apply the trace time alignment.")
+@click.option("--per-iteration/--mean-durations", default=None,
+              help="Search on the op durations of the median profiled iteration (what `dpro replay` replays), "
+                   "or on every op's mean duration.  Default: as `dpro replay`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int, memory_budget: str | None,
              activation_bytes: str | None, optimizer_slots: float | None, bandwidth_mbps: float | None, world_size: int | None,
              bucket_mb: float | None, first_bucket_mb: float | None, no_op_fusion: bool, no_tensor_fusion: bool,
              no_partition: bool, fusion_timing: str, extra_passes: tuple[str, ...], checkpoint: Path | None, resume: Path | None,
-             min_gain: float, no_align: bool, as_json: bool, quiet: bool) -> None:
+             min_gain: float, no_align: bool, per_iteration: bool | None, as_json: bool, quiet: bool) -> None:
     """Find a faster strategy for the job in TRACE (dPRO Alg. 1) and write plan.json.
 
     \b
@@ -269,7 +235,8 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
     load_entry_point_passes()
     extra = [load_pass(p) for p in extra_passes]
     base, initial, info = load_base(trace, bandwidth_mbps=bandwidth_mbps, world_size=world_size,
-                                    bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, align=not no_align)
+                                    bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, align=not no_align,
+                                    per_iteration=per_iteration)
     memory_model = MemoryModel(activation_bytes=parse_size(activation_bytes) or 0, optimizer_slots=optimizer_slots,
                                profile=info.pop("memory_profile", None))
     if memory_budget is not None and memory_model.profile is None and not memory_model.activation_bytes:
@@ -342,12 +309,14 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
             ready[t] = float(max(res.end[i] for i in ops))
     plan = make_plan(base, result, trace=str(trace), info=info, memory_budget=opts.memory_budget, ready_us=ready,
                      options={"seed": seed, "budget_s": budget, "max_steps": max_steps,
-                              "base_tensors": info.get("base_tensors", "graph"), "start": start})
+                              "base_tensors": info.get("base_tensors", "graph"), "start": start,
+                              "durations": info.get("durations", "as in the graph file")})
     atomic_write_text(output, json.dumps(plan, indent=1))
     if as_json:
         click.echo(json.dumps(plan, indent=1))
         return
     p = plan["predicted"]
+    click.echo(f"op durations searched on: {plan['search']['durations']}")
     click.echo(f"predicted iteration time: {p['before_ms']:.3f} ms -> {p['after_ms']:.3f} ms "
                f"({p['speedup']:.3f}x), {len(plan['strategies'])} change(s), {result.steps} step(s), "
                f"{result.elapsed_s:.1f} s ({result.stopped})")
@@ -367,3 +336,6 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
                    f"{mb['peak_bytes'] / 2**20:.2f} MiB -> {ma['peak_bytes'] / 2**20:.2f} MiB"
                    + (f" with {plan['memory']['choices']}" if plan["memory"]["choices"] else ""))
     click.echo(f"plan written to {output}")
+
+
+__all__ = ["CAP_GRID_MB", "MERGE_TOLERANCE", "load_base", "optimize"]

@@ -89,13 +89,17 @@ def report(trace_dir: Path, output: Path, plan: Path | None, iterations: int, ti
               help="Which iteration time to gate: replayed (deterministic), measured (manifest), or both.")
 @click.option("--iterations", "-n", type=click.IntRange(1, 1000), default=None,
               help="Iterations to replay for trace directories (default: as the saved replay result, else 1).")
+@click.option("--no-align", is_flag=True, help="Trace directories: do not apply the time alignment (`dpro align`).")
+@click.option("--per-iteration/--mean-durations", default=None,
+              help="Trace directories: replay the median profiled iteration or mean durations (default: as "
+                   "`dpro replay`; a saved baseline should be made with the same choice).")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the verdict as JUnit XML (one test case per check).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def check(trace: Path | None, baseline: Path | None, candidate: Path | None, max_regression: str,
-          max_iteration_ms: float | None, metric: str, iterations: int | None, junit: Path | None,
-          as_json: bool, quiet: bool) -> None:
+          max_iteration_ms: float | None, metric: str, iterations: int | None, no_align: bool,
+          per_iteration: bool | None, junit: Path | None, as_json: bool, quiet: bool) -> None:
     """Gate a change on training speed (exit 0 pass, 1 slower, 2 bad input).
 
     \b
@@ -103,7 +107,8 @@ def check(trace: Path | None, baseline: Path | None, candidate: Path | None, max
       dpro check --baseline base.json --candidate new.json --junit dpro.xml
       dpro check pr-trace --max-iteration-ms 7.5
 
-    Runs are trace directories (replayed here) or saved `dpro replay --json`
+    Runs are trace directories (replayed here exactly as `dpro replay` does:
+    aligned, median profiled iteration) or saved `dpro replay --json`
     results.  A failure says what got slower: critical-path time per phase
     (FW/BW/UPDATE/comm), measured time per phase, computation vs
     communication, and the ops with the largest increase.
@@ -127,9 +132,9 @@ def check(trace: Path | None, baseline: Path | None, candidate: Path | None, max
     if iterations is None:
         saved = [n for n in (chk.replay_json_iterations(p) for p in (baseline, cand_path) if p) if n]
         iterations = max(saved) if saved else 1
-    note = progress.note
-    base = chk.summary(baseline, iterations=iterations, progress=note) if baseline is not None else None
-    cand = chk.summary(cand_path, iterations=iterations, progress=note)
+    how = {"iterations": iterations, "progress": progress.note, "align": not no_align, "per_iteration": per_iteration}
+    base = chk.summary(baseline, **how) if baseline is not None else None
+    cand = chk.summary(cand_path, **how)
     if base is not None:
         rep = chk.compare(base, cand, max_regression_pct=pct, metric=metric, max_iteration_ms=max_iteration_ms)
     else:
@@ -146,3 +151,6 @@ def check(trace: Path | None, baseline: Path | None, candidate: Path | None, max
         click.echo(chk.render_text(rep))
     if not rep.passed:
         sys.exit(chk.EXIT_FAIL)
+
+
+__all__ = ["check", "report"]

@@ -353,23 +353,28 @@ def _before_after(doc: dict[str, Any]) -> tuple[tuple[str, float] | None, tuple[
 
 def collect(trace_dir: str | Path, *, plan: str | Path | None = None, iterations: int = 3,
             progress: Any = None) -> ReportData:
-    from ..check import load_trace_and_graph, replay_summary
-    from ..replay import replay
+    from ..check import replay_summary
+    from ..session import Session
 
     trace_dir = Path(trace_dir)
     note = (progress.note if progress is not None else (lambda _m: None))
-    step = progress.step("reading traces") if progress is not None else None
     plan_data = load_plan(Path(plan)) if plan is not None else None  # bad plan: fail before the slow part
-    ts, g = load_trace_and_graph(trace_dir, step)
+    # the replayed side is what `dpro replay` replays; the measured views use the recorded clocks
+    # (``alignment()`` below shows the offsets and the measured timeline applies them)
+    session = Session(trace_dir, progress=progress)
+    if session.is_graph_file:
+        raise DproError("the report needs a trace directory, not a graph file", path=trace_dir)
+    ts, g = session.raw, session.graph
     note(f"replaying {g.number_of_nodes()} ops x {iterations} iteration(s)")
-    res = replay(g, iterations=iterations)
+    res = session.replay(iterations)
     rs = replay_summary(res, g, top=15)
     m = ts.manifest
     facts: dict[str, Any] = {"job": m.job, "framework": m.framework, "comm_backend": m.comm_backend,
                              "world_size": m.world_size, "nodes": len(m.nodes), "hosts": len({i.host for i in m.nodes.values()}),
                              "profiled_iterations": list(m.iterations), "tool_version": m.tool_version,
                              "created": m.created, "ops": g.number_of_nodes(), "edges": g.number_of_edges(),
-                             "iterations_replayed": iterations, "comm_model": g.graph.get("meta", {}).get("comm_model")}
+                             "iterations_replayed": iterations, "comm_model": g.graph.get("meta", {}).get("comm_model"),
+                             "durations": session.info["durations"]}
     from ..placement import placement_warnings
     facts["warnings"] = placement_warnings(m.extra)
     measured = m.extra.get("measured_iteration_ms")

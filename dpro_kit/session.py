@@ -1,0 +1,275 @@
+"""The one path from a trace to a prediction: load → align → fit comm model → what-if → build → replay.
+
+Every command that predicts an iteration time (``dpro replay``, ``graph``,
+``check``, ``report``, ``optimize``), the demo and the benches open a
+:class:`Session`, so they predict the same number for the same trace and the
+same options.  The options every command shares are the arguments of
+:class:`Session`: the trace path, clock alignment on/off, a what-if spec, the
+durations rule (per-iteration median or mean) and a progress object; the
+number of replayed iterations is the argument of :meth:`Session.replay`.
+
+Stages (each computed once, on first use; docs/architecture.md)::
+
+    raw      = load_trace(path)                       # as recorded (memory samples, measured views)
+    profiled = aligned_traceset(raw, path)            # one clock (dpro_kit.align; cached in TRACE_DIR/aligned/)
+    trace, comm_model = whatif.apply(profiled, fit_from_trace(profiled), whatif)
+    graph    = build_global_dfg(...)                  # mean durations, or the median profiled iteration
+    replay(iterations)                                # dpro_kit.replay.replay(graph, iterations)
+
+Durations (docs/accuracy.md): *per iteration* builds one graph per profiled
+iteration (its own op durations, the comm model fitted on all of them),
+replays each once and keeps the graph whose replay is the median
+(``statistics.median_low``); *mean* builds one graph of every op's mean
+duration (dPRO §4.1).  The default is per iteration unless the trace has more
+than :data:`PER_ITERATION_MAX_EVENTS` events.
+
+A graph file written by ``dpro graph`` (``.json`` / ``.graphml``) is also a
+session: its graph is used as is (no trace, no what-if).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from .errors import DproError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import networkx as nx
+
+    from .costmodel import CommModel
+    from .replay.engine import ReplayResult
+    from .trace import TraceSet
+    from .whatif import WhatIf
+
+#: above this many events the default durations rule is the mean (one graph per iteration
+#: would cost a DFG build per profiled iteration)
+PER_ITERATION_MAX_EVENTS = 2_000_000
+
+DURATIONS_MEAN = "mean over the profiled iterations"
+DURATIONS_PER_ITERATION = "per iteration: the median of one replay per profiled iteration"
+
+
+class Progress(Protocol):
+    """What a session reports progress to (the CLI's ``_Progress`` is one)."""
+
+    def step(self, label: str) -> Callable[[int, int], None] | None:
+        """A ``(done, total)`` callback for a long step named ``label``, or None."""
+
+    def note(self, msg: str) -> None:
+        """One line about what happens next."""
+
+
+def is_graph_file(path: str | Path) -> bool:
+    """Whether ``path`` is a graph file written by ``dpro graph`` rather than a trace directory.
+
+    Parameters
+    ----------
+    path : str or Path
+        A command's TRACE argument.
+    """
+    p = Path(path)
+    return p.is_file() and p.suffix in (".json", ".graphml") and p.name != "manifest.json"
+
+
+class Session:
+    """One trace (or graph file) opened with the options every predicting command shares.
+
+    Parameters
+    ----------
+    path : str or Path
+        A trace directory (``load_trace`` accepts it, with or without ``manifest.json``)
+        or a graph file written by ``dpro graph``.
+    align : bool, default True
+        Apply the clock alignment of :func:`dpro_kit.align.aligned_traceset` (cached in
+        ``TRACE_DIR/aligned/``) before fitting and building.
+    whatif : dpro_kit.whatif.WhatIf or None
+        A configuration to predict instead of the profiled one (re-bucketing, bandwidth,
+        world size); None or an empty spec keeps the profiled job.
+    per_iteration : bool or None, default None
+        True: one graph per profiled iteration, the median replay stands for the job;
+        False: one graph of mean durations; None: per iteration unless the trace has more
+        than :data:`PER_ITERATION_MAX_EVENTS` events (or fewer than two iterations).
+    progress : Progress or None
+        Receives ``step(label)`` for reading traces and ``note(msg)`` before slow stages.
+
+    Raises
+    ------
+    DproError
+        A what-if or ``per_iteration=True`` asked of a graph file; bad traces raise when
+        the stage that reads them runs (:class:`~dpro_kit.errors.TraceFormatError`).
+
+    Examples
+    --------
+    >>> s = Session("examples/traces/ddp-2rank-gloo")            # doctest: +SKIP
+    >>> s.replay().iteration_time_us / 1e3, s.info["durations"]   # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | Path, *, align: bool = True, whatif: "WhatIf | None" = None,
+                 per_iteration: bool | None = None, progress: Progress | None = None) -> None:
+        self.path = Path(path)
+        self.align = bool(align)
+        self.whatif = whatif if whatif is not None and whatif.any() else None
+        self.per_iteration = per_iteration
+        self.progress = progress
+        self.is_graph_file = is_graph_file(self.path)
+        if self.is_graph_file and (self.whatif is not None or per_iteration):
+            raise DproError("what-if and --per-iteration need a trace directory, not a graph file", path=self.path)
+        self._stages: dict[str, Any] = {}
+        self._replays: dict[int, "ReplayResult"] = {}
+
+    # ------------------------------------------------------------------ stages
+    def _note(self, msg: str) -> None:
+        if self.progress is not None:
+            self.progress.note(msg)
+
+    @property
+    def raw(self) -> "TraceSet | None":
+        """The trace as recorded (not aligned, no what-if); None for a graph file."""
+        if self.is_graph_file:
+            return None
+        if "raw" not in self._stages:
+            from .trace import load_trace
+            step = self.progress.step("reading traces") if self.progress is not None else None
+            self._stages["raw"] = load_trace(self.path, progress=step)
+        return self._stages["raw"]
+
+    @property
+    def profiled(self) -> "TraceSet | None":
+        """The profiled job on one clock (``raw`` when alignment is off or does not apply)."""
+        if "profiled" not in self._stages:
+            ts = self.raw
+            if ts is not None and self.align:
+                from .align import aligned_traceset
+                ts = aligned_traceset(ts, self.path)  # cached in TRACE_DIR/aligned/offsets.json
+            self._stages["profiled"] = ts
+        return self._stages["profiled"]
+
+    def _job(self) -> tuple["TraceSet | None", "CommModel | None"]:
+        if "job" not in self._stages:
+            ts, model = self.profiled, None
+            if ts is not None:
+                from .costmodel import fit_from_trace
+                model = fit_from_trace(ts)
+                if self.whatif is not None:
+                    from .whatif import apply
+                    ts, model = apply(ts, model, self.whatif)
+            self._stages["job"] = (ts, model)
+        return self._stages["job"]
+
+    @property
+    def trace(self) -> "TraceSet | None":
+        """The job to predict: ``profiled`` with the what-if applied."""
+        return self._job()[0]
+
+    @property
+    def comm_model(self) -> "CommModel | None":
+        """The link model fitted to ``profiled`` (what-if applied, e.g. another bandwidth)."""
+        return self._job()[1]
+
+    def uses_per_iteration(self) -> bool:
+        """Whether the graph stands for the median profiled iteration (else: mean durations)."""
+        ts = self.trace
+        if ts is None or ts.events.empty:
+            return False
+        n_iter = int(ts.events["iteration"].nunique())
+        per = self.per_iteration
+        if per is None:
+            per = len(ts.events) <= PER_ITERATION_MAX_EVENTS
+        return bool(per) and n_iter >= 2
+
+    def _build(self) -> None:
+        if self.is_graph_file:
+            from .graph import load_graph
+            self._stages.update(graph=load_graph(self.path), graph_trace=None, per_iteration_ms=None,
+                                median_iteration=None)
+            return
+        from .graph import build_global_dfg
+        ts, model = self._job()
+        self._note(f"building the global DFG of {len(ts.nodes())} node(s)")
+        if not self.uses_per_iteration():
+            self._stages.update(graph=build_global_dfg(ts, comm_model=model), graph_trace=ts,
+                                per_iteration_ms=None, median_iteration=None)
+            return
+        # one graph per profiled iteration (its own op durations), the comm model fitted on all of them;
+        # the graph whose replay is the median stands for the job
+        from .replay import replay as run_replay
+        from .trace import select_iterations
+        runs = {}
+        for it in sorted(int(i) for i in ts.events["iteration"].unique()):
+            ts_it = select_iterations(ts, [it])
+            g_it = build_global_dfg(ts_it, comm_model=model)
+            res = run_replay(g_it)
+            runs[it] = (res.iteration_time_us / 1e3, g_it, ts_it, res)
+        order = sorted(runs, key=lambda i: runs[i][0])
+        median_it = order[(len(order) - 1) // 2]
+        _, g, ts_it, res = runs[median_it]
+        self._replays[1] = res
+        self._stages.update(graph=g, graph_trace=ts_it, median_iteration=median_it,
+                            per_iteration_ms={str(i): runs[i][0] for i in sorted(runs)})
+
+    @property
+    def graph(self) -> "nx.DiGraph":
+        """The global DFG that stands for the job (built once; do not modify it in place)."""
+        if "graph" not in self._stages:
+            self._build()
+        return self._stages["graph"]
+
+    @property
+    def graph_trace(self) -> "TraceSet | None":
+        """The TraceSet ``graph`` was built from: ``trace``, or its median iteration; None for a graph file."""
+        self.graph  # noqa: B018  (builds it)
+        return self._stages["graph_trace"]
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """Facts about the job for a command's output (the keys of ``dpro replay --json`` they fill).
+
+        ``job``, ``framework``, ``comm_backend``, ``world_size``, ``profiled_iterations``,
+        ``whatif`` (with a what-if), ``measured_iteration_ms`` (when the trace has it and no
+        what-if), ``durations`` and, per iteration, ``per_iteration_ms`` and ``median_iteration``.
+        Empty for a graph file.
+        """
+        if self.is_graph_file:
+            return {}
+        prof, ts = self.profiled, self.trace
+        m = prof.manifest
+        info: dict[str, Any] = {"job": m.job, "framework": m.framework, "comm_backend": m.comm_backend,
+                                "world_size": m.world_size, "profiled_iterations": m.iterations}
+        if self.whatif is not None:
+            info["whatif"] = self.whatif.describe()
+            info["world_size"] = ts.manifest.world_size
+        measured = ts.manifest.extra.get("measured_iteration_ms")
+        if measured is not None and self.whatif is None:
+            info["measured_iteration_ms"] = float(measured)
+        self.graph  # noqa: B018  (decides the durations rule)
+        if self._stages["per_iteration_ms"] is None:
+            info["durations"] = DURATIONS_MEAN
+        else:
+            info["durations"] = DURATIONS_PER_ITERATION
+            info["per_iteration_ms"] = dict(self._stages["per_iteration_ms"])
+            info["median_iteration"] = self._stages["median_iteration"]
+        return info
+
+    # ------------------------------------------------------------------ replay
+    def replay(self, iterations: int = 1) -> "ReplayResult":
+        """Replay ``graph`` for ``iterations`` back-to-back iterations (cached per count).
+
+        Parameters
+        ----------
+        iterations : int, default 1
+            Iterations to unroll; the result's ``iteration_time_us`` is the steady-state gap.
+        """
+        if iterations not in self._replays:
+            from .replay import replay as run_replay
+            g = self.graph
+            if iterations not in self._replays:   # building per iteration already replayed once
+                self._replays[iterations] = run_replay(g, iterations=iterations)
+        return self._replays[iterations]
+
+    def iteration_time_ms(self, iterations: int = 1) -> float:
+        """The predicted iteration time (ms) of ``replay(iterations)``."""
+        return self.replay(iterations).iteration_time_us / 1e3
+
+
+__all__ = ["DURATIONS_MEAN", "DURATIONS_PER_ITERATION", "PER_ITERATION_MAX_EVENTS", "Progress", "Session",
+           "is_graph_file"]
