@@ -3,9 +3,10 @@
     python bench/accuracy.py --rounds 2 --json acc.json --keep acc-dir    # runs the real jobs
     python bench/per_iteration_check.py acc.json                           # re-replays their traces
 
-For every replay row of ``acc.json`` it replays each kept trace twice — one
-global DFG of mean op durations (dPRO's default, `dpro replay`) and one DFG per
-profiled iteration with the median taken (`dpro replay --per-iteration`) — and
+For every replay row of ``acc.json`` it replays each kept trace twice through
+:class:`dpro_kit.session.Session` (aligned, as `dpro replay`) — one global DFG of
+mean op durations (dPRO §4.1, `dpro replay --mean-durations`) and one DFG per
+profiled iteration with the median taken (`dpro replay`, the default) — and
 prints both errors against the row's measured (unprofiled) median.
 """
 from __future__ import annotations
@@ -14,19 +15,14 @@ import argparse
 import json
 import statistics
 
-from dpro_kit.costmodel import fit_from_trace
-from dpro_kit.graph import build_global_dfg
-from dpro_kit.replay import replay
-from dpro_kit.trace import load_trace, select_iterations
+from dpro_kit.session import Session
 
 
 def predictions(path: str) -> tuple[float, float]:
-    ts = load_trace(path)
-    model = fit_from_trace(ts)
-    mean = replay(build_global_dfg(ts, comm_model=model)).iteration_time_us / 1e3
-    per = [replay(build_global_dfg(select_iterations(ts, [it]), comm_model=model)).iteration_time_us / 1e3
-           for it in sorted(ts.events["iteration"].unique())]
-    return mean, statistics.median_low(per)
+    """(mean-duration, per-iteration-median) predicted iteration times (ms) of one trace, one iteration replayed."""
+    mean = Session(path, per_iteration=False).iteration_time_ms()
+    per = Session(path, per_iteration=True).iteration_time_ms()
+    return mean, per
 
 
 def main() -> None:

@@ -63,8 +63,11 @@ def extras_dir(tmp_path: Path) -> tuple[Path, Path]:
     ts.memory = pd.DataFrame(rows, columns=list(MEMORY_COLUMNS)).astype(MEMORY_COLUMNS)
     d = save_trace(ts, tmp_path / "trace")
     (d / "aligned").mkdir()
-    (d / "aligned" / "offsets.json").write_text(json.dumps(  # the shape `dpro align` writes
-        {"version": 1, "offsets_us": {"w0": 0.0, "w1": -120.5, "w2": 300.0}, "reference": "w0", "mode": "coarse",
+    from dpro_kit.align import ALIGN_VERSION, fingerprint
+    from dpro_kit.trace import load_trace
+    (d / "aligned" / "offsets.json").write_text(json.dumps(  # the shape `dpro align` writes, valid for this trace
+        {"version": ALIGN_VERSION, "fingerprint": fingerprint(load_trace(d)),  # (else replay re-solves it)
+         "offsets_us": {"w0": 0.0, "w1": -120.5, "w2": 300.0}, "reference": "w0", "mode": "coarse",
          "status": "optimal", "solver": "CLARABEL", "solve_time_s": 0.02, "residuals": {"max_us": 3.5},
          "binding": [], "convention": "aligned = raw - offset"}))
     plan = tmp_path / "plan.json"
@@ -159,7 +162,9 @@ def test_report_cli_json_quiet_and_bad_input(tiny_trace_dir, tmp_path, capsys):
     cap = capsys.readouterr()
     summary = json.loads(cap.out)
     assert cap.err == "" and out.read_text().startswith("<!DOCTYPE html>")
-    assert summary["output"] == str(out) and summary["iteration_time_ms"] > 0 and len(summary["timelines"]) == 2
+    assert summary["output"] == str(out) and summary["iteration_time_ms"] > 0
+    # the report aligns the clocks as `dpro replay` does (the tiny trace's workers are on two hosts): aligned.json too
+    assert summary["alignment"] == "available" and len(summary["timelines"]) == 3
     # piped (not a terminal): no progress even without --quiet
     r = subprocess.run([sys.executable, "-c", "import sys; from dpro_kit.cli import cli, main; "
                         "from dpro_kit.cli_report import report; cli.add_command(report); sys.exit(main())",
