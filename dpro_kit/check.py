@@ -1,7 +1,7 @@
 """Regression gates for CI (``dpro check``): compare two runs, or one run against a budget.
 
-A *run* is a trace directory (replayed here), a graph file written by ``dpro
-graph`` (replayed here), or a saved ``dpro replay --json`` result.  Every run is
+A *run* is a trace directory or a graph file written by ``dpro graph`` (both
+replayed here through :class:`~dpro_kit.session.Session`, as ``dpro replay`` does), or a saved ``dpro replay --json`` result.  Every run is
 reduced to one :func:`summary` dict with the same keys as ``dpro replay --json``
 (``iteration_time_ms``, ``critical_path_ms_by_kind``, ``critical_path_top``,
 ``nodes``, ``measured_iteration_ms``…); trace directories also contribute their
@@ -45,30 +45,6 @@ def phase_of(kind: str) -> str:
 
 
 # ----------------------------------------------------------------------------- loading runs
-
-def load_trace_and_graph(trace_dir: str | Path, progress: Any = None, *, align: bool = True,
-                         per_iteration: bool | None = None) -> tuple[Any, nx.DiGraph]:
-    """The recorded TraceSet and the global DFG that ``dpro replay`` replays (through :class:`~dpro_kit.session.Session`).
-
-    Parameters
-    ----------
-    trace_dir : str or Path
-        A trace directory.
-    progress : dpro_kit.session.Progress or None
-        Progress for the slow stages.
-    align, per_iteration
-        As :class:`~dpro_kit.session.Session` (defaults: as ``dpro replay``).
-
-    Returns
-    -------
-    (TraceSet, nx.DiGraph)
-        The trace as recorded (not aligned: measured views keep the recorded clocks) and the graph.
-    """
-    from .session import Session
-
-    s = Session(trace_dir, align=align, per_iteration=per_iteration, progress=progress)
-    return s.raw, s.graph
-
 
 def replay_summary(res: Any, g: nx.DiGraph, *, top: int = 50) -> dict[str, Any]:
     """The fields of ``dpro replay --json`` that checks and reports use."""
@@ -467,6 +443,6 @@ def write_junit(rep: CheckReport, path: str | Path) -> None:
 
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAIL", "EXIT_PASS", "METRICS", "PHASES", "Check", "CheckReport", "budget",
-           "budget_checks", "compare", "explain", "load_trace_and_graph", "measured_summary", "parse_percent",
+           "budget_checks", "compare", "explain", "measured_summary", "parse_percent",
            "phase_of", "render_text", "replay_json_iterations", "replay_summary", "summary", "to_junit",
            "write_junit"]
