@@ -3,7 +3,8 @@
 A *run* is a trace directory or a graph file written by ``dpro graph`` (both
 replayed here through :class:`~dpro_kit.session.Session`, as ``dpro replay``
 does), or a saved ``dpro replay --json`` result.  Every run is reduced to one
-:func:`summary` dict with the same keys as ``dpro replay --json`` (``iteration_time_ms``, ``critical_path_ms_by_kind``, ``critical_path_top``,
+:func:`summary` dict with the same keys as ``dpro replay --json``
+(``iteration_time_ms``, ``critical_path_ms_by_kind``, ``critical_path_top``,
 ``nodes``, ``measured_iteration_ms``…); trace directories also contribute their
 *measured* per-phase and per-op times (``measured_phases_ms``, ``measured_ops_ms``),
 so the verdict can say what got slower.
