@@ -13,7 +13,8 @@ Stages (each computed once, on first use; docs/architecture.md)::
     raw      = load_trace(path)                       # as recorded (memory samples, measured views)
     profiled = aligned_traceset(raw, path)            # one clock (dpro_kit.align; cached in TRACE_DIR/aligned/)
     trace, comm_model = whatif.apply(profiled, fit_from_trace(profiled), whatif)
-    graph    = build_global_dfg(...)                  # mean durations, or the median profiled iteration
+    job      = Job.from_trace(trace or its median iteration, comm_model)   # dpro_kit.job
+    graph    = build(job, identity(job))              # dpro_kit.graph.build: the one graph builder
     replay(iterations)                                # dpro_kit.replay.replay(graph, iterations)
 
 Durations (docs/accuracy.md): *per iteration* builds one graph per profiled
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
 
     from .costmodel import CommModel
+    from .job import Job
     from .replay.engine import ReplayResult
     from .trace import TraceSet
     from .whatif import WhatIf
@@ -145,7 +147,7 @@ class Session:
         return self._stages["profiled"]
 
     def _job(self) -> tuple["TraceSet | None", "CommModel | None"]:
-        if "job" not in self._stages:
+        if "predicted" not in self._stages:
             ts, model = self.profiled, None
             if ts is not None:
                 from .costmodel import fit_from_trace
@@ -153,8 +155,8 @@ class Session:
                 if self.whatif is not None:
                     from .whatif import apply
                     ts, model = apply(ts, model, self.whatif)
-            self._stages["job"] = (ts, model)
-        return self._stages["job"]
+            self._stages["predicted"] = (ts, model)
+        return self._stages["predicted"]
 
     @property
     def trace(self) -> "TraceSet | None":
@@ -180,15 +182,24 @@ class Session:
     def _build(self) -> None:
         if self.is_graph_file:
             from .graph import load_graph
-            self._stages.update(graph=load_graph(self.path), graph_trace=None, per_iteration_ms=None,
-                                median_iteration=None)
+            self._stages.update(graph=load_graph(self.path), graph_trace=None, job_model=None,
+                                per_iteration_ms=None, median_iteration=None)
             return
-        from .graph import build_global_dfg
+        from .graph.build import build
+        from .graph.model import validate
+        from .job import Job, identity
+
+        def build_job(ts_: "TraceSet") -> tuple["Job", "nx.DiGraph"]:
+            job = Job.from_trace(ts_, comm_model=model)
+            g_ = build(job, identity(job), check=False)
+            validate(g_, where=ts_.path)
+            return job, g_
         ts, model = self._job()
         self._note(f"building the global DFG of {len(ts.nodes())} node(s)")
         if not self.uses_per_iteration():
-            self._stages.update(graph=build_global_dfg(ts, comm_model=model), graph_trace=ts,
-                                per_iteration_ms=None, median_iteration=None)
+            job, g = build_job(ts)
+            self._stages.update(graph=g, graph_trace=ts, job_model=job, per_iteration_ms=None,
+                                median_iteration=None)
             return
         # one graph per profiled iteration (its own op durations), the comm model fitted on all of them;
         # the graph whose replay is the median stands for the job
@@ -197,14 +208,14 @@ class Session:
         runs = {}
         for it in sorted(int(i) for i in ts.events["iteration"].unique()):
             ts_it = select_iterations(ts, [it])
-            g_it = build_global_dfg(ts_it, comm_model=model)
+            job_it, g_it = build_job(ts_it)
             res = run_replay(g_it)
-            runs[it] = (res.iteration_time_us / 1e3, g_it, ts_it, res)
+            runs[it] = (res.iteration_time_us / 1e3, g_it, ts_it, res, job_it)
         order = sorted(runs, key=lambda i: runs[i][0])
         median_it = order[(len(order) - 1) // 2]
-        _, g, ts_it, res = runs[median_it]
+        _, g, ts_it, res, job = runs[median_it]
         self._replays[1] = res
-        self._stages.update(graph=g, graph_trace=ts_it, median_iteration=median_it,
+        self._stages.update(graph=g, graph_trace=ts_it, job_model=job, median_iteration=median_it,
                             per_iteration_ms={str(i): runs[i][0] for i in sorted(runs)})
 
     @property
@@ -213,6 +224,16 @@ class Session:
         if "graph" not in self._stages:
             self._build()
         return self._stages["graph"]
+
+    @property
+    def job(self) -> "Job | None":
+        """The :class:`~dpro_kit.job.Job` ``graph`` is ``build(job, identity(job))`` of; None for a graph file.
+
+        The optimizer starts from it (:mod:`dpro_kit.optimize.load`), so its rebuilds and
+        ``dpro replay`` come from the same job and the same builder.
+        """
+        self.graph  # noqa: B018  (builds it)
+        return self._stages["job_model"]
 
     @property
     def graph_trace(self) -> "TraceSet | None":
@@ -238,9 +259,10 @@ class Session:
         if self.whatif is not None:
             info["whatif"] = self.whatif.describe()
             info["world_size"] = ts.manifest.world_size
-        measured = ts.manifest.extra.get("measured_iteration_ms")
+        from .job import JobFacts
+        measured = JobFacts.from_manifest(ts.manifest).measured_iteration_ms
         if measured is not None and self.whatif is None:
-            info["measured_iteration_ms"] = float(measured)
+            info["measured_iteration_ms"] = measured
         self.graph  # noqa: B018  (decides the durations rule)
         if self._stages["per_iteration_ms"] is None:
             info["durations"] = DURATIONS_MEAN

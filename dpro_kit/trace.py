@@ -418,6 +418,7 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSe
 
 def merge_collectives(raw: list[tuple[str, dict[str, Any], Path]], manifest: Manifest) -> list[Collective]:
     """Join the per-node ``comm.json`` entries of each tensor into one :class:`Collective`."""
+    from .graph.schemes import scheme_for_op  # the scheme a collective's op implies (ring for allreduce)
     by_tensor: dict[str, Collective] = {}
     for node, c, ndir in raw:
         where = str(ndir / "comm.json")
@@ -431,7 +432,7 @@ def merge_collectives(raw: list[tuple[str, dict[str, Any], Path]], manifest: Man
         col = by_tensor.get(name)
         if col is None:
             col = Collective(tensor=name, op=str(c["op"]), bytes=nbytes, participants=[],
-                             algorithm=str(c.get("algorithm", "ring" if c["op"] == "allreduce" else "ps")),
+                             algorithm=str(c["algorithm"] if "algorithm" in c else scheme_for_op(str(c["op"]))),
                              params=list(c.get("params", [])), partitions=list(c.get("partitions", [])),
                              priority=float(c.get("priority", 0.0)),
                              param_bytes=[int(b) for b in c.get("param_bytes", [])])

@@ -1,126 +1,209 @@
-"""Build the global DFG from a :class:`~dpro_kit.trace.TraceSet` (dPRO §4.1).
+"""Build the global DFG of a :class:`~dpro_kit.job.Job` under a :class:`~dpro_kit.job.Strategy` (dPRO §4.1).
 
-global DFG = local DFGs (one per node: computation ops and their dependencies)
-           + communication topology (per tensor/bucket: In/Out virtual ops on
-             each node and the fine-grained SEND/RECV ops between them).
+global DFG = local DFGs (one per node: computation ops and their dependencies;
+             the strategy's op fusions and memory choices applied)
+           + communication topology (per tensor group: In/Out virtual ops on
+             each node and the fine-grained SEND/RECV ops between them, from the
+             group's communication scheme, :mod:`dpro_kit.graph.schemes`)
+           + the iteration rule (:data:`ITERATION_RULES`: which ops of iteration
+             i+1 wait for which ops of iteration i).
 
-The two halves are built separately and joined only through the In/Out ops,
-so a new framework only changes how local DFGs are read, and a new
-communication scheme only adds a topology in :mod:`dpro_kit.graph.topology`.
+:func:`build` is the only graph builder: the profiled job's DFG is
+``build(job, identity(job))`` (:func:`build_global_dfg` from a TraceSet), and the
+optimizer evaluates ``build(job, strategy)``.  The two halves are built
+separately and joined only through the In/Out ops, so a new framework only
+changes how local DFGs are read, and a new communication scheme only registers a
+scheme.
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import networkx as nx
-import pandas as pd
 
-from ..costmodel import CommModel, fit_from_trace
 from ..errors import GraphError
-from ..trace import COMM_KINDS, OpKind, TraceSet
-from .model import add_op, compute_device, op_key, validate
-from .topology import TOPOLOGIES, CommContext, Links
+from ..job import COMPUTE_KINDS, Job, Strategy, fused_name, group_name, identity, local_name
+from ..trace import Collective, OpKind, TraceSet
+from .model import add_op, op_key, validate
+from .schemes import SCHEMES, TensorGroup, get_scheme
+from .topology import CommContext, Links
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..costmodel import CommModel
+
+__all__ = ["build", "build_global_dfg", "add_iteration_boundaries", "ITERATION_RULES", "register_iteration_rule",
+           "fused_local", "fused_duration", "apply_memory", "group_collectives"]
 
 
-def build_global_dfg(ts: TraceSet, *, comm_model: CommModel | None = None,
+def build(job: Job, strategy: Strategy | None = None, *, check: bool = True, links: Links | None = None,
+          iteration_rule: str = "synchronous") -> nx.DiGraph:
+    """The global DFG of ``job`` under ``strategy``.
+
+    Parameters
+    ----------
+    job : Job
+        Local DFGs, tensors, comm model, measured transfer times (:mod:`dpro_kit.job`).
+    strategy : Strategy or None
+        Tensor groups / partitions / op fusions / memory choices; None: ``identity(job)``,
+        the profiled configuration.
+    check : bool, default True
+        Refuse a cyclic result (op fusions can create one) with a GraphError.
+    links : Links or None
+        Which link device each transfer occupies; default one per ordered host pair.
+    iteration_rule : str, default "synchronous"
+        A rule of :data:`ITERATION_RULES` joining consecutive iterations.
+    """
+    if strategy is None:
+        strategy = identity(job)
+    g, alias = fused_local(job, strategy)
+    apply_memory(job, g, strategy)
+    ctx = CommContext(graph=g, manifest=job.manifest, model=job.model, links=links or Links(job.manifest),
+                      measured=job.measured)
+    for coll in group_collectives(job, strategy, alias):
+        SCHEMES[coll.algorithm].build(ctx, coll)
+    ITERATION_RULES[iteration_rule](g)
+    g.graph["meta"] = dict(job.meta)
+    if check and not nx.is_directed_acyclic_graph(g):
+        raise GraphError("the strategy's op fusions create a dependency cycle")
+    return g
+
+
+def build_global_dfg(ts: TraceSet, *, comm_model: "CommModel | None" = None,
                      links: Links | None = None) -> nx.DiGraph:
-    """Join local DFGs and communication topologies into one replayable DAG.
+    """The profiled job's global DFG: ``build(Job.from_trace(ts), identity)``, validated.
 
-    * op durations are means over the profiled iterations;
+    * op durations are means over the profiled iterations of ``ts``;
     * coarse collective events (kind COMM) are replaced by the fine-grained
       topology of their tensor; their timing feeds the fitted comm model;
     * measured SEND/RECV/AGG events (from a communication-library patch) set
       the durations of the matching fine-grained ops through their
       transaction ids — the Middleman.
     """
-    m = ts.manifest
-    ev = ts.events
-    model = comm_model or fit_from_trace(ts)
-    links = links or Links(m)
-    g = nx.DiGraph()
-
-    # ---- local DFGs ---------------------------------------------------------------
-    local = ev[~ev["kind"].isin([k.value for k in COMM_KINDS])]
-    stats = _mean_by(local, ["node", "op"])
-    for row in stats.itertuples(index=False):
-        add_op(g, op_key(row.node, row.op), node=row.node, device=compute_device(row.node, row.stream),
-               kind=row.kind, dur=float(row.dur), name=row.name or row.op, tensor=row.tensor,
-               bytes=int(row.bytes), source="trace")
-    dropped: dict[str, set[str]] = defaultdict(set)  # ops in dependency files but not in the graph
-    for node, edges in ts.edges.items():
-        for u, v in edges:
-            ku, kv = op_key(node, u), op_key(node, v)
-            for k, o in ((ku, u), (kv, v)):
-                if k not in g:
-                    dropped[node].add(k)
-            g.add_edge(ku, kv)
-    # ops that appear only in dependency files (e.g. a coarse allreduce launch that the
-    # topology replaces) are contracted: their predecessors now precede their successors.
-    for node, keys in dropped.items():
-        for k in keys:
-            preds, succs = list(g.predecessors(k)), list(g.successors(k))
-            g.remove_node(k)
-            g.add_edges_from((p, s) for p in preds for s in succs)
-
-    # ---- communication topology -----------------------------------------------------
-    measured = _measured_comm(ev)
-    ctx = CommContext(graph=g, manifest=m, model=model, links=links, measured=measured)
-    for coll in ts.collectives:
-        for node in list(coll.inputs) + list(coll.outputs):
-            for op in coll.inputs.get(node, []) + coll.outputs.get(node, []):
-                if op_key(node, op) not in g:
-                    raise GraphError(f"collective {coll.tensor!r} names op {op!r}, which node {node!r} never ran",
-                                     path=ts.path, record=f"{node}/comm.json",
-                                     hint="the dependency and event files of that node disagree; re-collect")
-        builder = TOPOLOGIES.get(coll.algorithm)
-        if builder is None:
-            raise GraphError(f"unknown communication algorithm {coll.algorithm!r} for {coll.tensor!r}",
-                             path=ts.path, hint="known: " + ", ".join(sorted(TOPOLOGIES)))
-        builder(ctx, coll)
-
-    add_iteration_boundaries(g)
-    g.graph["meta"] = {"job": m.job, "framework": m.framework, "comm_backend": m.comm_backend,
-                       "world_size": m.world_size, "comm_model": model.describe(),
-                       "hosts": {n: i.host for n, i in m.nodes.items()}}
+    job = Job.from_trace(ts, comm_model=comm_model)
+    g = build(job, identity(job), check=False, links=links)
     validate(g, where=ts.path)
     return g
 
 
-def _mean_by(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Mean duration per key; other columns from the first occurrence."""
-    if df.empty:
-        return df.assign(dur=pd.Series(dtype=float))
-    g = df.groupby(keys, sort=False, observed=True)
-    first = g.first().drop(columns=["dur", "start", "iteration"])
-    return first.join(g["dur"].mean()).reset_index()
+# --------------------------------------------------------------------------- strategy: local DFGs
 
+def fused_duration(job: Job, durs: Iterable[float], ops: Iterable[str] | None = None) -> float:
+    """Time of a fused op made of ops with traced times ``durs``.
 
-def _measured_comm(ev: pd.DataFrame) -> dict[str, float]:
-    """Mean duration per transaction id (SEND/RECV) or per AGG op, from fine-grained events.
-
-    When a transfer's RECV was measured, its duration (clipped by the SEND's start once the
-    clocks are aligned: ``dpro_kit.align.apply_offsets``) is the transfer time, and it is
-    charged to the SEND op - the one that occupies the link, so that transfers sharing a link
-    queue behind each other - while the RECV op takes no time.  A measured SEND alone keeps
-    its own duration.  (Without alignment the RECV durations still hold the time the receiver
-    waited for the sender: the error dPRO's alignment removes.)
+    Measured, when ``job.fusion_ratios`` holds the group ``ops`` (timed with
+    torch.compile, :mod:`dpro_kit.optimize.compile_timing`): the sum of the parts
+    times the measured compiled / eager ratio.  Otherwise MODEL (not profiled): the
+    sum of its ops minus one launch overhead per op saved.  The per-op launch
+    overhead is estimated from the trace as the 10th percentile of computation-op
+    durations (short ops are mostly launch cost), capped at half the shortest fused
+    op, and never below the longest part.
     """
-    fine = ev[ev["kind"].isin(["SEND", "RECV", "AGG"])]
-    if fine.empty:
-        return {}
-    key = fine["kind"].astype(str) + " " + fine["txn"].where(fine["txn"] != "", fine["op"]).astype(str)
-    out = fine.groupby(key)["dur"].mean().to_dict()
-    for k in [k for k in out if k.startswith("RECV ")]:
-        out["SEND " + k[5:]] = out[k]
-        out[k] = 0.0
+    ds = [float(x) for x in durs]
+    if ops is not None:
+        ratio = job.fusion_ratios.get(tuple(ops))
+        if ratio is not None:
+            return ratio * sum(ds)
+    if len(ds) < 2:
+        return sum(ds)
+    saved = (len(ds) - 1) * min(job.launch_overhead_us, 0.5 * min(ds))
+    return max(max(ds), sum(ds) - saved)
+
+
+def fused_local(job: Job, strategy: Strategy,
+                nodes: list[str] | None = None) -> tuple[nx.DiGraph, dict[str, str]]:
+    """The local DFGs (of ``nodes``, default all) with op fusions applied; and op key -> key now standing for it."""
+    if nodes is None:
+        g = job.local.copy()
+    else:
+        keep = set(nodes)
+        g = job.local.subgraph([k for k, d in job.local.nodes(data=True) if d["node"] in keep]).copy()
+    alias: dict[str, str] = {}
+    if not strategy.fusions:
+        return g, alias
+    for node in (nodes if nodes is not None else job.nodes):
+        for grp in strategy.fusions:
+            keys = [op_key(node, o) for o in grp]
+            if not all(k in g for k in keys):
+                continue
+            fk = op_key(node, fused_name(grp))
+            ds = [g.nodes[k] for k in keys]
+            preds = {p for k in keys for p in g.predecessors(k)} - set(keys)
+            succs = {s for k in keys for s in g.successors(k)} - set(keys)
+            kinds = [d["kind"] for d in ds]
+            add_op(g, fk, node=node, device=ds[0]["device"],
+                   kind=OpKind.BW.value if OpKind.BW.value in kinds else kinds[0],
+                   dur=fused_duration(job, [d["dur"] for d in ds], grp), name=fused_name(d["name"] for d in ds),
+                   tensor=",".join(d["tensor"] for d in ds if d["tensor"]),
+                   source="torch.compile:fused" if tuple(grp) in job.fusion_ratios else "model:fused",
+                   priority=min(d["priority"] for d in ds))
+            g.remove_nodes_from(keys)
+            g.add_edges_from((p, fk) for p in preds)
+            g.add_edges_from((fk, s) for s in succs)
+            for k in keys:
+                alias[k] = fk
+    return g, alias
+
+
+def apply_memory(job: Job, g: nx.DiGraph, strategy: Strategy) -> None:
+    """Time effect of memory choices (ESTIMATED, see :mod:`dpro_kit.optimize.memory`)."""
+    m = strategy.mem()
+    if m.get("recompute"):
+        # re-run the forward pass once more during backward: each node's backward gets the forward time
+        for node in job.nodes:
+            fw = sum(d["dur"] for _, d in g.nodes(data=True) if d["node"] == node and d["kind"] == OpKind.FW.value)
+            bws = [k for k, d in g.nodes(data=True) if d["node"] == node and d["kind"] == OpKind.BW.value]
+            if bws and fw:
+                total = sum(g.nodes[k]["dur"] for k in bws) or 1.0
+                for k in bws:  # spread in proportion (recompute of a segment precedes its backward)
+                    g.nodes[k]["dur"] += fw * g.nodes[k]["dur"] / total
+    accum = int(m.get("accum_steps", 1))
+    if accum > 1:
+        # m micro-batches of 1/m the batch: compute time = m x (dur/m + launch overhead), sync once
+        for _, d in g.nodes(data=True):
+            if d["kind"] in COMPUTE_KINDS:
+                d["dur"] = d["dur"] + (accum - 1) * min(job.launch_overhead_us, d["dur"])
+
+
+# --------------------------------------------------------------------------- strategy: collectives
+
+def group_collectives(job: Job, strategy: Strategy, alias: dict[str, str]) -> list[Collective]:
+    """The collectives of every tensor group of ``strategy``, from the group's scheme (first tensor's)."""
+    out = []
+    for grp in strategy.groups:
+        ts = [job.tensors[t] for t in grp]
+        name = group_name(grp)
+        t0 = ts[0]
+
+        def per_node(attr: str) -> dict[str, list[str]]:
+            res: dict[str, list[str]] = {}
+            for t in ts:
+                for n, ops in getattr(t, attr).items():
+                    for o in ops:
+                        a = local_name(alias.get(op_key(n, o), op_key(n, o)), n)
+                        if a not in res.setdefault(n, []):
+                            res[n].append(a)
+            return res
+        scheme = get_scheme(t0.algorithm, tensor=name)
+        servers: list[str] = []
+        if scheme.uses_servers:
+            servers = [s for t in ts for s in t.servers] or sorted(n for n, i in job.manifest.nodes.items()
+                                                                   if i.role == "server")
+        out += scheme.collectives(scheme, TensorGroup(
+            name=name, bytes=sum(t.bytes for t in ts), k=strategy.parts(name), participants=list(t0.participants),
+            servers=servers, inputs=per_node("inputs"), outputs=per_node("outputs"),
+            params=[p for t in ts for p in t.params], priority=min(t.priority for t in ts),
+            partitions=list(t0.partitions) if len(ts) == 1 else []))
     return out
 
+
+# --------------------------------------------------------------------------- iteration rules
 
 _NOT_FIRST = {OpKind.VIRTUAL.value, OpKind.SEND.value, OpKind.RECV.value}
 
 
 def add_iteration_boundaries(g: nx.DiGraph) -> None:
-    """Per node: a zero-time STEP_END op after its last ops; it precedes its first ops next iteration.
+    """Synchronous iterations: per node, a zero-time STEP_END op after its last ops precedes its first ops next iteration.
 
     This is the default rule for replaying several iterations: a node starts
     iteration i+1 only after it finished iteration i (including the Out op of
@@ -144,3 +227,14 @@ def add_iteration_boundaries(g: nx.DiGraph) -> None:
         g.add_edges_from((s, end) for s in sinks)
         iteration_edges.extend((end, s) for s in sources)
     g.graph["iteration_edges"] = iteration_edges
+
+
+ITERATION_RULES: dict[str, Callable[[nx.DiGraph], None]] = {"synchronous": add_iteration_boundaries}
+"""How iteration i+1 depends on iteration i, by name: a function that adds the graph's
+``iteration_edges`` (and any ops they need).  Delayed updates (DeFT) or asynchronous PS
+register another rule here."""
+
+
+def register_iteration_rule(name: str, rule: Callable[[nx.DiGraph], None]) -> None:
+    """Add (or replace) an iteration rule of :data:`ITERATION_RULES`."""
+    ITERATION_RULES[name] = rule

@@ -11,13 +11,13 @@ the tensor's In and Out virtual ops on every participating node:
   communication-library patch recorded per-chunk events with these ids, their
   durations are used; otherwise the comm cost model gives them.
 
-Register new schemes (tree, hierarchical, ...) in :data:`TOPOLOGIES`.
+A builder is registered, with the rest of its scheme, in
+:data:`dpro_kit.graph.schemes.SCHEMES`.
 """
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable
 
 import networkx as nx
 
@@ -171,9 +171,3 @@ def ps_push_pull(ctx: CommContext, coll: Collective) -> None:
             ks, kr = ctx.transfer(coll, phase="pull", step=1, chunk=p, src=server, dst=w, nbytes=nbytes)
             ctx.graph.add_edge(kagg, ks)
             ctx.graph.add_edge(kr, io[w][1])
-
-
-TOPOLOGIES: dict[str, Callable[[CommContext, Collective], None]] = {
-    "ring": ring_allreduce,
-    "ps": ps_push_pull,
-}

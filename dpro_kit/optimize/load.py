@@ -1,9 +1,9 @@
-"""The optimizer's starting point: a :class:`~dpro_kit.optimize.state.BaseJob` from a :class:`~dpro_kit.session.Session`.
+"""The optimizer's starting point: the :class:`~dpro_kit.job.Job` of a :class:`~dpro_kit.session.Session`.
 
-The base job is extracted from the same graph ``dpro replay`` replays (same
-alignment, what-if, comm model and durations rule), so the plan's
-``predicted.before_ms`` is the number ``dpro replay -n 1`` prints for the same
-options.
+The optimizer's job is the one ``dpro replay`` builds its graph from (same
+alignment, what-if, comm model and durations rule: ``Session.job``), and the
+optimizer's ``build`` is the same builder, so the plan's ``predicted.before_ms``
+is the number ``dpro replay -n 1`` prints for the same options.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from ..errors import DproError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..session import Session
-    from .state import BaseJob
+    from ..job import Job
 
 
-def load_base(session: "Session", *, per_param: bool = True) -> tuple["BaseJob", list[list[str]], dict[str, Any]]:
+def load_base(session: "Session", *, per_param: bool = True) -> tuple["Job", list[list[str]], dict[str, Any]]:
     """The base job of ``session``, the initial tensor groups, and facts for the plan.
 
     Parameters
@@ -32,32 +32,30 @@ def load_base(session: "Session", *, per_param: bool = True) -> tuple["BaseJob",
 
     Returns
     -------
-    (BaseJob, list of list of str, dict)
+    (Job, list of list of str, dict)
         The base job, the initial grouping (base tensor names per group, in reduction
         order) and facts: ``job``, ``world_size``, ``memory_profile`` (the allocator
         samples of ``dpro profile --memory`` on the recorded clocks, or None),
         ``traced_ddp``, ``whatif``, ``base_tensors`` and ``durations`` (which op
         durations the search uses).  Empty facts for a graph file.
     """
-    from ..graph import build_global_dfg
+    from ..job import Job
     from ..whatif import rebucket
     from .memory import build_profile
-    from .state import extract_base
 
     if session.is_graph_file:
-        base = extract_base(session.graph)
+        base = Job.from_graph(session.graph)
         return base, base.initial_groups, {}
-    ts, model = session.trace, session.comm_model
+    ts = session.trace
     info: dict[str, Any] = {"job": ts.manifest.job, "world_size": ts.manifest.world_size,
                             # built before time alignment, so samples and ops share a clock
                             "memory_profile": build_profile(session.raw),
-                            "traced_ddp": (ts.manifest.extra or {}).get("ddp") or {},
+                            "traced_ddp": session.job.facts.ddp,
                             "durations": session.info["durations"]}
     if session.whatif is not None:
         info["whatif"] = session.whatif.describe()
-    # the graph replay stands for the job: mean durations, or the median profiled iteration
+    # the job replay stands for: mean durations, or the median profiled iteration
     job_ts = session.graph_trace
-    params = {c.tensor: list(c.params) for c in job_ts.collectives}
     groups_by_param = [list(c.params) for c in job_ts.collectives if c.op == "allreduce"]
     fine = None
     if per_param:
@@ -66,8 +64,7 @@ def load_base(session: "Session", *, per_param: bool = True) -> tuple["BaseJob",
         except DproError:
             fine = None
     if fine is not None:
-        g = build_global_dfg(fine, comm_model=model)
-        base = extract_base(g, params={c.tensor: list(c.params) for c in fine.collectives}, comm_model=model)
+        base = Job.from_trace(fine, comm_model=session.comm_model)
         by_param = {p: t for t, bt in base.tensors.items() for p in bt.params}
         initial = [[by_param[p] for p in grp if p in by_param] for grp in groups_by_param]
         initial = [g_ for g_ in initial if g_]
@@ -75,7 +72,7 @@ def load_base(session: "Session", *, per_param: bool = True) -> tuple["BaseJob",
         initial += [[t] for t in base.tensors if t not in covered]
         info["base_tensors"] = "per parameter"
     else:
-        base = extract_base(session.graph, params=params, comm_model=model)
+        base = session.job
         initial = base.initial_groups
         info["base_tensors"] = "traced collectives"
     return base, initial, info

@@ -184,6 +184,7 @@ def build_profile(ts: Any, *, optimizer_slots: float | None = None) -> MemoryPro
     mem = getattr(ts, "memory", None)
     if mem is None or mem.empty:
         return None
+    from ..job import JobFacts
     extra = dict(getattr(ts.manifest, "extra", {}) or {})
     # parameters (per-parameter sizes and gradient-ready ops, from the DDP buckets)
     params: list[ParamInfo] = []
@@ -263,7 +264,7 @@ def build_profile(ts: Any, *, optimizer_slots: float | None = None) -> MemoryPro
         p.layer = layers.index(lay) if lay in layers else -1
     # persistent parts
     P = sum(p.bytes for p in params)
-    ddp = extra.get("ddp") or {}
+    ddp = JobFacts.from_manifest(ts.manifest).ddp
     as_view = bool(ddp.get("gradient_as_bucket_view"))
     persistent = {"params": P, "comm_buffers": 0, "optimizer_state": 0, "grads": 0}
     sources = {"params": "trace: bytes of the synchronised parameters (DDP buckets, meta.json)"}

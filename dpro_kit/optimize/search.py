@@ -45,10 +45,11 @@ import numpy as np
 
 from ..errors import DproError, GraphError, atomic_write_text
 from ..graph.model import op_key
-from ..graph.topology import TOPOLOGIES, CommContext, Links
+from ..graph.schemes import TensorGroup, get_scheme
+from ..graph.topology import CommContext, Links
 from ..replay import replay
 from ..replay.engine import compile_graph
-from ..trace import Collective, OpKind
+from ..trace import OpKind
 from .memory import MemoryModel
 from .passes import PASSES, GraphPass, PassRefused
 from .state import (COMPUTE_KINDS, BaseJob, Strategy, build, condensed_graph, contract, fused_duration,
@@ -174,27 +175,21 @@ class Searcher:
         SEND durations change (comm model at the scaled chunk bytes), so each
         estimate is one run of the compiled replay kernel.
         """
-        from .state import split_bytes
         t0 = ts[0]
+        scheme = get_scheme(t0.algorithm, tensor=t0.name)
         servers = tuple(s for t in ts for s in t.servers) or tuple(
             n for n, i in self.base.manifest.nodes.items() if i.role == "server")
-        tkey = (t0.algorithm, tuple(t0.participants), k, servers if t0.algorithm == "ps" else ())
+        tkey = (t0.algorithm, tuple(t0.participants), k, servers if scheme.uses_servers else ())
         tpl = self._templates.get(tkey)
         if tpl is None:
             nominal = 1 << 30
             g = nx.DiGraph()
             ctx = CommContext(graph=g, manifest=self.base.manifest, model=self.base.model,
                               links=Links(self.base.manifest))
-            if t0.algorithm == "ps":
-                parts = [{"bytes": b, "server": servers[i % len(servers)]}
-                         for i, b in enumerate(split_bytes(nominal, k))]
-                colls = [Collective(tensor="T", op="push_pull", bytes=nominal, participants=list(t0.participants),
-                                    algorithm="ps", partitions=parts)]
-            else:
-                colls = [Collective(tensor=f"T#p{p}", op="allreduce", bytes=b, participants=list(t0.participants),
-                                    algorithm=t0.algorithm) for p, b in enumerate(split_bytes(nominal, k))]
-            for c in colls:
-                TOPOLOGIES[c.algorithm](ctx, c)
+            for c in scheme.collectives(scheme, TensorGroup(name="T", bytes=nominal, k=k,
+                                                            participants=list(t0.participants),
+                                                            servers=list(servers))):
+                scheme.build(ctx, c)
             cg = compile_graph(g)
             sends = np.array([i for i, key in enumerate(cg.keys) if g.nodes[key]["kind"] == OpKind.SEND.value],
                              dtype=np.int64)

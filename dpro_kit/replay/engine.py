@@ -13,7 +13,7 @@ subgraph (``replay(g, ops=[...])``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 import networkx as nx
@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import GraphError
+from . import rules
 from ._kernel import njit, simulate
 
 
@@ -339,10 +340,15 @@ def renumber(cg: CompiledGraph, order: np.ndarray) -> CompiledGraph:
                          iter_src=inv[cg.iter_src], iter_dst=inv[cg.iter_dst], tiebreak=cg.tiebreak[order])
 
 
-def run_kernel(cg: CompiledGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """The compiled replay loop on ``cg``'s arrays (``replay`` = compile + unroll + this + wrap)."""
-    return simulate(cg.dur, cg.device, cg.priority, cg.indptr, cg.succ, cg.indeg, np.zeros(cg.n),
-                    max(len(cg.devices), 1), cg.tiebreak)
+def run_kernel(cg: CompiledGraph, device_model: str = "fifo") -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                       np.ndarray, int]:
+    """The compiled replay loop on ``cg``'s arrays (``replay`` = compile + unroll + this + wrap).
+
+    ``device_model`` names a kernel of :data:`dpro_kit.replay.rules.DEVICE_MODELS`.
+    """
+    kernel = simulate if device_model == "fifo" else rules.device_model(device_model)
+    return kernel(cg.dur, cg.device, cg.priority, cg.indptr, cg.succ, cg.indeg, np.zeros(cg.n),
+                  max(len(cg.devices), 1), cg.tiebreak)
 
 
 def _unrolled_edges(cg: CompiledGraph, iterations: int) -> tuple[np.ndarray, np.ndarray]:
@@ -350,18 +356,35 @@ def _unrolled_edges(cg: CompiledGraph, iterations: int) -> tuple[np.ndarray, np.
     return u.edges()
 
 
-def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[str] | None = None) -> ReplayResult:
+def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[str] | None = None,
+           schedule: str = "graph", device_model: str = "fifo") -> ReplayResult:
     """Simulate ``iterations`` iterations of ``g`` (or of the subgraph induced by ``ops``).
 
-    Raises :class:`~dpro_kit.errors.GraphError` for a cycle or a bad duration.
+    Parameters
+    ----------
+    g : networkx.DiGraph or CompiledGraph
+        A global DFG (``docs/replayer.md``) or its compiled arrays.
+    iterations : int, default 1
+        Iterations to unroll through the graph's ``iteration_edges``.
+    ops : sequence of str or None
+        Replay only the subgraph these ops induce (partial replay; networkx graph only).
+    schedule : str, default "graph"
+        A priority order of :data:`dpro_kit.replay.rules.SCHEDULES`.
+    device_model : str, default "fifo"
+        A kernel of :data:`dpro_kit.replay.rules.DEVICE_MODELS`.
+
+    Raises :class:`~dpro_kit.errors.GraphError` for a cycle, a bad duration or an unknown rule.
     """
     if iterations < 1:
         raise GraphError(f"iterations must be >= 1, got {iterations}")
     if ops is not None and isinstance(g, CompiledGraph):
         raise GraphError("partial replay (ops=...) needs the networkx graph, not a compiled one")
     cg = g if isinstance(g, CompiledGraph) else compile_graph(g, ops)
+    if schedule != "graph":
+        prio = rules.schedule_priorities(cg, schedule)
+        cg = replace(cg, priority=prio)
     u = unroll(cg, iterations)
-    start, end, crit, prev, done = run_kernel(u)
+    start, end, crit, prev, done = run_kernel(u, device_model)
     if done < u.dur.size:
         raise GraphError(f"only {done} of {u.dur.size} ops could run: the iteration edges form a cycle",
                          hint="an op of iteration i+1 must not precede its own iteration's ops")

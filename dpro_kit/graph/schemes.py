@@ -1,0 +1,183 @@
+"""Communication schemes by name: how a synchronised tensor becomes ops (dPRO §4.1).
+
+A :class:`CommScheme` bundles everything the rest of dpro-kit needs to know
+about one way of synchronising tensors, so that no module branches on
+``"ring"`` / ``"ps"``:
+
+* ``op`` — the collective ``op`` a trace records for it (``comm.json``); a
+  collective without an ``algorithm`` field gets the scheme registered for its
+  op (:func:`scheme_for_op`);
+* ``build(ctx, coll)`` — the fine-grained topology of one
+  :class:`~dpro_kit.trace.Collective` (:mod:`dpro_kit.graph.topology`);
+* ``collectives(group)`` — the collectives that synchronise a
+  :class:`TensorGroup` (tensors fused into one, split into ``k`` partitions):
+  what :func:`dpro_kit.graph.build.build` asks of a scheme for every group of a
+  :class:`~dpro_kit.job.Strategy`;
+* ``recognise(g, in_ops)`` — from a built DFG (a graph file), the tensor's
+  participants (in the scheme's order) and servers, or None when the tensor's
+  ops are not this scheme's; tried newest registration first, so the first
+  registered scheme (``ring``) is the fallback;
+* ``uses_servers`` — whether the scheme's ops run on server nodes.
+
+Built in: ``ring`` (ring AllReduce) and ``ps`` (parameter-server push/pull).
+Adding one (tree, hierarchical, Horovod fusion, BytePS partitions): write its
+topology builder in :mod:`dpro_kit.graph.topology` and ``register_scheme(...)``
+it here (docs/architecture.md, "Adding a communication scheme").
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import networkx as nx
+
+from ..errors import GraphError
+from ..trace import Collective, OpKind
+from .topology import CommContext, ps_push_pull, ring_allreduce, split_bytes
+
+__all__ = ["CommScheme", "TensorGroup", "SCHEMES", "register_scheme", "get_scheme", "scheme_for_op",
+           "recognise", "ps_server_of"]
+
+
+@dataclass
+class TensorGroup:
+    """Tensors synchronised as one (a bucket of the optimizer's strategy), split into ``k`` partitions.
+
+    Parameters
+    ----------
+    name : str
+        The group's tensor name (``a+b`` for a fused group).
+    bytes : int
+        Total size.
+    k : int
+        Partitions (ring: ``k`` collectives ``name#p0..``; PS: ``k`` partitions over the servers).
+    participants : list of str
+        Worker nodes, in the scheme's order.
+    servers : list of str
+        PS: servers to place partitions on, round-robin.
+    partitions : list of dict
+        As traced (``{"bytes", "server"}``), used as is when ``k`` equals their number.
+    """
+
+    name: str
+    bytes: int
+    k: int
+    participants: list[str]
+    servers: list[str] = field(default_factory=list)
+    inputs: dict[str, list[str]] = field(default_factory=dict)
+    outputs: dict[str, list[str]] = field(default_factory=dict)
+    params: list[str] = field(default_factory=list)
+    priority: float = 0.0
+    partitions: list[dict] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CommScheme:
+    """One communication scheme (see the module docstring)."""
+
+    name: str
+    op: str
+    build: Callable[[CommContext, Collective], None]
+    collectives: Callable[["CommScheme", TensorGroup], list[Collective]]
+    recognise: Callable[[nx.DiGraph, dict[str, str]], "tuple[list[str], list[str]] | None"]
+    uses_servers: bool = False
+
+
+SCHEMES: dict[str, CommScheme] = {}
+"""Registered communication schemes by name (the ``algorithm`` of a collective)."""
+
+
+def register_scheme(scheme: CommScheme) -> CommScheme:
+    """Add (or replace) ``scheme`` in :data:`SCHEMES`; returns it."""
+    SCHEMES[scheme.name] = scheme
+    return scheme
+
+
+def get_scheme(name: str, *, tensor: str = "", path: object = None) -> CommScheme:
+    """The scheme registered as ``name``; GraphError naming the known ones otherwise."""
+    s = SCHEMES.get(name)
+    if s is None:
+        raise GraphError(f"unknown communication algorithm {name!r}" + (f" for {tensor!r}" if tensor else ""),
+                         path=path, hint="known: " + ", ".join(sorted(SCHEMES)))
+    return s
+
+
+def scheme_for_op(op: str) -> str:
+    """The scheme a collective recorded as ``op`` uses when the trace does not say (ring for allreduce)."""
+    for s in SCHEMES.values():
+        if s.op == op:
+            return s.name
+    return "ps"
+
+
+def recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[str, list[str], list[str]]:
+    """``(scheme name, participants, servers)`` of the tensor whose In op on each node is ``in_ops[node]``."""
+    for s in reversed(list(SCHEMES.values())):
+        found = s.recognise(g, in_ops)
+        if found is not None:
+            return s.name, found[0], found[1]
+    return "ring", sorted(in_ops), []          # pragma: no cover - ring always recognises
+
+
+def ps_server_of(tensor: str, servers: list[str]) -> str:
+    """The server of an unpartitioned PS tensor (as :func:`~dpro_kit.graph.topology.ps_push_pull` places it)."""
+    return servers[zlib.crc32(tensor.encode()) % len(servers)]
+
+
+# --------------------------------------------------------------------------- ring
+
+def _ring_collectives(self: CommScheme, grp: TensorGroup) -> list[Collective]:
+    return [Collective(tensor=grp.name if grp.k == 1 else f"{grp.name}#p{p}", op=self.op, bytes=b,
+                       participants=list(grp.participants), algorithm=self.name, inputs=grp.inputs,
+                       outputs=grp.outputs, params=grp.params, priority=grp.priority)
+            for p, b in enumerate(split_bytes(grp.bytes, grp.k))]
+
+
+def _ring_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Participants in ring order (following the step-0 SEND of each In op), from the sorted first."""
+    nxt = {}
+    for n, k in in_ops.items():
+        for s in g.successors(k):
+            d = g.nodes[s]
+            if d["kind"] == OpKind.SEND.value and d["step"] == 0:
+                nxt[n] = d["peer"]
+    if len(nxt) != len(in_ops):
+        return sorted(in_ops), []
+    start = sorted(in_ops)[0]
+    order, cur = [start], nxt[start]
+    while cur != start and len(order) <= len(in_ops):
+        order.append(cur)
+        cur = nxt[cur]
+    return (order if len(order) == len(in_ops) else sorted(in_ops)), []
+
+
+# --------------------------------------------------------------------------- parameter server
+
+def _ps_collectives(self: CommScheme, grp: TensorGroup) -> list[Collective]:
+    if grp.partitions and len(grp.partitions) == grp.k:
+        parts = [dict(p) for p in grp.partitions]
+    elif not grp.servers:
+        raise GraphError(f"tensor {grp.name!r} uses push_pull but the manifest lists no server node")
+    else:
+        parts = [{"bytes": b, "server": grp.servers[i % len(grp.servers)]}
+                 for i, b in enumerate(split_bytes(grp.bytes, grp.k))]
+    return [Collective(tensor=grp.name, op=self.op, bytes=grp.bytes, participants=list(grp.participants),
+                       algorithm=self.name, inputs=grp.inputs, outputs=grp.outputs, params=grp.params,
+                       partitions=parts, priority=grp.priority)]
+
+
+def _ps_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], list[str]] | None:
+    first = next(iter(in_ops.values()))
+    if not any(g.nodes[s]["phase"] == "push" for s in g.successors(first)):
+        return None
+    tensor = g.nodes[first]["tensor"]
+    parts = sorted({(d["chunk"], d["node"]) for _, d in g.nodes(data=True)
+                    if d["kind"] == OpKind.AGG.value and d["tensor"] == tensor})
+    return sorted(in_ops), [s for _, s in parts]
+
+
+register_scheme(CommScheme(name="ring", op="allreduce", build=ring_allreduce, collectives=_ring_collectives,
+                           recognise=_ring_recognise))
+register_scheme(CommScheme(name="ps", op="push_pull", build=ps_push_pull, collectives=_ps_collectives,
+                           recognise=_ps_recognise, uses_servers=True))

@@ -1,0 +1,82 @@
+"""The replayer's rules by name: schedules (priority orders) and device models (dPRO §4.3).
+
+The replay kernel (:mod:`._kernel`) picks, on each free device, the queued op
+with the lowest *priority*, then the earliest ready time, then the lowest
+tie-break rank.  What varies between scheduling and system studies plugs in
+here, outside the kernel's inner loop:
+
+* :data:`SCHEDULES` — ``name -> f(compiled graph) -> priority array`` (float64,
+  one per op, lower runs first).  ``graph`` (the default) uses the vertices'
+  ``priority`` attribute as built (all 0 for a traced job: FIFO by ready time);
+  ``fifo`` ignores it.  TicTac / ByteScheduler-style orders register a function
+  that computes priorities from the compiled graph.
+* :data:`DEVICE_MODELS` — ``name -> kernel`` with the signature of
+  :func:`._kernel.simulate`.  ``fifo`` (the default): each device (compute
+  stream, link) runs one op at a time from its queue.  A shared-bandwidth model
+  (Proteus) registers another kernel.
+
+The iteration rule (how iteration i+1 waits for iteration i) is part of the
+graph: :data:`dpro_kit.graph.build.ITERATION_RULES`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ..errors import GraphError
+from ._kernel import simulate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import CompiledGraph
+
+__all__ = ["SCHEDULES", "DEVICE_MODELS", "register_schedule", "register_device_model", "schedule_priorities",
+           "device_model"]
+
+
+def _graph_priorities(cg: "CompiledGraph") -> np.ndarray:
+    return cg.priority
+
+
+def _fifo(cg: "CompiledGraph") -> np.ndarray:
+    return np.zeros(cg.n, dtype=np.float64)
+
+
+SCHEDULES: dict[str, Callable[["CompiledGraph"], np.ndarray]] = {"graph": _graph_priorities, "fifo": _fifo}
+"""Priority orders by name (module docstring)."""
+
+DEVICE_MODELS: dict[str, Callable[..., tuple]] = {"fifo": simulate}
+"""Replay kernels by name (module docstring)."""
+
+
+def register_schedule(name: str, priorities: Callable[["CompiledGraph"], np.ndarray]) -> None:
+    """Add (or replace) a schedule: ``priorities(cg)`` returns one float64 per op of ``cg``, lower first."""
+    SCHEDULES[name] = priorities
+
+
+def register_device_model(name: str, kernel: Callable[..., tuple]) -> None:
+    """Add (or replace) a device model: a kernel with :func:`._kernel.simulate`'s signature and result."""
+    DEVICE_MODELS[name] = kernel
+
+
+def _lookup(table: dict, kind: str, name: str):
+    f = table.get(name)
+    if f is None:
+        raise GraphError(f"unknown {kind} {name!r}", hint="known: " + ", ".join(sorted(table)))
+    return f
+
+
+def schedule_priorities(cg: "CompiledGraph", schedule: str) -> np.ndarray:
+    """The priority array of ``schedule`` for ``cg`` (checked: one finite float per op)."""
+    prio = _lookup(SCHEDULES, "schedule", schedule)(cg)
+    if prio is cg.priority:
+        return prio
+    prio = np.ascontiguousarray(prio, dtype=np.float64)
+    if prio.shape != (cg.n,) or not np.isfinite(prio).all():
+        raise GraphError(f"schedule {schedule!r} must give one finite priority per op ({cg.n})")
+    return prio
+
+
+def device_model(name: str) -> Callable[..., tuple]:
+    """The replay kernel registered as ``name``."""
+    return _lookup(DEVICE_MODELS, "device model", name)
