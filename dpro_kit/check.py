@@ -120,13 +120,14 @@ def summary(path: str | Path, *, iterations: int | None = None, top: int = 50,
                         hint="pass a trace directory or a file written by `dpro replay --json`")
     if path.is_dir():
         note(f"replaying {path}")
+        from .job import JobFacts
         s = Session(path, align=align, per_iteration=per_iteration)
         ts, g, res = s.raw, s.graph, s.replay(iterations or 1)
         out = {"source": str(path), "input": "trace", "job": ts.manifest.job, "world_size": ts.manifest.world_size,
                "durations": s.info["durations"], **replay_summary(res, g, top=top), **measured_summary(ts)}
-        measured = ts.manifest.extra.get("measured_iteration_ms")
-        if isinstance(measured, (int, float)) and math.isfinite(measured) and measured > 0:
-            out["measured_iteration_ms"] = float(measured)
+        measured = JobFacts.from_manifest(ts.manifest).measured_iteration_ms
+        if measured is not None:
+            out["measured_iteration_ms"] = measured
         return out
     doc = _read_replay_json(path)
     if isinstance(doc, dict) and doc.get("format") == "dpro-dfg":

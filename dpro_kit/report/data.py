@@ -377,10 +377,11 @@ def collect(trace_dir: str | Path, *, plan: str | Path | None = None, iterations
                              "durations": session.info["durations"]}
     from ..placement import placement_warnings
     facts["warnings"] = placement_warnings(m.extra)
-    measured = m.extra.get("measured_iteration_ms")
-    if _finite(measured):
-        facts["measured_iteration_ms"] = float(measured)
-        facts["error_pct"] = 100.0 * (rs["iteration_time_ms"] - float(measured)) / float(measured)
+    from ..job import JobFacts
+    measured = JobFacts.from_manifest(m).measured_iteration_ms
+    if measured is not None:
+        facts["measured_iteration_ms"] = measured
+        facts["error_pct"] = 100.0 * (rs["iteration_time_ms"] - measured) / measured
     note("building the report")
     crit_rows = res.critical_path()
     crit_keys = {res.key(r) for r in crit_rows}
