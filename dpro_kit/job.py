@@ -59,22 +59,21 @@ class JobFacts:
         Iteration time measured by the collector without profiling (finite, > 0), for
         comparing a prediction with reality (session, check, report).
     ddp : dict
-        DDP settings recorded by the collector (``bucket_cap_mb``, ``gradient_as_bucket_view``, ...).
-    comm_latency_us : float or None
-        Per-collective cost of the collector's tiny-allreduce calibration (``comm_calibration.median_us``).
-    cpu_placement : dict or None
-        Each rank's CPU set and machine (:mod:`dpro_kit.placement`).
+        DDP settings recorded by the collector (``bucket_cap_mb``, ``gradient_as_bucket_view``, ...)
+        (optimizer: plan facts and memory model).
+
+    Keys read by one module only keep their parser there: ``comm_calibration``
+    (:func:`dpro_kit.costmodel.collective_latency_us`), ``cpu_placement``
+    (:mod:`dpro_kit.placement`), ``optimizer`` (:mod:`dpro_kit.optimize.memory`),
+    ``peak_memory_bytes`` and the alignment offsets (:mod:`dpro_kit.report.data`).
     """
 
     measured_iteration_ms: float | None = None
     ddp: dict[str, Any] = field(default_factory=dict)
-    comm_latency_us: float | None = None
-    cpu_placement: dict[str, Any] | None = None
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> "JobFacts":
         """Parse the facts of ``manifest.extra`` (keys of other types are ignored)."""
-        from .costmodel import collective_latency_us
         extra = getattr(manifest, "extra", None)
         extra = extra if isinstance(extra, dict) else {}
         measured = extra.get("measured_iteration_ms")
@@ -82,11 +81,8 @@ class JobFacts:
                 or measured <= 0:
             measured = None
         ddp = extra.get("ddp")
-        placement = extra.get("cpu_placement")
         return cls(measured_iteration_ms=None if measured is None else float(measured),
-                   ddp=dict(ddp) if isinstance(ddp, dict) else {},
-                   comm_latency_us=collective_latency_us(extra),
-                   cpu_placement=placement if isinstance(placement, dict) else None)
+                   ddp=dict(ddp) if isinstance(ddp, dict) else {})
 
 
 # --------------------------------------------------------------------------- tensors and strategy
