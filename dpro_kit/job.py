@@ -340,14 +340,14 @@ class Job:
         topo = {k: i for i, k in enumerate(nx.topological_sort(g))}
         for t, per_node in ins.items():
             first = next(iter(per_node.values()))
-            algorithm, participants, t_servers = recognise(g, per_node)
+            algorithm, participants, t_servers, t_parts = recognise(g, per_node)
             tensors[t] = Tensor(
                 name=t, bytes=int(nodes[first]["bytes"]), algorithm=algorithm, participants=participants,
                 inputs={n: [local_name(p, n) for p in g.predecessors(k) if p in local] for n, k in per_node.items()},
                 outputs={n: [local_name(s, n) for s in g.successors(outs[t][n]) if s in local]
                          for n in per_node if n in outs.get(t, {})},
                 params=list((params or {}).get(t, [])), priority=float(nodes[first]["priority"]),
-                servers=t_servers)
+                servers=t_servers, partitions=t_parts)
             order.append((min(topo[k] for k in per_node.values()), t))
         order.sort()
         tensors = {t: tensors[t] for _, t in order}

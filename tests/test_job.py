@@ -187,3 +187,15 @@ def test_iteration_rule_by_name():
     finally:
         del ITERATION_RULES["test-independent"]
     assert compile_graph(build(job)).iter_src.size > 0
+
+
+def test_optimizer_starts_from_the_replayed_graph_for_partitioned_ps():
+    """The optimizer's initial strategy keeps traced PS partitions, from a trace or from a graph file."""
+    from dpro_kit.optimize.state import extract_base, initial_strategy
+    ts = ps_traceset([{"bytes": 5, "server": "s0"}, {"bytes": 4, "server": "s1"}])
+    g = build_global_dfg(ts, comm_model=MODEL)
+    want = replay(g).iteration_time_us
+    for job in (Job.from_trace(ts, comm_model=MODEL), extract_base(g, comm_model=MODEL)):
+        s0 = initial_strategy(job)
+        assert s0.partitions == (("grad", 2),)
+        assert replay(build(job, s0)).iteration_time_us == want

@@ -14,9 +14,9 @@ about one way of synchronising tensors, so that no module branches on
   what :func:`dpro_kit.graph.build.build` asks of a scheme for every group of a
   :class:`~dpro_kit.job.Strategy`;
 * ``recognise(g, in_ops)`` — from a built DFG (a graph file), the tensor's
-  participants (in the scheme's order) and servers, or None when the tensor's
-  ops are not this scheme's; tried newest registration first, so the first
-  registered scheme (``ring``) is the fallback;
+  participants (in the scheme's order), servers and partitions, or None when
+  the tensor's ops are not this scheme's; tried newest registration first, so
+  the first registered scheme (``ring``) is the fallback;
 * ``uses_servers`` — whether the scheme's ops run on server nodes.
 
 Built in: ``ring`` (ring AllReduce) and ``ps`` (parameter-server push/pull).
@@ -80,7 +80,7 @@ class CommScheme:
     op: str
     build: Callable[[CommContext, Collective], None]
     collectives: Callable[["CommScheme", TensorGroup], list[Collective]]
-    recognise: Callable[[nx.DiGraph, dict[str, str]], "tuple[list[str], list[str]] | None"]
+    recognise: Callable[[nx.DiGraph, dict[str, str]], "tuple[list[str], list[str], list[dict]] | None"]
     uses_servers: bool = False
 
 
@@ -111,13 +111,13 @@ def scheme_for_op(op: str) -> str:
     return "ps"
 
 
-def recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[str, list[str], list[str]]:
-    """``(scheme name, participants, servers)`` of the tensor whose In op on each node is ``in_ops[node]``."""
+def recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[str, list[str], list[str], list[dict]]:
+    """``(scheme, participants, servers, partitions)`` of the tensor whose In op on each node is ``in_ops[node]``."""
     for s in reversed(list(SCHEMES.values())):
         found = s.recognise(g, in_ops)
         if found is not None:
-            return s.name, found[0], found[1]
-    return "ring", sorted(in_ops), []          # pragma: no cover - ring always recognises
+            return (s.name, *found)
+    return "ring", sorted(in_ops), [], []      # pragma: no cover - ring always recognises
 
 
 def ps_server_of(tensor: str, servers: list[str]) -> str:
@@ -134,7 +134,7 @@ def _ring_collectives(self: CommScheme, grp: TensorGroup) -> list[Collective]:
             for p, b in enumerate(split_bytes(grp.bytes, grp.k))]
 
 
-def _ring_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], list[str]]:
+def _ring_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], list[str], list[dict]]:
     """Participants in ring order (following the step-0 SEND of each In op), from the sorted first."""
     nxt = {}
     for n, k in in_ops.items():
@@ -143,13 +143,13 @@ def _ring_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], l
             if d["kind"] == OpKind.SEND.value and d["step"] == 0:
                 nxt[n] = d["peer"]
     if len(nxt) != len(in_ops):
-        return sorted(in_ops), []
+        return sorted(in_ops), [], []
     start = sorted(in_ops)[0]
     order, cur = [start], nxt[start]
     while cur != start and len(order) <= len(in_ops):
         order.append(cur)
         cur = nxt[cur]
-    return (order if len(order) == len(in_ops) else sorted(in_ops)), []
+    return (order if len(order) == len(in_ops) else sorted(in_ops)), [], []
 
 
 # --------------------------------------------------------------------------- parameter server
@@ -167,14 +167,14 @@ def _ps_collectives(self: CommScheme, grp: TensorGroup) -> list[Collective]:
                        partitions=parts, priority=grp.priority)]
 
 
-def _ps_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], list[str]] | None:
+def _ps_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], list[str], list[dict]] | None:
     first = next(iter(in_ops.values()))
     if not any(g.nodes[s]["phase"] == "push" for s in g.successors(first)):
         return None
     tensor = g.nodes[first]["tensor"]
-    parts = sorted({(d["chunk"], d["node"]) for _, d in g.nodes(data=True)
+    parts = sorted({(d["chunk"], d["node"], d["bytes"]) for _, d in g.nodes(data=True)
                     if d["kind"] == OpKind.AGG.value and d["tensor"] == tensor})
-    return sorted(in_ops), [s for _, s in parts]
+    return sorted(in_ops), [s for _, s, _ in parts], [{"bytes": int(b), "server": s} for _, s, b in parts]
 
 
 register_scheme(CommScheme(name="ring", op="allreduce", build=ring_allreduce, collectives=_ring_collectives,

@@ -33,7 +33,7 @@ from ..graph.build import apply_memory, build, fused_duration, fused_local, grou
 from ..graph.model import op_key
 from ..graph.topology import split_bytes
 from ..job import (COMM_OP_KINDS, COMPUTE_KINDS, FUSED_PREFIX, Job, Strategy, Tensor, fused_name, group_name,
-                   local_name)
+                   identity, local_name)
 
 #: the optimizer's names for the job model (kept for callers of the earlier API)
 BaseJob = Job
@@ -52,8 +52,15 @@ def extract_base(g: nx.DiGraph, *, params: dict[str, list[str]] | None = None,
 
 
 def initial_strategy(base: Job, groups: list[list[str]] | None = None) -> Strategy:
-    """Strategy with ``groups`` (default: the job's traced grouping, one tensor per group)."""
-    return Strategy(groups=tuple(tuple(g) for g in (groups or base.initial_groups)))
+    """Strategy with ``groups`` (default: the job's traced grouping, one tensor per group).
+
+    A group that is one traced tensor keeps its traced partitions (PS), as in
+    ``identity(base)``, so the optimizer starts from the graph ``dpro replay`` replays.
+    """
+    gs = tuple(tuple(g) for g in (groups or base.initial_groups))
+    single = {g[0] for g in gs if len(g) == 1}
+    parts = tuple((t, k) for t, k in identity(base).partitions if t in single)
+    return Strategy(groups=gs, partitions=parts)
 
 
 # --------------------------------------------------------------------------- cycle safety
