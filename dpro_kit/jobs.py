@@ -1,0 +1,413 @@
+"""Run a job on N emulated hosts, profiled or not; alternate variants; medians and paired ratios.
+
+The one harness every bench (and the demo, and the tests) uses to launch real distributed jobs:
+
+* :func:`run_job` starts **one launcher per host**: inside an
+  :class:`~dpro_kit.cluster.EmulatedCluster` host (network namespace, link shaped to
+  ``rate_mbit``) or, with ``rate_mbit=None``, on this machine's loopback (no namespaces).
+  Every host's processes get ``DPRO_HOST=host<i>``, ``MASTER_ADDR``/``MASTER_PORT`` and
+  ``GLOO_SOCKET_IFNAME``; with ``ranks_per_host=1`` the command *is* the rank (``RANK``,
+  ``WORLD_SIZE``, ``LOCAL_RANK=0``, ``LOCAL_WORLD_SIZE=1``); with ``ranks_per_host=K > 1`` the
+  host runs ``torchrun --nnodes H --node-rank i --nproc-per-node K --no-python CMD`` (as users
+  launch multi-node jobs); with ``ranks_per_host=None`` the command starts its own ranks
+  (``train.py --nproc N``) and no rank variables are set.
+* ``profile=DIR``: each host's launcher is ``dpro profile --out DIR --host host<i> -- ...``, one
+  per host, as a multi-node job is profiled.
+* ``cpus_per_host=C``: every host's processes run in their own cgroup (v1 ``cpu`` controller,
+  ``cpu.cfs_quota_us = C * cpu.cfs_period_us``) under a parent group unique to the call,
+  removed afterwards (also on errors).  Without the controller, :class:`~dpro_kit.errors.DproError`
+  says so.
+* :func:`alternate` runs variants A/B/A/B... (or a seeded shuffle per round) and collects
+  their numbers; :func:`paired_table` prints medians and ratios taken within each round.
+
+Example::
+
+    from dpro_kit.jobs import run_job, job_iteration_ms
+    r = run_job([sys.executable, "examples/ddp/train.py", "--json-out", "t.json"],
+                hosts=2, rate_mbit=1000, cpus_per_host=1.0, profile="trace", steps="15:20")
+    print(job_iteration_ms("t.json"), r.trace)
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from dpro_kit.errors import DproError
+
+__all__ = [
+    "JobResult",
+    "CpuBudget",
+    "run_job",
+    "job_iteration_ms",
+    "alternate",
+    "paired_ratio",
+    "paired_table",
+    "cgroup_cpu_root",
+    "CGROUP_CPU_ROOT",
+]
+
+#: where the cgroup v1 ``cpu`` controller is mounted (checked by :func:`cgroup_cpu_root`)
+CGROUP_CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+_DPRO = [sys.executable, "-m", "dpro_kit.cli"]
+_COUNTER = itertools.count()
+_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class JobResult:
+    """What :func:`run_job` saw.
+
+    Attributes
+    ----------
+    codes:
+        Exit code of every host's launcher (in host order); ``-9`` for one killed at the timeout.
+    wall_s:
+        Seconds from the first start to the last exit.
+    trace:
+        The ``dpro profile`` output folder, or ``None`` when not profiled.
+    cgroups:
+        The cgroup directories the hosts ran in (removed by the time this is returned), or ``[]``.
+    timed_out:
+        The job ran into ``timeout``.
+    """
+
+    codes: list[int]
+    wall_s: float
+    trace: Path | None = None
+    cgroups: list[Path] = dataclasses.field(default_factory=list)
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Every launcher exited with 0."""
+        return not any(self.codes)
+
+
+def cgroup_cpu_root() -> Path | None:
+    """The cgroup v1 ``cpu`` controller's mount point if it is usable here (root, writable), else None."""
+    if not (CGROUP_CPU_ROOT / "cpu.cfs_quota_us").exists() or not os.access(CGROUP_CPU_ROOT, os.W_OK):
+        return None
+    return CGROUP_CPU_ROOT
+
+
+class CpuBudget:
+    """One cgroup v1 ``cpu`` group per host, with a fixed CPU quota, under a parent unique to this object.
+
+    Parameters
+    ----------
+    hosts:
+        Number of groups (``host0`` .. ``host<hosts-1>``).
+    cpus:
+        CPUs each group may use: ``cpu.cfs_quota_us = cpus * cpu.cfs_period_us`` (period 100 ms).
+    prefix:
+        Name prefix of the parent group (``<prefix>-<pid>-<n>``).
+
+    Use as a context manager; :meth:`close` kills what is left in the groups (our own processes)
+    and removes them.  :meth:`preexec` returns a function for ``Popen(preexec_fn=...)`` that
+    moves the child into its host's group before it executes the command, so every process it
+    starts is in the group as well.
+    """
+
+    PERIOD_US = 100_000
+
+    def __init__(self, hosts: int, cpus: float, *, prefix: str = "dpro") -> None:
+        root = cgroup_cpu_root()
+        if root is None:
+            raise DproError(f"no usable cgroup v1 cpu controller at {CGROUP_CPU_ROOT} (needs root and the "
+                            "cgroup v1 `cpu` hierarchy mounted)",
+                            hint="run without a CPU budget (cpus_per_host=None), or as root on a machine "
+                                 "with /sys/fs/cgroup/cpu")
+        if cpus <= 0:
+            raise DproError(f"cpus_per_host must be > 0, got {cpus}")
+        with _LOCK:
+            n = next(_COUNTER)
+        self.parent = root / f"{prefix}-{os.getpid()}-{n}"
+        self.groups = [self.parent / f"host{i}" for i in range(hosts)]
+        self.quota_us = int(round(cpus * self.PERIOD_US))
+        self.parent.mkdir()
+        try:
+            for g in self.groups:
+                g.mkdir()
+                (g / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
+                (g / "cpu.cfs_quota_us").write_text(str(self.quota_us))
+        except BaseException:
+            self.close()
+            raise
+
+    def preexec(self, host: int) -> Callable[[], None]:
+        """A ``preexec_fn`` that puts the starting child into host ``host``'s group."""
+        procs = str(self.groups[host] / "cgroup.procs")
+
+        def _enter() -> None:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        return _enter
+
+    def close(self) -> None:
+        """Kill processes still in the groups and remove them (idempotent)."""
+        for g in [*self.groups, self.parent]:
+            if not g.exists():
+                continue
+            for _ in range(50):
+                try:
+                    g.rmdir()
+                    break
+                except OSError:
+                    pids = [int(p) for p in (g / "cgroup.procs").read_text().split()] if g.exists() else []
+                    for p in pids:
+                        try:
+                            os.kill(p, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    time.sleep(0.1)
+
+    def __enter__(self) -> "CpuBudget":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _substitute(argv: Sequence[str], subs: Mapping[str, str]) -> list[str]:
+    out = []
+    for a in argv:
+        for k, v in subs.items():
+            a = a.replace(k, v)
+        out.append(a)
+    return out
+
+
+def _kill(p: subprocess.Popen) -> None:
+    """Kill a launcher and its process group (it was started in a session of its own)."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            p.kill()
+        p.wait()
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float, fail_fast: bool) -> list[int]:
+    """Exit codes of ``procs`` (-N for signal N, -9 for killed at the timeout)."""
+    deadline = time.time() + timeout
+    codes: list[int | None] = [None] * len(procs)
+    while any(c is None for c in codes):
+        for i, p in enumerate(procs):
+            if codes[i] is None and (rc := p.poll()) is not None:
+                codes[i] = rc
+                if rc != 0 and fail_fast:
+                    for q in procs:
+                        _kill(q)
+        if time.time() > deadline:
+            for i, p in enumerate(procs):
+                if codes[i] is None:
+                    _kill(p)
+                    codes[i] = -9
+        time.sleep(0.05)
+    return [int(c) for c in codes]  # type: ignore[arg-type]
+
+
+def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None = 1,
+            rate_mbit: float | None = None, cluster: bool | None = None, cpus_per_host: float | None = None,
+            profile: str | os.PathLike | None = None, steps: str = "10:15", profile_flags: Sequence[str] = (),
+            env: Mapping[str, str] | None = None, host_env: Callable[[int], Mapping[str, str]] | None = None,
+            log: IO | None = None, timeout: float = 600.0, fail_fast: bool = False,
+            prefix: str = "dpj") -> JobResult:
+    """Run one job: one launcher per host, on emulated hosts or loopback, profiled or not.
+
+    Parameters
+    ----------
+    argv:
+        The command of one rank (``ranks_per_host`` 1 or K) or of one host (``ranks_per_host=None``);
+        ``{i}`` (host index), ``{ip}`` (its address), ``{iface}`` and ``{master}`` in it are replaced
+        per host (plain replacement, other braces are left alone).
+    hosts:
+        Number of hosts, each with its own launcher.
+    ranks_per_host:
+        1: the command is the rank (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` set);
+        K > 1: the host runs ``torchrun --no-python`` with K ranks; None: the command starts its
+        own ranks and no rank variables are set (``train.py --nproc N``).
+    rate_mbit:
+        Per-host link rate (Mbit/s) of an :class:`~dpro_kit.cluster.EmulatedCluster`; ``None``: no
+        cluster, every host's processes on this machine's loopback (``MASTER_ADDR=127.0.0.1``).
+    cluster:
+        Force (True) an emulated cluster with unshaped links when ``rate_mbit`` is None; default:
+        a cluster exactly when ``rate_mbit`` is given.
+    cpus_per_host:
+        CPU budget of each host (a :class:`CpuBudget` cgroup), or None for none.
+    profile:
+        Folder for ``dpro profile --out``; every host's launcher is ``dpro profile --host host<i>``.
+    steps:
+        ``dpro profile --steps`` (profiled jobs only).
+    profile_flags:
+        More ``dpro profile`` options (``--ring``, ``--memory``, ``--shapes``).
+    env:
+        Extra environment for every process (on top of ``os.environ``).
+    host_env:
+        Per-host extra environment, ``host_env(i) -> dict`` (applied last).
+    log:
+        File the processes' stdout and stderr go to (default: discarded).
+    timeout:
+        Seconds after which the launchers still running are killed (their code reads ``-9``).
+    fail_fast:
+        Stop the other hosts as soon as one launcher fails.
+    prefix:
+        Name prefix of the namespaces (see :func:`dpro_kit.cluster.cleanup_stale`) and cgroups.
+
+    Returns
+    -------
+    JobResult
+        Exit codes, wall time, the trace folder.  A failing job is not an exception: the caller
+        decides (a gloo abort at exit after every result was written is common here).
+    """
+    from dpro_kit.cluster import EmulatedCluster
+
+    if hosts < 1:
+        raise DproError(f"hosts must be >= 1, got {hosts}")
+    use_cluster = rate_mbit is not None if cluster is None else cluster
+    out = subprocess.DEVNULL if log is None else log
+    budget = CpuBudget(hosts, cpus_per_host, prefix=prefix) if cpus_per_host is not None else None
+    emu = None
+    procs: list[subprocess.Popen] = []
+    t0 = time.time()
+    try:
+        if use_cluster:
+            emu = EmulatedCluster(hosts=hosts, rate_mbit=rate_mbit, prefix=prefix)
+            master, port, iface = emu.master_addr, 29500, emu.iface(0)   # fresh namespaces: any port is free
+        else:
+            master, port, iface = "127.0.0.1", _free_port(), "lo"
+        k = ranks_per_host
+        world = hosts * (k or 1)
+        # TODO(issue 11 item 1): drop once the ranks agree on one run through the job's rendezvous
+        run_id = {"DPRO_RUN_ID": f"{prefix}{os.getpid()}-{next(_COUNTER)}"} if profile is not None else {}
+        for i in range(hosts):
+            e = dict(os.environ)
+            e.update({"DPRO_HOST": f"host{i}", "HOST_RANK": str(i), "NHOSTS": str(hosts), **run_id})
+            if k is not None or hosts > 1:
+                e.update({"MASTER_ADDR": master, "MASTER_PORT": str(port)})
+            if use_cluster or hosts > 1:
+                e["GLOO_SOCKET_IFNAME"] = iface
+            if k == 1:
+                e.update({"RANK": str(i), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+            e.update(env or {})
+            if host_env is not None:
+                e.update(host_env(i))
+            cmd = _substitute(argv, {"{i}": str(i), "{master}": master,
+                                     "{ip}": emu.host_ip(i) if emu is not None else master, "{iface}": iface})
+            if k is not None and k > 1:
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(hosts), "--node-rank", str(i),
+                       "--nproc-per-node", str(k), "--master-addr", master, "--master-port", str(port),
+                       "--no-python", *cmd]
+            if profile is not None:
+                cmd = _DPRO + ["profile", "--out", str(profile), "--steps", steps, "--host", f"host{i}",
+                               *profile_flags, "--", *cmd]
+            kw: dict[str, Any] = {"stdout": out, "stderr": subprocess.STDOUT, "start_new_session": True}
+            if budget is not None:
+                kw["preexec_fn"] = budget.preexec(i)
+            if emu is not None:
+                procs.append(emu.run(i, cmd, env=e, inherit_env=False, **kw))
+            else:
+                procs.append(subprocess.Popen(cmd, env=e, **kw))
+        codes = _wait(procs, timeout, fail_fast)
+        return JobResult(codes=codes, wall_s=round(time.time() - t0, 1),
+                         trace=Path(profile) if profile is not None else None,
+                         cgroups=list(budget.groups) if budget is not None else [],
+                         timed_out=-9 in codes and time.time() - t0 >= timeout)
+    finally:
+        for p in procs:
+            _kill(p)
+        if emu is not None:
+            emu.close()
+        if budget is not None:
+            budget.close()
+
+
+def job_iteration_ms(times_json: str | os.PathLike) -> float:
+    """The job's iteration time from ``train.py --json-out``: the slowest rank's median, in ms."""
+    doc = json.loads(Path(times_json).read_text())
+    return max(statistics.median(ts) for ts in doc["iteration_times_s"].values()) * 1e3
+
+
+def alternate(variants: Mapping[str, Callable[[], float]], rounds: int, *, shuffle_seed: int | None = None,
+              on_round: Callable[[int, dict[str, list[float]]], None] | None = None) -> dict[str, list[float]]:
+    """Run every variant once per round, alternating (A, B, A, B, ...), and collect their numbers.
+
+    Parameters
+    ----------
+    variants:
+        Name -> a function that runs the variant once and returns its number (e.g. ms).
+    rounds:
+        Number of rounds.
+    shuffle_seed:
+        None: the same order every round; an int: the order is shuffled per round with this seed
+        (so slow drift of a shared machine does not always hit the same variant last).
+    on_round:
+        Called after each round with its index and the numbers so far (for progress lines).
+
+    Returns
+    -------
+    dict
+        Name -> one number per round, in round order (``rounds[name][i]`` ran in round ``i``).
+    """
+    out: dict[str, list[float]] = {v: [] for v in variants}
+    rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
+    for r in range(rounds):
+        order = list(variants)
+        if rng is not None:
+            rng.shuffle(order)
+        for v in order:
+            out[v].append(variants[v]())
+        if on_round is not None:
+            on_round(r, out)
+    return out
+
+
+def paired_ratio(rounds: Mapping[str, Sequence[float]], a: str, b: str) -> float:
+    """Median over rounds of ``a[i] / b[i]``: each ratio taken within one round (A and B ran minutes
+    apart at most; the machine drifts between rounds)."""
+    n = min(len(rounds[a]), len(rounds[b]))
+    return statistics.median(rounds[a][i] / rounds[b][i] for i in range(n))
+
+
+def paired_table(rounds: Mapping[str, Sequence[float]], baseline: str, *, unit: str = "ms",
+                 file: IO | None = None) -> str:
+    """Print (and return) one line per variant: median, min..max, paired ratio to ``baseline``.
+
+    Parameters
+    ----------
+    rounds:
+        Name -> one number per round (from :func:`alternate`).
+    baseline:
+        The variant the ratios are taken against.
+    unit:
+        Unit of the numbers, for the header.
+    file:
+        Where to print (default stdout).
+    """
+    lines = [f"| variant | median {unit} | min .. max {unit} | runs | paired ratio to {baseline} |",
+             "|---|---:|---:|---:|---:|"]
+    for v, xs in rounds.items():
+        ratio = "1" if v == baseline else f"{paired_ratio(rounds, v, baseline):.3f}"
+        lines.append(f"| {v} | {statistics.median(xs):.2f} | {min(xs):.2f} .. {max(xs):.2f} | {len(xs)} | {ratio} |")
+    text = "\n".join(lines)
+    print(text, file=file or sys.stdout, flush=True)
+    return text

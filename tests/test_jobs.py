@@ -1,0 +1,140 @@
+"""Tests of :mod:`dpro_kit.jobs`, the one harness that launches real jobs for benches, demo and tests.
+
+Real processes only: a real 2-host DDP job (``examples/ddp/train.py``, gloo) through :func:`run_job`
+on an emulated cluster, unprofiled and profiled with one ``dpro profile`` per host (the profiled one
+is replayed); a probe job checks the CPU budget (the cgroup's quota file and that the host's
+process was in its group) and that no cgroup or namespace is left.  ~40 s on 2 cores.
+"""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dpro_kit import jobs
+from dpro_kit.cluster import list_namespaces
+from dpro_kit.jobs import alternate, job_iteration_ms, paired_ratio, paired_table, run_job
+
+from conftest import TRAIN, netns_unusable_reason  # noqa: E402
+
+PREFIX = "dpjt"
+PY = sys.executable
+_NETNS = netns_unusable_reason(PREFIX)
+needs_netns = pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
+needs_cgroup = pytest.mark.skipif(jobs.cgroup_cpu_root() is None,
+                                  reason="no writable cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
+
+# what a host's process sees: its cpu cgroup (inside a namespace /sys is remounted, so the quota
+# file is read from outside by the test) and the variables the harness sets
+PROBE = textwrap.dedent(r"""
+    import json, os, sys, time
+    cg = [l.split(":", 2)[2].strip() for l in open("/proc/self/cgroup") if l.split(":")[1] == "cpu"][0]
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "DPRO_HOST", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")
+    json.dump({"cgroup": cg, **{k: os.environ.get(k) for k in keys}}, open(sys.argv[1], "w"))
+    time.sleep(float(sys.argv[2]))
+""")
+
+
+def _ours_left() -> tuple[list[str], list[str]]:
+    root = jobs.CGROUP_CPU_ROOT
+    groups = [p.name for p in root.glob(f"{PREFIX}-*")] if root.exists() else []
+    return groups, [ns for ns in list_namespaces() if ns.startswith(PREFIX + "-")]
+
+
+@needs_netns
+@needs_cgroup
+def test_cpu_budget_per_host_and_cleanup(tmp_path: Path) -> None:
+    """Each host's process runs in its own group with quota = cpus * period; nothing is left after."""
+    seen: dict[str, list] = {}
+
+    def watch() -> None:   # read the groups from outside while the job runs
+        deadline = time.time() + 20
+        while time.time() < deadline and len(seen) < 2:
+            for g in jobs.CGROUP_CPU_ROOT.glob(f"{PREFIX}-{__import__('os').getpid()}-*/host*"):
+                try:
+                    pids = (g / "cgroup.procs").read_text().split()
+                    quota = (g / "cpu.cfs_quota_us").read_text().strip()
+                    period = (g / "cpu.cfs_period_us").read_text().strip()
+                except OSError:
+                    continue
+                if pids:
+                    seen[g.name] = [quota, period, pids]
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    r = run_job([PY, "-c", PROBE, str(tmp_path / "host{i}.json"), "3"], hosts=2, rate_mbit=1000,
+                cpus_per_host=0.5, prefix=PREFIX, timeout=60)
+    t.join()
+    assert r.ok, r
+    assert sorted(seen) == ["host0", "host1"], seen
+    for name, (quota, period, pids) in seen.items():
+        assert (quota, period) == ("50000", "100000")
+    for i in range(2):
+        doc = json.loads((tmp_path / f"host{i}.json").read_text())
+        assert doc["cgroup"] == "/" + str(r.cgroups[i].relative_to(jobs.CGROUP_CPU_ROOT))
+        assert doc["RANK"] == str(i) and doc["WORLD_SIZE"] == "2" and doc["DPRO_HOST"] == f"host{i}"
+        assert doc["MASTER_ADDR"] == "10.213.0.1" and doc["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert not any(g.exists() for g in r.cgroups) and not r.cgroups[0].parent.exists()
+    assert _ours_left() == ([], [])
+
+
+@needs_cgroup
+def test_loopback_and_cleanup_on_timeout(tmp_path: Path) -> None:
+    """rate_mbit=None: no namespaces, MASTER_ADDR on loopback; a job past its timeout is killed and
+    its groups removed all the same."""
+    r = run_job([PY, "-c", PROBE, str(tmp_path / "h{i}.json"), "30"], hosts=2, cpus_per_host=1.0,
+                prefix=PREFIX, timeout=3)
+    assert r.codes == [-9, -9] and r.timed_out
+    doc = json.loads((tmp_path / "h1.json").read_text())
+    assert doc["MASTER_ADDR"] == "127.0.0.1" and doc["RANK"] == "1" and doc["GLOO_SOCKET_IFNAME"] == "lo"
+    assert doc["cgroup"].endswith("/host1")
+    assert not r.cgroups[0].parent.exists()
+    assert _ours_left() == ([], [])
+
+
+@needs_netns
+def test_real_two_host_job_plain_and_profiled(tmp_path: Path) -> None:
+    """A real 2-host DDP job through the harness, unprofiled then profiled (one `dpro profile` per
+    host); the trace replays."""
+    train = [PY, str(TRAIN), "--model", "mlp", "--batch-size", "16", "--threads", "1", "--backend", "gloo",
+             "--warmup", "2", "--quiet"]
+    log = open(tmp_path / "jobs.log", "w")
+    plain = run_job(train + ["--iters", "6", "--json-out", str(tmp_path / "plain.json")], hosts=2,
+                    rate_mbit=1000, prefix=PREFIX, log=log, timeout=120)
+    assert plain.ok, (tmp_path / "jobs.log").read_text()[-2000:]
+    assert job_iteration_ms(tmp_path / "plain.json") > 0
+    trace = tmp_path / "trace"
+    prof = run_job(train + ["--iters", "8"], hosts=2, rate_mbit=1000, profile=trace, steps="4:7",
+                   env={"DPRO_QUIET": "1"}, prefix=PREFIX, log=log, timeout=120)
+    assert prof.ok, (tmp_path / "jobs.log").read_text()[-2000:]
+    assert sorted(p.name for p in trace.iterdir() if p.is_dir()) == ["host0", "host1"]
+    rep = subprocess.run([PY, "-m", "dpro_kit.cli", "replay", str(trace), "--json", "-q"],
+                         capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    doc = json.loads(rep.stdout)
+    assert doc["iteration_time_ms"] > 0 and len(doc["nodes"]) == 2
+    assert _ours_left()[1] == []
+
+
+def test_alternate_and_paired_ratios() -> None:
+    calls: list[str] = []
+    vals = {"a": iter([10.0, 12.0, 11.0]), "b": iter([5.0, 7.0, 5.0])}
+
+    def variant(name: str):
+        return lambda: (calls.append(name), next(vals[name]))[1]
+    rounds = alternate({"a": variant("a"), "b": variant("b")}, 3)
+    assert calls == ["a", "b"] * 3 and rounds == {"a": [10.0, 12.0, 11.0], "b": [5.0, 7.0, 5.0]}
+    assert paired_ratio(rounds, "a", "b") == 2.0          # median of 2.0, 1.714, 2.2
+    buf = io.StringIO()
+    text = paired_table(rounds, "b", file=buf)
+    assert "| a | 11.00 | 10.00 .. 12.00 | 3 | 2.000 |" in text and buf.getvalue().strip() == text
+    shuffled = alternate({"a": lambda: 1.0, "b": lambda: 2.0, "c": lambda: 3.0}, 4, shuffle_seed=0)
+    assert shuffled == {"a": [1.0] * 4, "b": [2.0] * 4, "c": [3.0] * 4}
