@@ -19,7 +19,8 @@ measured (step 1) and compared.
 
 Links: ``loopback`` = all ranks on this machine (``train.py --nproc N``, TCP over
 127.0.0.1); ``<R>mbit`` = one rank per emulated host (``dpro_kit.cluster.EmulatedCluster``:
-network namespaces + tbf at R Mbit/s per host link; needs root).
+network namespaces + tbf at R Mbit/s per host link; needs root); both launched by
+``dpro_kit.jobs.run_job``, one ``dpro profile`` per host when profiled.
 
 Runs alternate measured and profiled jobs configuration by configuration (and
 ``--rounds`` repeats the whole matrix) so slow drift of a shared machine hits both;
@@ -42,7 +43,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +52,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from dpro_kit.jobs import run_job  # noqa: E402
+
 TRAIN = ROOT / "examples" / "ddp" / "train.py"
 PY = sys.executable
 DPRO = [PY, "-m", "dpro_kit.cli"]
@@ -141,12 +144,6 @@ def matrix(kind: str) -> tuple[list[Config], list[WhatIf]]:
 
 # --------------------------------------------------------------------------- running jobs
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def threads_per_rank(world: int) -> int:
     """Every rank runs on this machine (emulated hosts share its cores too)."""
     try:
@@ -204,16 +201,14 @@ class Runner:
         trace = jdir / "trace"
         steps = f"{a.prof_start}:{a.prof_start + a.prof_steps}"
         t0 = time.time()
-        env = dict(os.environ, DPRO_QUIET="1", PYTHONPATH=os.pathsep.join(
+        env = dict(DPRO_QUIET="1", PYTHONPATH=os.pathsep.join(
             [str(ROOT / "collectors" / "torch"), os.environ.get("PYTHONPATH", "")]))
-        if cfg.rate is None:
-            cmd = argv + ["--nproc", str(cfg.world)]
-            if profile:
-                cmd = DPRO + ["profile", "--out", str(trace), "--steps", steps, "--host", "host0", "--"] + cmd
-            p = subprocess.run(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, timeout=a.job_timeout)
-            codes = [p.returncode]
-        else:
-            codes = self._run_cluster(cfg, argv, env, trace if profile else None, steps)
+        # loopback: one launcher starts every rank (train.py --nproc); else one rank per emulated host
+        loop = cfg.rate is None
+        job = run_job(argv + ["--nproc", str(cfg.world)] if loop else argv, hosts=1 if loop else cfg.world,
+                      ranks_per_host=None if loop else 1, rate_mbit=cfg.rate, profile=trace if profile else None,
+                      steps=steps, env=env, log=self.log, timeout=a.job_timeout, cpus_per_host=a.cpus_per_host)
+        codes = job.codes
         wall = time.time() - t0
         complete = times.exists() and (not profile or (trace / "manifest.json").exists())
         if any(codes) and not complete:
@@ -232,29 +227,6 @@ class Runner:
             out["unprofiled_ms"] = ex.get("measured_iteration_ms")
             out["profiled_ms"] = ex.get("profiled_iteration_ms")
         return out
-
-    def _run_cluster(self, cfg: Config, argv: list[str], env: dict[str, str], trace: Path | None,
-                     steps: str) -> list[int]:
-        from dpro_kit.cluster import EmulatedCluster
-        port = 29500 + (self.n % 400)
-        run_id = f"acc{os.getpid()}-{self.n}"
-        with EmulatedCluster(hosts=cfg.world, rate_mbit=cfg.rate) as c:
-            procs = []
-            for i in range(cfg.world):
-                e = dict(env, RANK=str(i), WORLD_SIZE=str(cfg.world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                         MASTER_PORT=str(port), DPRO_RUN_ID=run_id)
-                cmd = list(argv)
-                if trace is not None:
-                    cmd = DPRO + ["profile", "--out", str(trace), "--steps", steps, "--host", f"host{i}", "--"] + cmd
-                procs.append(c.run(i, cmd, env=e, stdout=self.log, stderr=subprocess.STDOUT))
-            codes = []
-            deadline = time.time() + self.args.job_timeout
-            for p in procs:
-                try:
-                    codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
-                except subprocess.TimeoutExpired:
-                    codes.append(-9)
-            return codes
 
     @staticmethod
     def with_overhead_mode(trace: str, mode: str) -> str:
@@ -312,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ablation", action="store_true",
                     help="skip the replays with other profiler-overhead modes (calibrated / keep)")
     ap.add_argument("--job-timeout", type=float, default=300.0)
+    ap.add_argument("--cpus-per-host", type=float, default=None,
+                    help="CPU budget of every host (cgroup cpu quota, dpro_kit.jobs; root); default none")
     ap.add_argument("--json", dest="json_out", default="", help="write every row here")
     ap.add_argument("--md", default="", help="write the tables as Markdown here")
     ap.add_argument("--keep", default="", help="keep traces and logs in this folder (default: a temp dir)")

@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +34,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from dpro_kit.jobs import alternate, job_iteration_ms, paired_ratio, paired_table, run_job  # noqa: E402
+
 PY = sys.executable
 TRAIN = ROOT / "examples" / "ddp" / "train.py"
 DPRO = [PY, "-m", "dpro_kit.cli"]
@@ -55,7 +55,8 @@ SWEEP_MB = [0.25, 0.5, 1.0, 2.0, 4.0, 25.0]
 
 
 class Cluster:
-    """Runs one 2-host job (1 rank per host) per call; a fresh cluster and port each time."""
+    """Runs one 2-host job (1 rank per host) per call through :func:`dpro_kit.jobs.run_job`: a fresh
+    emulated cluster each time."""
 
     def __init__(self, work: Path, hosts: int = 2, timeout: float = 600.0) -> None:
         self.work, self.hosts, self.timeout = work, hosts, timeout
@@ -64,37 +65,19 @@ class Cluster:
 
     def run(self, rate: float, train_args: list[str], tag: str, profile: Path | None = None,
             steps: str = "") -> dict[str, Any]:
-        from dpro_kit.cluster import EmulatedCluster
         self.n += 1
         times = self.work / f"{self.n:03d}-{tag}.json"
-        env = dict(os.environ, DPRO_QUIET="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        env = dict(DPRO_QUIET="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
             [str(ROOT / "collectors" / "torch"), os.environ.get("PYTHONPATH", "")]))
         print(f"[{time.strftime('%H:%M:%S')}] job {self.n:03d} {tag}", file=self.log, flush=True)
-        t0 = time.time()
-        with EmulatedCluster(hosts=self.hosts, rate_mbit=rate, prefix="dpab") as c:
-            procs = []
-            for i in range(self.hosts):
-                e = dict(env, RANK=str(i), WORLD_SIZE=str(self.hosts), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                         MASTER_PORT=str(29600 + self.n % 300), DPRO_RUN_ID=f"ab{os.getpid()}-{self.n}")
-                cmd = [PY, str(TRAIN), *train_args, "--threads", "1", "--pin", "rank", "--backend", "gloo",
-                       "--quiet", "--json-out", str(times)]
-                if profile is not None:
-                    cmd = DPRO + ["profile", "--out", str(profile), "--steps", steps, "--host", f"host{i}", "--"] + cmd
-                procs.append(c.run(i, cmd, env=e, stdout=self.log, stderr=subprocess.STDOUT))
-            codes = []
-            deadline = time.time() + self.timeout
-            for p in procs:
-                try:
-                    codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    codes.append(-9)
+        cmd = [PY, str(TRAIN), *train_args, "--threads", "1", "--pin", "rank", "--backend", "gloo",
+               "--quiet", "--json-out", str(times)]
+        job = run_job(cmd, hosts=self.hosts, rate_mbit=rate, profile=profile, steps=steps, env=env, log=self.log,
+                      timeout=self.timeout, prefix="dpab")
         if not times.exists():
-            raise RuntimeError(f"job {tag} failed (exit codes {codes}); see {self.work / 'jobs.log'}")
+            raise RuntimeError(f"job {tag} failed (exit codes {job.codes}); see {self.work / 'jobs.log'}")
         doc = json.loads(times.read_text())
-        per_rank = [statistics.median(v) for v in doc["iteration_times_s"].values()]
-        return {"ms": max(per_rank) * 1e3, "wall_s": round(time.time() - t0, 1), "codes": codes,
-                "plan": doc.get("plan")}
+        return {"ms": job_iteration_ms(times), "wall_s": job.wall_s, "codes": job.codes, "plan": doc.get("plan")}
 
 
 def dpro_json(args: list[str], timeout: float = 900.0) -> dict[str, Any]:
@@ -121,19 +104,23 @@ def one_config(name: str, spec: dict[str, Any], cl: Cluster, args: argparse.Name
     for mb in args.sweep:
         variants[f"cap {mb:g} MB"] = ["--bucket-mb", f"{mb:g}"]
     variants["plan"] = ["--plan", str(plan_file)]
-    rounds: dict[str, list[float]] = {v: [] for v in variants}
     plan_desc = None
-    rng = random.Random(args.seed)
-    for r in range(args.rounds):
-        order = list(variants)
-        rng.shuffle(order)
-        for v in order:
-            res = cl.run(rate, base + variants[v] + ["--iters", str(args.iters)], f"{name}-{v.replace(' ', '')}-r{r}")
-            rounds[v].append(res["ms"])
-            if v == "plan" and res.get("plan"):
-                plan_desc = res["plan"].get("description")
+    done: dict[str, int] = {v: 0 for v in variants}
+
+    def measure(v: str) -> float:
+        nonlocal plan_desc
+        res = cl.run(rate, base + variants[v] + ["--iters", str(args.iters)], f"{name}-{v.replace(' ', '')}-r{done[v]}")
+        done[v] += 1
+        if v == "plan" and res.get("plan"):
+            plan_desc = res["plan"].get("description")
+        return res["ms"]
+
+    def progress(r: int, rounds: dict[str, list[float]]) -> None:
         print(f"  {name} round {r + 1}/{args.rounds}: " + ", ".join(f"{v} {rounds[v][-1]:.1f}" for v in variants),
               file=sys.stderr, flush=True)
+    rounds = alternate({v: (lambda v=v: measure(v)) for v in variants}, args.rounds, shuffle_seed=args.seed,
+                       on_round=progress)
+    paired_table(rounds, "default", file=sys.stderr)
     meas = {v: statistics.median(xs) for v, xs in rounds.items()}
     predicted = predict_variants(trace, variants, plan)
     sweep = {v: meas[v] for v in variants if v not in ("plan",)}
@@ -171,10 +158,7 @@ def paired(r: dict[str, Any]) -> tuple[float, float]:
     """Median over rounds of default/plan and of plan/best-1, each ratio taken within one round (the
     variants of a round ran minutes apart; the machine drifts between rounds)."""
     rd = r["rounds"]
-    n = len(rd["plan"])
-    sp = statistics.median(rd["default"][i] / rd["plan"][i] for i in range(n))
-    vb = statistics.median(rd["plan"][i] / rd[r["best_sweep"]][i] - 1.0 for i in range(n))
-    return sp, vb
+    return paired_ratio(rd, "default", "plan"), paired_ratio(rd, "plan", r["best_sweep"]) - 1.0
 
 
 def render(rows: list[dict[str, Any]]) -> str:
