@@ -203,7 +203,7 @@ _NOT_FIRST = {OpKind.VIRTUAL.value, OpKind.SEND.value, OpKind.RECV.value}
 
 
 def add_iteration_boundaries(g: nx.DiGraph) -> None:
-    """Synchronous iterations: per node, a zero-time STEP_END op after its last ops precedes its first ops next iteration.
+    """Synchronous iterations: per node, a zero-time STEP_END op after its last ops precedes its next first ops.
 
     This is the default rule for replaying several iterations: a node starts
     iteration i+1 only after it finished iteration i (including the Out op of

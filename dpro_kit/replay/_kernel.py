@@ -8,7 +8,9 @@ then lowest index — with all priorities equal this is the FIFO order of the
 frameworks' engines, and later scheduling work (TicTac, DeFT) only sets
 priorities (a schedule of :data:`dpro_kit.replay.rules.SCHEDULES`).  This
 kernel is the ``fifo`` device model of :data:`dpro_kit.replay.rules.DEVICE_MODELS`;
-its device queues are heaps pushed and popped by ``_q_push`` / ``_q_pop``.
+its device queues are heaps pushed and popped by ``q_push`` / ``q_pop`` (closures inside
+``simulate``: numba inlines them without passing the queue arrays, which keeps the loop as
+fast as when they were written out in place, ``bench/replay_speed.py``).
 
 Events are processed in time order from one global heap, so the simulated
 start times never go backwards, and every op that can be ready at time *t* is in
@@ -69,57 +71,6 @@ def _ev_push(ev_t, ev_k, ne, t, k):
     ev_k[j] = k
 
 
-@njit(inline="always")
-def _q_push(q_p, q_r, q_i, q_t, base, m, p, r, x, tb):
-    """Push op ``x`` (priority ``p``, ready ``r``, tie-break ``tb``) on the device queue at ``base`` holding ``m``."""
-    j = m
-    while j > 0:
-        pj = (j - 1) >> 1
-        if _q_before(p, r, tb, q_p[base + pj], q_r[base + pj], q_t[base + pj]):
-            q_p[base + j] = q_p[base + pj]
-            q_r[base + j] = q_r[base + pj]
-            q_i[base + j] = q_i[base + pj]
-            q_t[base + j] = q_t[base + pj]
-            j = pj
-        else:
-            break
-    q_p[base + j] = p
-    q_r[base + j] = r
-    q_i[base + j] = x
-    q_t[base + j] = tb
-
-
-@njit(inline="always")
-def _q_pop(q_p, q_r, q_i, q_t, base, m):
-    """Remove the head of the device queue at ``base`` holding ``m`` (m > 0) entries."""
-    m -= 1
-    if m > 0:
-        lp = q_p[base + m]
-        lr = q_r[base + m]
-        li = q_i[base + m]
-        lt2 = q_t[base + m]
-        j = 0
-        while True:
-            c = 2 * j + 1
-            if c >= m:
-                break
-            if c + 1 < m and _q_before(q_p[base + c + 1], q_r[base + c + 1], q_t[base + c + 1],
-                                       q_p[base + c], q_r[base + c], q_t[base + c]):
-                c += 1
-            if _q_before(q_p[base + c], q_r[base + c], q_t[base + c], lp, lr, lt2):
-                q_p[base + j] = q_p[base + c]
-                q_r[base + j] = q_r[base + c]
-                q_i[base + j] = q_i[base + c]
-                q_t[base + j] = q_t[base + c]
-                j = c
-            else:
-                break
-        q_p[base + j] = lp
-        q_r[base + j] = lr
-        q_i[base + j] = li
-        q_t[base + j] = lt2
-
-
 @njit(cache=True)
 def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak):  # pragma: no cover - compiled
     """Replay a DAG given as CSR successor arrays.
@@ -178,6 +129,53 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
     q_i = np.empty(m_all, dtype=np.int64)
     q_t = np.empty(m_all, dtype=np.int64)    # tie-break rank of the queued op (see docstring)
 
+    def q_push(base, m, p, r, x, tb):
+        """Push op ``x`` (priority ``p``, ready ``r``, tie-break ``tb``) on the queue at ``base`` holding ``m``."""
+        j = m
+        while j > 0:
+            pj = (j - 1) >> 1
+            if _q_before(p, r, tb, q_p[base + pj], q_r[base + pj], q_t[base + pj]):
+                q_p[base + j] = q_p[base + pj]
+                q_r[base + j] = q_r[base + pj]
+                q_i[base + j] = q_i[base + pj]
+                q_t[base + j] = q_t[base + pj]
+                j = pj
+            else:
+                break
+        q_p[base + j] = p
+        q_r[base + j] = r
+        q_i[base + j] = x
+        q_t[base + j] = tb
+
+    def q_pop(base, m):
+        """Remove the head of the device queue at ``base`` holding ``m`` (m > 0) entries."""
+        m -= 1
+        if m > 0:
+            lp = q_p[base + m]
+            lr = q_r[base + m]
+            li = q_i[base + m]
+            lt2 = q_t[base + m]
+            j = 0
+            while True:
+                c = 2 * j + 1
+                if c >= m:
+                    break
+                if c + 1 < m and _q_before(q_p[base + c + 1], q_r[base + c + 1], q_t[base + c + 1],
+                                           q_p[base + c], q_r[base + c], q_t[base + c]):
+                    c += 1
+                if _q_before(q_p[base + c], q_r[base + c], q_t[base + c], lp, lr, lt2):
+                    q_p[base + j] = q_p[base + c]
+                    q_r[base + j] = q_r[base + c]
+                    q_i[base + j] = q_i[base + c]
+                    q_t[base + j] = q_t[base + c]
+                    j = c
+                else:
+                    break
+            q_p[base + j] = lp
+            q_r[base + j] = lr
+            q_i[base + j] = li
+            q_t[base + j] = lt2
+
     for i in range(n):
         if I[i, 1] == 0:
             _ev_push(ev_t, ev_k, ne, F[i, 2], i)
@@ -213,7 +211,7 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
             if d >= 0:
                 m = qlen[d]
                 qlen[d] = m + 1
-                _q_push(q_p, q_r, q_i, q_t, qoff[d], m, F[x, 1], t, x, tiebreak[x])
+                q_push(qoff[d], m, F[x, 1], t, x, tiebreak[x])
                 if not waiting[d]:
                     waiting[d] = True
                     _ev_push(ev_t, ev_k, ne, t, W1 + d)
@@ -249,7 +247,7 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
                 ne += 1
                 continue
             r = q_r[base]
-            _q_pop(q_p, q_r, q_i, q_t, base, m)      # pop the queue's head
+            q_pop(base, m)      # pop the queue's head
             qlen[d] = m - 1
             e = t + F[o, 0]
             OUT_T[o, 0] = t
