@@ -141,6 +141,8 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
         out["error_pct"] = 100.0 * (it_ms - info["measured_iteration_ms"]) / info["measured_iteration_ms"]
     if ts is not None:
         from .placement import placement_warnings, world_size_warnings
+        # one line each about what the input is and cannot tell (e.g. plain torch.profiler folders)
+        out["notes"] = [str(x) for x in (ts.manifest.extra.get("notes") or [])]
         out["warnings"] = placement_warnings(ts.manifest.extra)
         if world_size is not None:
             out["warnings"] += world_size_warnings(ts.manifest.extra, world_size)
@@ -172,6 +174,8 @@ def _print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
     if "measured_iteration_ms" in out:
         line += f"   (measured {out['measured_iteration_ms']:.3f} ms, error {out['error_pct']:+.1f} %)"
     echo(click.style(line, bold=True))
+    for note in out.get("notes") or []:
+        echo(f"note: {note}")
     echo("")
     echo(f"{'node':<24}{'compute ms':>12}{'comm ms':>12}{'overlap ms':>12}{'idle ms':>12}")
     for r in bd.itertuples():

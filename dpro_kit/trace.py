@@ -93,6 +93,7 @@ class NodeInfo:
     rank: int = 0
     dir: str | None = None          # folder with its raw traces, relative to the trace dir
     format: str | None = None       # reader for its raw traces (defaults to manifest.raw_format)
+    file: str | None = None         # its one raw trace file, relative to ``dir`` (plain torch.profiler input)
 
 
 @dataclass
@@ -143,7 +144,7 @@ class Manifest:
         for name, info in d["nodes"].items():
             if not isinstance(info, dict) or "host" not in info:
                 raise TraceFormatError("node entry needs at least a 'host'", path=path, record=f"nodes.{name}")
-            known = {k: info[k] for k in ("host", "role", "rank", "dir", "format") if k in info}
+            known = {k: info[k] for k in ("host", "role", "rank", "dir", "format", "file") if k in info}
             if known.get("role", "worker") not in ("worker", "server"):
                 raise TraceFormatError(f"role must be 'worker' or 'server', got {known['role']!r}",
                                        path=path, record=f"nodes.{name}")

@@ -72,3 +72,10 @@ from . import native, torch_kineto  # noqa: E402  (the built-in readers; neither
 
 register_reader("dpro-events", native.read_node)
 register_reader("torch-kineto", torch_kineto.read_node)
+
+# plain torch.profiler folders (one Kineto JSON per rank); registered last: dpro's own folders keep
+# their richer readers (and kineto_plain skips any folder holding a dpro meta.json or manifest.json)
+from . import kineto_plain  # noqa: E402
+
+register_reader(kineto_plain.FORMAT, kineto_plain.read_node)
+register_discoverer(kineto_plain.FORMAT, kineto_plain.discover)

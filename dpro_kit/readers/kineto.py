@@ -1,0 +1,354 @@
+"""Generic Kineto (``torch.profiler``) trace layer: what any torch.profiler JSON file holds.
+
+No framework import and no dpro collector assumptions: this module reads a
+chrome-trace JSON file written by ``torch.profiler`` (Kineto), as TensorBoard's
+profiler plugin and Holistic Trace Analysis read them, and exposes
+
+* :func:`load_doc` — the JSON document (``.json`` or ``.json.gz``) with one-line
+  errors for a missing, truncated (gzip or JSON), invalid or empty file;
+* :func:`parse` → :class:`KinetoTrace`: complete events (``ph == "X"``) of the
+  CPU (``cpu_op``, ``user_annotation``, ``cuda_runtime``, ``cuda_driver``,
+  ``python_function``) and the GPU (``kernel``, ``gpu_memcpy``, ``gpu_memset``);
+  per-thread call trees (:func:`nest`); the runtime call that launched each GPU
+  op (Kineto's ``correlation`` argument, and the ``ac2g`` flow events — ``ph``
+  ``s`` on the launch, ``f`` on the GPU op, the same ``id`` — where a GPU op has
+  no correlation); the steps (``ProfilerStep#N`` ranges); ``distributedInfo``
+  (rank, world size, backend, process groups);
+* :func:`nccl_info` — collective name, message bytes, process group and sequence
+  number of an NCCL kernel, from its own arguments (newer PyTorch) or from the
+  ``record_param_comms`` / ``nccl:<collective>`` range around its launch (older).
+
+Times are microseconds: Kineto ``ts`` plus ``baseTimeNanoseconds`` when the file
+has it.  The reader of plain folders (:mod:`dpro_kit.readers.kineto_plain`) turns
+this into dpro's event table; the dpro collector's reader
+(:mod:`dpro_kit.readers.torch_kineto`) keeps its own parsing for now.
+
+References
+----------
+* Kineto trace format: https://github.com/pytorch/kineto (``libkineto/src/output_json.cpp``).
+* Holistic Trace Analysis, trace parsing: https://github.com/facebookresearch/HolisticTraceAnalysis
+  (``hta/common/trace_parser.py``, ``hta/common/trace_symbol_table.py``).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import TraceFormatError
+
+__all__ = ["KEvent", "KinetoTrace", "Step", "load_doc", "parse", "nest", "top_level", "distributed_info",
+           "nccl_info", "is_nccl_kernel", "CPU_CATS", "GPU_CATS", "SYNC_CALLS", "DTYPE_BYTES"]
+
+CPU_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"})
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+ANNOTATION_CATS = frozenset({"user_annotation", "python_function"})
+#: CUDA runtime calls that block the calling CPU thread until GPU work has finished
+SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+NCCL_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+#: bytes per element of the ``dtype`` names record_param_comms writes
+DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Short": 2, "Char": 1,
+               "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "Float8_e4m3fn": 1,
+               "Float8_e5m2": 1}
+#: kernel-name collective (ncclKernel_<Name>_...) -> collective name as c10d calls it
+_KERNEL_COLLECTIVE = {"AllReduce": "allreduce", "Broadcast": "broadcast", "AllGather": "allgather",
+                      "ReduceScatter": "reduce_scatter", "Reduce": "reduce", "SendRecv": "sendrecv"}
+
+
+@dataclass
+class KEvent:
+    """One complete (``ph == "X"``) Kineto event; ``ts``/``dur`` in microseconds."""
+
+    name: str
+    cat: str
+    pid: Any
+    tid: Any
+    ts: float
+    dur: float
+    args: dict[str, Any]
+    index: int                          # position in traceEvents (the record named in errors)
+    children: list["KEvent"] = field(default_factory=list)
+    parent: "KEvent | None" = None
+
+    @property
+    def end(self) -> float:
+        return self.ts + self.dur
+
+
+@dataclass
+class Step:
+    """One ``ProfilerStep#N`` range: step number and its span on the CPU (us)."""
+
+    number: int
+    start: float
+    end: float
+
+    @property
+    def dur(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class KinetoTrace:
+    """The parsed content of one Kineto file (see the module docstring)."""
+
+    path: Path
+    cpu: dict[tuple[Any, Any], list[KEvent]]     # (pid, tid) -> events of that CPU thread
+    gpu: dict[Any, list[KEvent]]                 # stream -> GPU ops, by start
+    launch: dict[int, KEvent]                    # id(GPU op) -> the runtime call that launched it
+    steps: list[Step]
+    distributed: dict[str, Any] | None
+    thread_names: dict[tuple[Any, Any], str]
+    n_flows: int = 0                             # ac2g flow pairs found (s and f with one id)
+
+
+# --------------------------------------------------------------------------- loading
+
+def load_doc(path: str | Path) -> dict[str, Any]:
+    """The JSON document of a Kineto trace (``.json`` or gzip-compressed ``.json.gz``).
+
+    Raises
+    ------
+    TraceFormatError
+        The file is missing, a truncated or corrupt gzip stream, not JSON (or cut short),
+        not a JSON object with a ``traceEvents`` list, or ``traceEvents`` is empty.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TraceFormatError("Kineto trace not found", path=path)
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            try:
+                raw = gzip.decompress(raw)
+            except (EOFError, OSError, zlib.error) as exc:
+                raise TraceFormatError(f"truncated or corrupt gzip file ({exc})", path=path,
+                                       hint="copy the file again; it was cut short") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceFormatError("not a text (UTF-8) JSON file", path=path) from None
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read the file: {exc.strerror}", path=path) from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        trunc = exc.pos >= len(text.rstrip()) - 1
+        raise TraceFormatError(
+            f"{'truncated' if trunc else 'invalid'} JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+            path=path, hint="the file was cut short or is not a torch.profiler trace; export it again") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise TraceFormatError("not a torch.profiler (Kineto) trace: no top-level 'traceEvents' list", path=path)
+    if not doc["traceEvents"]:
+        raise TraceFormatError("'traceEvents' is empty", path=path, record="traceEvents",
+                               hint="the profiler recorded nothing; profile at least one step")
+    return doc
+
+
+def distributed_info(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """``distributedInfo`` with ``rank`` and ``world_size`` as ints, or None when absent or unusable."""
+    di = doc.get("distributedInfo")
+    if not isinstance(di, dict):
+        return None
+    try:
+        rank, world = int(di["rank"]), int(di["world_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if world < 1 or not 0 <= rank < world:
+        return None
+    return dict(di, rank=rank, world_size=world)
+
+
+# --------------------------------------------------------------------------- parsing
+
+def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
+    """Events, threads, streams, launches and steps of a loaded document (:func:`load_doc`).
+
+    Raises
+    ------
+    TraceFormatError
+        An event without a numeric ``ts``/``dur``, or a negative duration (naming the record).
+    """
+    path = Path(path)
+    base_us = float(doc.get("baseTimeNanoseconds", 0) or 0) / 1e3
+    cpu: dict[tuple[Any, Any], list[KEvent]] = defaultdict(list)
+    gpu: dict[Any, list[KEvent]] = defaultdict(list)
+    names: dict[tuple[Any, Any], str] = {}
+    flow_s: dict[Any, tuple[Any, Any, float]] = {}
+    flow_f: dict[Any, tuple[Any, Any, float]] = {}
+    raw_ts: dict[int, float] = {}   # id(event) -> its ts as written (flow ends carry the same value)
+    for i, e in enumerate(doc["traceEvents"]):
+        if not isinstance(e, dict):
+            continue
+        ph = e.get("ph")
+        if ph == "M" and e.get("name") == "thread_name":
+            names[(e.get("pid"), e.get("tid"))] = str((e.get("args") or {}).get("name", ""))
+            continue
+        if ph in ("s", "f") and e.get("cat") == "ac2g":
+            try:
+                (flow_s if ph == "s" else flow_f)[e["id"]] = (e.get("pid"), e.get("tid"), float(e["ts"]))
+            except (KeyError, TypeError, ValueError):
+                pass
+            continue
+        if ph != "X":
+            continue
+        cat = e.get("cat", "")
+        if cat not in CPU_CATS and cat not in GPU_CATS:
+            continue
+        try:
+            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            raise TraceFormatError("event without a numeric ts/dur", path=path, record=f"traceEvents[{i}]",
+                                   hint="the file is corrupt; export it again") from None
+        if not dur >= 0:
+            raise TraceFormatError(f"negative or invalid duration {dur!r}", path=path, record=f"traceEvents[{i}]",
+                                   hint="the file is corrupt; export it again")
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        ev = KEvent(name=str(e.get("name", "")), cat=cat, pid=e.get("pid"), tid=e.get("tid"), ts=ts + base_us,
+                    dur=dur, args=args, index=i)
+        raw_ts[id(ev)] = round(ts, 3)
+        if cat in GPU_CATS:
+            gpu[args.get("stream", e.get("tid"))].append(ev)
+        else:
+            cpu[(ev.pid, ev.tid)].append(ev)
+    for evs in gpu.values():
+        evs.sort(key=lambda x: (x.ts, x.index))
+    for evs in cpu.values():
+        nest(evs)
+    # launches: the runtime call whose correlation id the GPU op carries; ac2g flows otherwise
+    runtime: dict[Any, KEvent] = {}
+    at: dict[tuple[Any, Any, float], KEvent] = {}
+    for evs in cpu.values():
+        for ev in evs:
+            if ev.cat in ("cuda_runtime", "cuda_driver"):
+                c = ev.args.get("correlation")
+                if c is not None:
+                    runtime[c] = ev
+                at[(ev.pid, ev.tid, raw_ts[id(ev)])] = ev
+    pairs = {k: (flow_s[k], flow_f[k]) for k in flow_s.keys() & flow_f.keys()}
+    by_flow_end: dict[tuple[Any, Any, float], KEvent] = {}
+    for s, f in pairs.values():
+        ev = at.get((s[0], s[1], round(s[2], 3)))
+        if ev is not None:
+            by_flow_end[(f[0], f[1], round(f[2], 3))] = ev
+    launch: dict[int, KEvent] = {}
+    for evs in gpu.values():
+        for ev in evs:
+            src = runtime.get(ev.args.get("correlation"))
+            if src is None:
+                src = by_flow_end.get((ev.pid, ev.tid, raw_ts[id(ev)]))
+            if src is not None:
+                launch[id(ev)] = src
+    steps = []
+    for evs in cpu.values():
+        for ev in evs:
+            m = STEP_RE.match(ev.name)
+            if m and ev.cat == "user_annotation":
+                steps.append(Step(int(m.group(1)), ev.ts, ev.end))
+    steps.sort(key=lambda s: s.start)
+    return KinetoTrace(path=path, cpu=dict(cpu), gpu=dict(gpu), launch=launch, steps=steps,
+                       distributed=distributed_info(doc), thread_names=names, n_flows=len(pairs))
+
+
+def nest(evs: list[KEvent]) -> list[KEvent]:
+    """Build the call tree of one thread's events in place (``parent``/``children``); return the roots.
+
+    Events are sorted by (start, longest first); an event that overlaps its would-be
+    parent without ending inside it is treated as a sibling (Kineto can record such
+    partial overlaps for runtime calls).
+    """
+    evs.sort(key=lambda e: (e.ts, -e.dur, e.index))
+    roots: list[KEvent] = []
+    stack: list[KEvent] = []
+    for e in evs:
+        while stack and e.ts >= stack[-1].end:
+            stack.pop()
+        while stack and e.end > stack[-1].end:
+            stack.pop()
+        if stack:
+            e.parent = stack[-1]
+            stack[-1].children.append(e)
+        else:
+            roots.append(e)
+        stack.append(e)
+    return roots
+
+
+def top_level(evs: list[KEvent]) -> list[KEvent]:
+    """The outermost work of one thread: ranges (``user_annotation``, Python frames) that wrap
+    other events are looked through, so nested ops are never counted twice; an empty range is
+    an op of its own (it took that time on the thread)."""
+    out = []
+    todo = [e for e in reversed(evs) if e.parent is None]
+    while todo:
+        e = todo.pop()
+        if e.cat in ANNOTATION_CATS and e.children:
+            todo.extend(reversed(e.children))
+        elif e.cat == "python_function":
+            continue
+        else:
+            out.append(e)
+    out.sort(key=lambda e: (e.ts, e.index))
+    return out
+
+
+# --------------------------------------------------------------------------- NCCL
+
+def is_nccl_kernel(ev: KEvent) -> bool:
+    """Whether a GPU op is an NCCL kernel (``ncclKernel_*`` / ``ncclDevKernel_*``)."""
+    return ev.cat == "kernel" and ev.name.lower().startswith("nccl")
+
+
+def _size_bytes(args: dict[str, Any]) -> int:
+    try:
+        n = max(int(args.get("In msg nelems") or 0), int(args.get("Out msg nelems") or 0))
+    except (TypeError, ValueError):
+        return 0
+    return n * DTYPE_BYTES.get(str(args.get("dtype", "")), 0)
+
+
+def nccl_info(kernel: KEvent, launch: KEvent | None) -> dict[str, Any]:
+    """What the trace says about the collective an NCCL kernel runs.
+
+    Returns a dict with ``collective`` (c10d's name: allreduce, allgather, all_to_all, ...),
+    ``bytes`` (the larger of the input and output message, 0 when not recorded),
+    ``process_group`` (name, or the ranks it spans; "" when not recorded), ``seq`` (None
+    when not recorded) and ``source`` (where the name came from: ``kernel args``,
+    ``record_param_comms``, ``nccl range`` or ``kernel name``).
+    """
+    args = kernel.args
+    info: dict[str, Any] = {"collective": "", "bytes": 0, "process_group": "", "seq": None, "source": ""}
+    holders = [args]
+    e = launch.parent if launch is not None else None
+    while e is not None:
+        if e.name == "record_param_comms" or e.name.startswith("nccl:"):
+            holders.append(e.args)
+            if e.name.startswith("nccl:") and not info["collective"]:
+                info["collective"] = e.name[len("nccl:"):].lstrip("_")
+                info["source"] = "nccl range"
+        e = e.parent
+    for a in holders:
+        name = a.get("Collective name")
+        if name and (not info["collective"] or info["source"] == "nccl range"):
+            info["collective"] = str(name)
+            info["source"] = "kernel args" if a is args else "record_param_comms"
+        if not info["bytes"]:
+            info["bytes"] = _size_bytes(a)
+        if not info["process_group"]:
+            pg = a.get("Process Group Name") or a.get("Process Group Ranks") or ""
+            info["process_group"] = str(pg)
+        for key in ("Seq", "seq", "Sequence number"):
+            if info["seq"] is None and a is not args and a.get(key) is not None and "Collective name" in a:
+                info["seq"] = a.get(key)
+        if info["seq"] is None and a.get("Seq") is not None:
+            info["seq"] = a.get("Seq")
+    if not info["collective"]:
+        m = NCCL_KERNEL_RE.match(kernel.name)
+        info["collective"] = _KERNEL_COLLECTIVE.get(m.group(1), m.group(1).lower()) if m else "nccl"
+        info["source"] = "kernel name"
+    return info

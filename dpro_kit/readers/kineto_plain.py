@@ -1,0 +1,543 @@
+"""Plain ``torch.profiler`` folders: one Kineto JSON per rank, no dpro collector (raw format ``kineto``).
+
+A folder holding only per-rank Kineto traces (``.json`` / ``.json.gz``, any file
+names, several ``ProfilerStep#N`` per file), as users export them for
+TensorBoard or Holistic Trace Analysis, is a trace directory: :func:`discover`
+(registered as the ``kineto`` discoverer, after dpro's own) builds its manifest
+and :func:`read_node` (reader ``kineto``) reads one rank.  docs/kineto.md says
+what is read and what is assumed; in short:
+
+* **files** are recognised by content (a top-level ``traceEvents`` list); rank,
+  world size and backend come from ``distributedInfo``; a single file without it
+  is refused (the rank and world size are unknown), as are two files of one rank,
+  files of jobs of different world sizes, empty ``traceEvents`` and truncated
+  ``.gz`` files;
+* **iterations** are the ``ProfilerStep#N`` ranges; the measured iteration time
+  is, per step, the longest span over the ranks present, the median over steps;
+* **ops**: per CPU thread the top-level work (:func:`dpro_kit.readers.kineto.top_level`:
+  ranges that wrap ops are looked through, nested ops are not counted twice) on
+  device ``cpu<j>`` (``cpu0``: the thread with the steps), and every kernel /
+  memcpy / memset on device ``gpu:<stream>``;
+* **dependencies**: program order per thread and per stream; the CPU op that
+  launched a GPU op precedes it (Kineto ``correlation`` / ``ac2g`` flows); a CPU op
+  that blocks in a synchronising runtime call (:data:`~dpro_kit.readers.kineto.SYNC_CALLS`)
+  is split there and its second part waits for the GPU op it waited for; a GPU
+  op that started later than both its launch and its stream allowed waits for
+  the op of another stream that ended just before it (``cudaStreamWaitEvent``,
+  inferred from the times: within :data:`WAIT_TOLERANCE_US`);
+* **collectives**: every NCCL kernel is one collective instance (its op is
+  ``nccl<j>#<k>``: the ``k``-th NCCL kernel of the iteration on the ``j``-th NCCL
+  stream, which matches the same collective on every rank: NCCL runs a
+  communicator's collectives in one order).  Scheme ``nccl``: the kernel starts
+  when every rank has reached it (a barrier: In ops → one sync op → Out ops →
+  the kernel), then runs for its **measured** duration.  NCCL kernel time
+  includes waiting for peers that arrived late, so a straggler's wait is counted
+  twice when the barrier also models it; with one rank (or identical stand-ins)
+  the barrier adds nothing;
+* **missing ranks** (a user with rank 0 only, or a sample): stood in by
+  symmetry — each a copy of a present rank (same ops and durations).  Copies
+  reach every barrier exactly when their source does, so they cannot change the
+  replayed time; they are therefore not built (the manifest keeps the world size
+  of ``distributedInfo``) and the output says so in one line.
+
+References
+----------
+Kineto's trace format and HTA's reading of it: :mod:`dpro_kit.readers.kineto`.
+dPRO's global DFG: Hu et al., "dPRO: A Generic Performance Diagnosis and
+Optimization Toolkit for Expediting Distributed DNN Training", MLSys 2022, §4.1.
+"""
+from __future__ import annotations
+
+import bisect
+import gzip
+import os
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import DproError, TraceFormatError
+from ..trace import Collective, Manifest, NodeInfo, NodeTrace, OpKind, make_events
+from . import kineto as K
+
+__all__ = ["FORMAT", "discover", "read_node", "WAIT_TOLERANCE_US", "LIMITATION", "parse_rank",
+           "nccl_barrier"]
+
+FORMAT = "kineto"
+#: a GPU op that starts within this of another op's end (and no earlier than its launch and
+#: stream allowed) is taken to have waited for it; also the slack of synchronising calls
+WAIT_TOLERANCE_US = 20.0
+#: the one line the replay prints about what a plain torch.profiler trace cannot tell
+LIMITATION = ("plain torch.profiler input: bucket composition, gradient-ready times and a calibrated comm model "
+              "need dpro's collector (`dpro profile`), so --bucket-mb and --bandwidth-mbps are not available; "
+              "NCCL kernels keep their measured time, which includes waiting for peers")
+_SUFFIXES = (".json", ".json.gz")
+_SNIFF_BYTES = 1 << 16
+_cache: dict[tuple[str, int, int], dict[str, Any]] = {}
+
+
+# --------------------------------------------------------------------------- discovery
+
+def _load_cached(path: Path) -> dict[str, Any]:
+    """:func:`kineto.load_doc`, keeping the last two documents (discovery and reading parse each file once)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _cache:
+        doc = K.load_doc(path)
+        while len(_cache) >= 2:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = doc
+    return _cache[key]
+
+
+def _looks_like_kineto(path: Path) -> bool:
+    """Cheap content sniff: the file starts a JSON object that mentions ``traceEvents`` or Kineto's header."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+        if head[:2] == b"\x1f\x8b":
+            try:
+                with gzip.open(path, "rb") as fh:
+                    head = fh.read(_SNIFF_BYTES)
+            except (EOFError, OSError):
+                return True      # a broken gzip .json.gz: let load_doc name the problem
+    except OSError:
+        return False
+    text = head.lstrip()
+    if not text.startswith(b"{"):
+        return False
+    return b'"traceEvents"' in text or b'"schemaVersion"' in text or b'"distributedInfo"' in text or \
+        len(head) < _SNIFF_BYTES
+
+
+def _candidates(trace_dir: Path) -> list[Path]:
+    out = []
+    for root, dirs, files in os.walk(trace_dir):
+        dirs[:] = sorted(d for d in dirs if d != "aligned" and not d.startswith("."))
+        if "meta.json" in files or "manifest.json" in files:
+            continue   # a dpro collector folder: dpro's own reader handles it
+        for f in sorted(files):
+            if f.endswith(_SUFFIXES):
+                p = Path(root) / f
+                if _looks_like_kineto(p):
+                    out.append(p)
+    return out
+
+
+def discover(trace_dir: Path) -> Manifest | None:
+    """The manifest of a folder of plain torch.profiler traces, or None when it has none.
+
+    Parameters
+    ----------
+    trace_dir : Path
+        A directory without ``manifest.json``.
+
+    Raises
+    ------
+    DproError
+        One line naming the file: no ``distributedInfo`` in a single-file folder, two files
+        of one rank, files of jobs of different world sizes, no ``ProfilerStep`` range, or a
+        broken file (:func:`dpro_kit.readers.kineto.load_doc`).
+    """
+    trace_dir = Path(trace_dir)
+    files = _candidates(trace_dir)
+    if not files:
+        return None
+    found: list[tuple[Path, dict[str, Any] | None, list[K.Step]]] = []
+    for p in files:
+        doc = _load_cached(p)
+        di = K.distributed_info(doc)
+        steps = [K.Step(int(m.group(1)), float(e.get("ts", 0.0)), float(e.get("ts", 0.0)) + float(e.get("dur", 0.0)))
+                 for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
+                 and (m := K.STEP_RE.match(str(e.get("name", ""))))]
+        found.append((p, di, steps))
+    no_di = [p for p, di, _ in found if di is None]
+    if no_di:
+        raise DproError("torch.profiler trace without a usable 'distributedInfo' (rank, world_size)", path=no_di[0],
+                        hint="export it from a job with torch.distributed initialised (torch.profiler records "
+                             "distributedInfo then), one file per rank")
+    worlds = {}
+    for p, di, _ in found:
+        worlds.setdefault(di["world_size"], p)
+    if len(worlds) > 1:
+        (w1, p1), (w2, p2) = list(worlds.items())[:2]
+        raise DproError(f"files of different jobs in one folder: world size {w1} ({p1.name}) and {w2} ({p2.name})",
+                        path=trace_dir, hint="put each job's per-rank traces in a folder of its own")
+    by_rank: dict[int, Path] = {}
+    for p, di, _ in found:
+        r = di["rank"]
+        if r in by_rank:
+            raise DproError(f"two traces of rank {r}: {by_rank[r].name} and {p.name}", path=trace_dir,
+                            hint="keep one file per rank (of one run) in the folder")
+        by_rank[r] = p
+    for p, _, steps in found:
+        if not steps:
+            raise DproError("no ProfilerStep#N range in the trace, so its iterations are unknown", path=p,
+                            hint="profile with torch.profiler.schedule(...) and call prof.step() every iteration")
+    world = next(iter(worlds))
+    di0 = found[0][1]
+    gpus = _gpus_per_host(_load_cached(found[0][0]))
+    common = sorted(set.intersection(*({s.number for s in st} for _, _, st in found)))
+    if not common:
+        raise DproError("the ranks' traces share no ProfilerStep number", path=trace_dir,
+                        hint="export the same steps on every rank")
+    nodes = {}
+    for r, p in sorted(by_rank.items()):
+        host = f"host{r // gpus}"
+        nodes[f"{host}/{r}"] = NodeInfo(host=host, rank=r, dir=".", format=FORMAT,
+                                        file=str(p.relative_to(trace_dir)))
+    present = sorted(by_rank)
+    # measured: per step the longest span over the ranks present (the job waits for its slowest rank),
+    # the median over the steps every file has
+    span: dict[int, float] = defaultdict(float)
+    for _, _, steps in found:
+        for st in steps:
+            if st.number in common:
+                span[st.number] = max(span[st.number], st.dur)
+    step_ms = {str(n): span[n] / 1e3 for n in common}
+    extra: dict[str, Any] = {"kineto_plain": {"ranks_present": present, "world_size": world,
+                                              "gpus_per_host": gpus, "files": {str(r): str(by_rank[r].relative_to(
+                                                  trace_dir)) for r in present},
+                                              "step_ms": step_ms},
+                             "measured_iteration_ms": statistics.median(step_ms.values()),
+                             "notes": [LIMITATION]}
+    missing = world - len(present)
+    if missing:
+        extra["notes"].insert(0, (
+            f"rank(s) {_ranges(present)} of {world} replayed; the {missing} missing rank(s) are stood in by symmetry "
+            f"(copies of a present rank: same ops and durations), which cannot change the replayed time, so they are "
+            f"not built"))
+    return Manifest(job=trace_dir.name or "kineto", framework="pytorch", comm_backend=str(di0.get("backend", "")),
+                    world_size=world, nodes=nodes, iterations=common, raw_format=FORMAT, extra=extra)
+
+
+def _ranges(xs: list[int]) -> str:
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _gpus_per_host(doc: dict[str, Any]) -> int:
+    """GPUs the trace lists (``deviceProperties``, else ``GPU n`` process labels); 1 if none."""
+    dp = doc.get("deviceProperties")
+    if isinstance(dp, list) and dp:
+        return len(dp)
+    n = sum(1 for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "M"
+            and e.get("name") == "process_labels" and str((e.get("args") or {}).get("labels", "")).startswith("GPU"))
+    return max(1, n)
+
+
+# --------------------------------------------------------------------------- one rank
+
+@dataclass
+class _Op:
+    ev: K.KEvent
+    lane: str               # "cpu<j>" or "gpu:<stream>"
+    iteration: int
+    start: float
+    dur: float
+    kind: str = OpKind.OTHER.value
+    op: str = ""
+    nccl: dict[str, Any] | None = None
+
+
+def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
+    """Reader ``kineto``: one rank's file (``manifest.nodes[node].file``) as a :class:`NodeTrace`."""
+    info = manifest.nodes[node]
+    if not getattr(info, "file", None):
+        raise TraceFormatError(f"node {node!r} names no Kineto file", hint="let dpro discover the folder "
+                               "(remove manifest.json) or add \"file\" to the node entry")
+    path = Path(node_dir) / str(info.file)
+    doc = _load_cached(path)
+    return parse_rank(K.parse(doc, path), iterations=manifest.iterations)
+
+
+def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTrace:
+    """The event table, dependencies and NCCL collectives of one rank (see the module docstring)."""
+    path = tr.path
+    if not tr.steps:
+        raise TraceFormatError("no ProfilerStep#N range in the trace", path=path,
+                               hint="profile with torch.profiler.schedule(...) and call prof.step() every iteration")
+    keep = set(iterations) if iterations else {s.number for s in tr.steps}
+    windows = sorted((s.start, s.end, s.number) for s in tr.steps if s.number in keep)
+    starts = [w[0] for w in windows]
+
+    def iteration_of(t: float) -> int | None:
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0 and windows[i][0] <= t < windows[i][1]:
+            return windows[i][2]
+        return None
+
+    # ---- CPU threads: the one holding the steps is cpu0 ------------------------------------
+    step_thread = next(k for k, evs in tr.cpu.items() if any(K.STEP_RE.match(e.name) for e in evs))
+    threads = sorted(tr.cpu, key=lambda k: (k != step_thread, min(e.ts for e in tr.cpu[k])))
+    ops: list[_Op] = []
+    top_of: dict[int, _Op] = {}     # id(top-level event) -> op
+    lane_ops: dict[str, list[_Op]] = defaultdict(list)
+    j = 0
+    for key in threads:
+        tops = [e for e in K.top_level(tr.cpu[key]) if iteration_of(e.ts) is not None]
+        if not tops:
+            continue
+        lane = f"cpu{j}"
+        j += 1
+        for e in tops:
+            o = _Op(ev=e, lane=lane, iteration=iteration_of(e.ts), start=e.ts, dur=e.dur)
+            ops.append(o)
+            top_of[id(e)] = o
+
+    def top_op(e: K.KEvent | None) -> _Op | None:
+        while e is not None and id(e) not in top_of:
+            e = e.parent
+        return top_of.get(id(e)) if e is not None else None
+
+    # ---- GPU ops: iteration of the CPU call that launched them ------------------------------
+    nccl_streams: list[Any] = []
+    launched_by: dict[int, _Op] = {}   # id(gpu _Op) -> CPU op
+    launch_ts: dict[int, float] = {}
+    gpu_ops: dict[Any, list[_Op]] = {}
+    for stream in sorted(tr.gpu, key=str):
+        lst = []
+        for e in tr.gpu[stream]:
+            src = tr.launch.get(id(e))
+            it = iteration_of(src.ts) if src is not None else iteration_of(e.ts)
+            if it is None:
+                continue
+            o = _Op(ev=e, lane=f"gpu:{stream}", iteration=it, start=e.ts, dur=e.dur)
+            if K.is_nccl_kernel(e):
+                o.nccl = K.nccl_info(e, src)
+                if stream not in nccl_streams:
+                    nccl_streams.append(stream)
+            cpu_op = top_op(src)
+            if cpu_op is not None:
+                launched_by[id(o)] = cpu_op
+            launch_ts[id(o)] = src.ts if src is not None else e.ts
+            lst.append(o)
+            ops.append(o)
+        if lst:
+            gpu_ops[stream] = lst
+
+    # ---- synchronising runtime calls: split the CPU op where it blocked ----------------------
+    all_gpu = sorted((o for lst in gpu_ops.values() for o in lst), key=lambda o: o.start + o.dur)
+    gpu_ends = [o.start + o.dur for o in all_gpu]
+    waits: list[tuple[_Op, _Op]] = []   # (gpu op, cpu op that waited for it)
+    for o in [o for o in ops if o.lane.startswith("cpu")]:
+        syncs = _sync_calls(o.ev)
+        if not syncs:
+            continue
+        s = syncs[-1]              # the last blocking call of the op: what it waited for before going on
+        i = bisect.bisect_right(gpu_ends, s.end + WAIT_TOLERANCE_US) - 1
+        g = None
+        while i >= 0:
+            c = all_gpu[i]
+            if launch_ts[id(c)] <= s.ts and c.iteration == o.iteration:
+                g = c
+                break
+            i -= 1
+        if g is None or gpu_ends[i] <= s.ts:
+            continue               # nothing was running: the call did not wait
+        cut = min(s.end, gpu_ends[i])
+        after = _Op(ev=o.ev, lane=o.lane, iteration=o.iteration, start=cut, dur=max(0.0, o.start + o.dur - cut))
+        o.dur = max(0.0, s.ts - o.start)
+        after.kind = o.kind
+        ops.append(after)
+        setattr(after, "_after_sync", True)
+        waits.append((g, after))
+
+    # ---- kinds (UPDATE inside the optimizer's range, from the range name Kineto records) ------
+    # (left OTHER otherwise: the trace has no phase markers; see docs/kineto.md)
+
+    # ---- op ids: name#k per (iteration, lane, name) ------------------------------------------
+    ops.sort(key=lambda o: (o.iteration, o.lane, o.start, getattr(o, "_after_sync", False)))
+    counter: dict[tuple[int, str, str], int] = defaultdict(int)
+    nccl_k: dict[tuple[int, Any], int] = defaultdict(int)
+    for o in ops:
+        if o.nccl is not None:
+            sidx = nccl_streams.index(o.ev.args.get("stream", o.ev.tid))
+            k = nccl_k[(o.iteration, sidx)]
+            nccl_k[(o.iteration, sidx)] += 1
+            o.op = f"nccl{sidx}#{k} {o.nccl['collective']}"
+            continue
+        name = o.ev.name + (" (after sync)" if getattr(o, "_after_sync", False) else "")
+        c = (o.iteration, o.lane, name)
+        o.op = f"{o.lane}/{name}#{counter[c]}"
+        counter[c] += 1
+
+    # ---- dependencies -------------------------------------------------------------------------
+    by_it: dict[int, list[_Op]] = defaultdict(list)
+    for o in ops:
+        by_it[o.iteration].append(o)
+    edges_of: dict[int, list[tuple[str, str]]] = {}
+    for it, lst in by_it.items():
+        e: list[tuple[str, str]] = []
+        lanes: dict[str, list[_Op]] = defaultdict(list)
+        for o in lst:
+            lanes[o.lane].append(o)
+        for lane, seq in lanes.items():
+            seq.sort(key=lambda o: (o.start, getattr(o, "_after_sync", False)))
+            e.extend((a.op, b.op) for a, b in zip(seq, seq[1:]))
+        for o in lst:
+            src = launched_by.get(id(o))
+            if src is not None and src.iteration == it:
+                e.append((_piece(src, launch_ts[id(o)], ops_after=lanes[src.lane]).op, o.op))
+        e.extend((g.op, c.op) for g, c in waits if c.iteration == it)
+        e.extend((u, v) for u, v, _ in _lane_waits([s for s in lanes if s.startswith("gpu:")], lanes, launch_ts,
+                                                     window=WAIT_TOLERANCE_US))
+        cpu_waits = _lane_waits([s for s in lanes if s.startswith("cpu")], lanes, {}, window=None)
+        e.extend((u, v) for u, v, _ in cpu_waits)
+        waited = {v: t for _, v, t in cpu_waits}
+        waited.update({c.op: c.start for _, c in waits})
+        _fold_host_gaps(lanes, waited, next(w[0] for w in windows if w[2] == it))
+        edges_of[it] = list(dict.fromkeys(e))
+    # representative iteration: the most common op set; its edges stand for every iteration
+    sig = {it: frozenset(o.op for o in lst) for it, lst in by_it.items()}
+    rep_sig = Counter(sig.values()).most_common(1)[0][0]
+    rep = min(it for it, s in sig.items() if s == rep_sig)
+    edges = edges_of[rep]
+    common_ops = frozenset.intersection(*sig.values())
+
+    # ---- collectives: one per NCCL kernel of the representative iteration present in every one --
+    preds: dict[str, list[str]] = defaultdict(list)
+    for u, v in edges:
+        preds[v].append(u)
+    collectives = []
+    for o in sorted(by_it[rep], key=lambda o: o.start):
+        if o.nccl is None or o.op not in common_ops:
+            continue
+        inputs = [p for p in preds.get(o.op, []) if p in common_ops]
+        # bytes stay on the kernel's event (all_to_all sizes differ by rank; the scheme does not use them)
+        collectives.append({"tensor": o.op.split(" ")[0], "op": "nccl", "algorithm": "nccl",
+                            "bytes": 0, "inputs": inputs, "outputs": [o.op],
+                            "params": []})
+    rows = [{"op": o.op, "name": o.ev.name, "kind": o.kind, "iteration": o.iteration, "start": o.start,
+             "dur": o.dur, "stream": o.lane, "bytes": int(o.nccl["bytes"]) if o.nccl else 0,
+             "tensor": o.op.split(" ")[0] if o.nccl else "", "phase": o.nccl["collective"] if o.nccl else ""}
+            for o in ops]
+    return NodeTrace(events=make_events(rows, path=str(path)), edges=edges, collectives=collectives)
+
+
+def _sync_calls(e: K.KEvent) -> list[K.KEvent]:
+    out, todo = [], [e]
+    while todo:
+        x = todo.pop()
+        if x.cat == "cuda_runtime" and x.name in K.SYNC_CALLS:
+            out.append(x)
+        todo.extend(x.children)
+    return sorted(out, key=lambda x: x.ts)
+
+
+def _piece(src: _Op, t: float, ops_after: list[_Op]) -> _Op:
+    """The part of a (possibly split) CPU op that was running at time ``t``."""
+    best = src
+    for o in ops_after:
+        if o.ev is src.ev and o.start <= t and o is not src:
+            best = o
+    return best
+
+
+def _lane_waits(lanes_: list[str], lanes: dict[str, list[_Op]], launch_ts: dict[int, float],
+                window: float | None) -> list[tuple[str, str, float]]:
+    """Waits between lanes (threads, or streams) inferred from the times: ``(op waited for, op, its end)``.
+
+    An op that started more than :data:`WAIT_TOLERANCE_US` after it could have (its lane's
+    previous op ended, and for a GPU op its launch call started) waited for something: the
+    op of another lane of ``lanes_`` that ended last before it started (within the
+    tolerance) and after it could have started; with ``window``, only one that ended at
+    most ``window`` us before it (GPU: ``cudaStreamWaitEvent`` releases the stream at
+    once; CPU: the training thread blocked in ``backward()`` while the autograd thread
+    ran returns through Python first, so any end inside the gap counts).
+    """
+    ends = {s: [o.start + o.dur for o in lanes[s]] for s in lanes_}
+    out = []
+    for s in lanes_:
+        prev_end = float("-inf")
+        for o in lanes[s]:
+            ready = max(prev_end, launch_ts.get(id(o), float("-inf")))
+            prev_end = max(prev_end, o.start + o.dur)
+            if o.start - ready <= WAIT_TOLERANCE_US:
+                continue
+            best, best_end = None, float("-inf")
+            for s2 in lanes_:
+                if s2 == s:
+                    continue
+                i = bisect.bisect_right(ends[s2], o.start + WAIT_TOLERANCE_US) - 1
+                if i >= 0 and ends[s2][i] > ready and ends[s2][i] > best_end:
+                    best, best_end = lanes[s2][i], ends[s2][i]
+            if best is not None and (window is None or best_end >= o.start - window):
+                out.append((best.op, o.op, best_end))
+    return out
+
+
+def _fold_host_gaps(lanes: dict[str, list[_Op]], waited: dict[str, float], step_start: float) -> None:
+    """Charge idle time of a CPU thread that no wait explains to the op after it (host time).
+
+    Between two top-level ops a thread runs Python (the interpreter, the training loop) that
+    Kineto does not record as an op (or, in a sampled trace, work whose events were left
+    out); without this the replay would leave it out.  Every thread folds the gaps that no
+    wait explains after its first op of the step (``cpu0``, the thread holding the steps,
+    from the step's start); for an op that waited (``waited[op]``: when what it waited for
+    ended) only the time after that end is folded (returning from the wait).
+    """
+    for lane, seq in lanes.items():
+        if not lane.startswith("cpu"):
+            continue
+        prev_end = step_start if lane == "cpu0" else None
+        for o in seq:
+            if o.op in waited:
+                frm = max(waited[o.op], prev_end if prev_end is not None else waited[o.op])
+            else:
+                frm = prev_end
+            if frm is not None and o.start > frm:
+                o.dur += o.start - frm
+                o.start = frm
+            prev_end = o.start + o.dur if prev_end is None else max(prev_end, o.start + o.dur)
+
+
+# --------------------------------------------------------------------------- the nccl scheme
+
+def nccl_barrier(ctx: Any, coll: Collective) -> None:
+    """Scheme ``nccl``: In(r) → one sync op → Out(r) → the rank's NCCL kernel (kind COMM in the graph).
+
+    The kernel (a local op of each rank, ``coll.outputs``) keeps its measured duration and
+    starts when every participant has reached the collective.
+    """
+    from ..graph.model import add_op, op_key
+    g = ctx.graph
+    sync = op_key("", f"SYNC {coll.tensor}")
+    add_op(g, sync, node="", kind=OpKind.VIRTUAL.value, name=f"SYNC {coll.tensor}", priority=coll.priority)
+    for r in coll.participants:
+        kin, kout = ctx.in_out(coll, r)
+        g.add_edge(kin, sync)
+        g.add_edge(sync, kout)
+        for o in coll.outputs.get(r, []):
+            k = op_key(r, o)
+            if k in g:
+                g.nodes[k]["kind"] = OpKind.COMM.value
+
+
+def _nccl_collectives(self: Any, grp: Any) -> list[Collective]:
+    return [Collective(tensor=grp.name, op=self.op, bytes=grp.bytes, participants=list(grp.participants),
+                       algorithm=self.name, inputs=grp.inputs, outputs=grp.outputs, params=grp.params,
+                       priority=grp.priority)]
+
+
+def _nccl_recognise(g: Any, in_ops: dict[str, str]) -> tuple[list[str], list[str]] | None:
+    first = next(iter(in_ops.values()))
+    if any(str(g.nodes[s]["name"]).startswith("SYNC ") for s in g.successors(first)):
+        return sorted(in_ops), []
+    return None
+
+
+def _register() -> None:
+    from ..graph.schemes import CommScheme, register_scheme
+    register_scheme(CommScheme(name="nccl", op="nccl", build=nccl_barrier, collectives=_nccl_collectives,
+                               recognise=_nccl_recognise))
+
+
+_register()
