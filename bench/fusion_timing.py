@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dpro_kit.jobs import run_job  # noqa: E402
 from dpro_kit.optimize.compile_timing import _time_calls, load_shapes, time_fusions  # noqa: E402
 from dpro_kit.trace import load_trace  # noqa: E402
 
@@ -39,12 +39,15 @@ BATCH = {"mlp": 32, "cnn": 32, "transformer": 8}
 
 
 def profile(model: str, out: Path) -> None:
-    cmd = [sys.executable, "-m", "dpro_kit.cli", "profile", "--shapes", "--out", str(out), "--steps", "8:13",
-           "--", sys.executable, str(ROOT / "examples" / "ddp" / "train.py"), "--nproc", "2", "--model", model,
+    """``dpro profile --shapes`` of a 2-rank job on this machine, through :func:`dpro_kit.jobs.run_job`."""
+    cmd = [sys.executable, str(ROOT / "examples" / "ddp" / "train.py"), "--nproc", "2", "--model", model,
            "--batch-size", str(BATCH[model]), "--iters", "14", "--warmup", "2", "--threads", "1", "--quiet"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise SystemExit(f"profiling {model} failed:\n{r.stderr[-2000:]}")
+    log = out.parent / f"{model}-job.log"
+    with open(log, "w") as f:
+        r = run_job(cmd, ranks_per_host=None, profile=out, steps="8:13", profile_flags=["--shapes"], log=f,
+                    timeout=600)
+    if not r.ok:
+        raise SystemExit(f"profiling {model} failed ({r.codes}):\n{log.read_text()[-2000:]}")
 
 
 def real_forward_ratio(model: str, samples: int = 15) -> tuple[float, float]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from dpro_kit.jobs import run_job  # noqa: E402
+
 TRAIN = ROOT / "examples" / "ddp" / "train.py"
 PY = sys.executable
 
@@ -52,10 +53,12 @@ CONFIGS: list[tuple[str, list[str], dict[str, Any]]] = [
 ]
 
 
-def _run(cmd: list[str], timeout: float) -> None:
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if p.returncode != 0:
-        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+def _run(cmd: list[str], timeout: float, log: Path, **profile: Any) -> None:
+    """One job on this machine (the command spawns its ranks) through :func:`dpro_kit.jobs.run_job`."""
+    with open(log, "a") as f:
+        r = run_job(cmd, ranks_per_host=None, log=f, timeout=timeout, **profile)
+    if not r.ok:
+        raise SystemExit(f"failed ({r.codes}): {' '.join(cmd)}\n{log.read_text()[-3000:]}")
 
 
 def train_cmd(model: str, a: argparse.Namespace, iters: int, warmup: int) -> list[str]:
@@ -66,8 +69,9 @@ def train_cmd(model: str, a: argparse.Namespace, iters: int, warmup: int) -> lis
 def profile(model: str, out: Path, a: argparse.Namespace) -> Path:
     """``dpro profile --memory`` of the default configuration (steps 8..10 of 16)."""
     trace = out / model / "trace"
-    _run([PY, "-m", "dpro_kit.cli", "profile", "--memory", "--out", str(trace), "--steps", "8:11", "--",
-          *train_cmd(model, a, 14, 2)], a.timeout)
+    (out / model).mkdir(parents=True, exist_ok=True)
+    _run(train_cmd(model, a, 14, 2), a.timeout, out / "jobs.log", profile=trace, steps="8:11",
+         profile_flags=["--memory"])
     return trace
 
 
@@ -76,7 +80,7 @@ def real_peaks(model: str, flags: list[str], out: Path, label: str, a: argparse.
     docs = []
     for k in range(a.repeats):
         f = out / model / f"real-{label.replace(' ', '').replace('+', '-')}-{k}.json"
-        _run([*train_cmd(model, a, a.iters, a.warmup), *flags, "--memory-peak", str(f)], a.timeout)
+        _run([*train_cmd(model, a, a.iters, a.warmup), *flags, "--memory-peak", str(f)], a.timeout, out / "jobs.log")
         docs.append(json.loads(f.read_text()))
     return docs
 
