@@ -251,7 +251,7 @@ class Job:
         """
         from .costmodel import fit_from_trace
         from .graph.model import add_op, compute_device, op_key
-        from .graph.schemes import SCHEMES, get_scheme, ps_server_of
+        from .graph.schemes import get_scheme
 
         m = ts.manifest
         ev = ts.events
@@ -289,12 +289,7 @@ class Job:
                                          path=ts.path, record=f"{node}/comm.json",
                                          hint="the dependency and event files of that node disagree; re-collect")
             scheme = get_scheme(coll.algorithm, tensor=coll.tensor, path=ts.path)
-            t_servers: list[str] = []
-            if scheme.uses_servers:
-                if coll.partitions:
-                    t_servers = [str(p["server"]) for p in coll.partitions]
-                elif servers:
-                    t_servers = [ps_server_of(coll.tensor, servers)]
+            t_servers = scheme.servers_of(coll, servers) if scheme.servers_of is not None else []
             tensors[coll.tensor] = Tensor(
                 name=coll.tensor, bytes=int(coll.bytes), algorithm=coll.algorithm,
                 participants=list(coll.participants),
@@ -302,7 +297,6 @@ class Job:
                 outputs={n: list(dict.fromkeys(o)) for n, o in coll.outputs.items()},
                 params=list((params or {}).get(coll.tensor, coll.params)), priority=float(coll.priority),
                 servers=t_servers, partitions=[dict(p) for p in coll.partitions])
-        assert all(t.algorithm in SCHEMES for t in tensors.values())
         meta = {"job": m.job, "framework": m.framework, "comm_backend": m.comm_backend,
                 "world_size": m.world_size, "comm_model": model.describe(),
                 "hosts": {n: i.host for n, i in m.nodes.items()}}

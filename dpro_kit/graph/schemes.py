@@ -17,7 +17,9 @@ about one way of synchronising tensors, so that no module branches on
   participants (in the scheme's order), servers and partitions, or None when
   the tensor's ops are not this scheme's; tried newest registration first, so
   the first registered scheme (``ring``) is the fallback;
-* ``uses_servers`` — whether the scheme's ops run on server nodes.
+* ``uses_servers`` — whether the scheme's ops run on server nodes; then
+  ``servers_of(coll, servers)`` gives the servers of a traced collective (one per
+  partition) given the job's server nodes.
 
 Built in: ``ring`` (ring AllReduce) and ``ps`` (parameter-server push/pull).
 Adding one (tree, hierarchical, Horovod fusion, BytePS partitions): write its
@@ -82,6 +84,7 @@ class CommScheme:
     collectives: Callable[["CommScheme", TensorGroup], list[Collective]]
     recognise: Callable[[nx.DiGraph, dict[str, str]], "tuple[list[str], list[str], list[dict]] | None"]
     uses_servers: bool = False
+    servers_of: Callable[[Collective, list[str]], list[str]] | None = None
 
 
 SCHEMES: dict[str, CommScheme] = {}
@@ -123,6 +126,12 @@ def recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[str, list[str], li
 def ps_server_of(tensor: str, servers: list[str]) -> str:
     """The server of an unpartitioned PS tensor (as :func:`~dpro_kit.graph.topology.ps_push_pull` places it)."""
     return servers[zlib.crc32(tensor.encode()) % len(servers)]
+
+
+def _ps_servers_of(coll: Collective, servers: list[str]) -> list[str]:
+    if coll.partitions:
+        return [str(p["server"]) for p in coll.partitions]
+    return [ps_server_of(coll.tensor, servers)] if servers else []
 
 
 # --------------------------------------------------------------------------- ring
@@ -180,4 +189,4 @@ def _ps_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], lis
 register_scheme(CommScheme(name="ring", op="allreduce", build=ring_allreduce, collectives=_ring_collectives,
                            recognise=_ring_recognise))
 register_scheme(CommScheme(name="ps", op="push_pull", build=ps_push_pull, collectives=_ps_collectives,
-                           recognise=_ps_recognise, uses_servers=True))
+                           recognise=_ps_recognise, uses_servers=True, servers_of=_ps_servers_of))
