@@ -169,6 +169,12 @@ class WhatIf:
 
 def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommModel]:
     """Apply ``w`` to a trace and its fitted comm model (re-bucket, then scale, then re-rate)."""
+    if ts.manifest.extra.get("kineto_plain") and (w.bucket_mb is not None or w.bandwidth_mbps is not None):
+        # plain torch.profiler input (dpro_kit.readers.kineto_plain): no bucket composition, no link model
+        what = "--bucket-mb needs DDP's bucket composition and gradient-ready times" if w.bucket_mb is not None \
+            else "--bandwidth-mbps needs a comm model calibrated on the job (NCCL kernel times include waiting)"
+        raise DproError(f"{what}, which a plain torch.profiler trace does not record", path=ts.path,
+                        hint="profile the job with `dpro profile` (docs/kineto.md); --world-size works here")
     if w.bucket_mb is not None:
         if not w.bucket_mb > 0:
             raise DproError(f"bucket size must be > 0 MB, got {w.bucket_mb}")

@@ -26,8 +26,8 @@ what is read and what is assumed; in short:
   the op of another stream that ended just before it (``cudaStreamWaitEvent``,
   inferred from the times: within :data:`WAIT_TOLERANCE_US`);
 * **collectives**: every NCCL kernel is one collective instance (its op is
-  ``nccl<j>#<k>``: the ``k``-th NCCL kernel of the iteration on the ``j``-th NCCL
-  stream, which matches the same collective on every rank: NCCL runs a
+  ``nccl<j>:<collective>#<k>``: the ``k``-th such collective of the iteration on the
+  ``j``-th NCCL stream, which matches the same collective on every rank: NCCL runs a
   communicator's collectives in one order).  Scheme ``nccl``: the kernel starts
   when every rank has reached it (a barrier: In ops → one sync op → Out ops →
   the kernel), then runs for its **measured** duration.  NCCL kernel time
@@ -70,8 +70,8 @@ FORMAT = "kineto"
 WAIT_TOLERANCE_US = 20.0
 #: the one line the replay prints about what a plain torch.profiler trace cannot tell
 LIMITATION = ("plain torch.profiler input: bucket composition, gradient-ready times and a calibrated comm model "
-              "need dpro's collector (`dpro profile`), so --bucket-mb and --bandwidth-mbps are not available; "
-              "NCCL kernels keep their measured time, which includes waiting for peers")
+              "need dpro's collector (`dpro profile`), so --bucket-mb and --bandwidth-mbps are refused; NCCL kernels "
+              "keep their measured time (it includes waiting for peers), also under --world-size")
 _SUFFIXES = (".json", ".json.gz")
 _SNIFF_BYTES = 1 << 16
 _cache: dict[tuple[str, int, int], dict[str, Any]] = {}
@@ -323,6 +323,11 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
         if lst:
             gpu_ops[stream] = lst
 
+    # NCCL streams in the order of their first collective (stream ids may differ between ranks)
+    first_nccl = {st: min(o.start for o in lst if o.nccl is not None) for st, lst in gpu_ops.items()
+                  if st in nccl_streams}
+    nccl_streams.sort(key=lambda st: (first_nccl[st], str(st)))
+
     # ---- synchronising runtime calls: split the CPU op where it blocked ----------------------
     all_gpu = sorted((o for lst in gpu_ops.values() for o in lst), key=lambda o: o.start + o.dur)
     gpu_ends = [o.start + o.dur for o in all_gpu]
@@ -356,13 +361,13 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
     # ---- op ids: name#k per (iteration, lane, name) ------------------------------------------
     ops.sort(key=lambda o: (o.iteration, o.lane, o.start, getattr(o, "_after_sync", False)))
     counter: dict[tuple[int, str, str], int] = defaultdict(int)
-    nccl_k: dict[tuple[int, Any], int] = defaultdict(int)
+    nccl_k: dict[tuple[int, int, str], int] = defaultdict(int)
     for o in ops:
         if o.nccl is not None:
             sidx = nccl_streams.index(o.ev.args.get("stream", o.ev.tid))
-            k = nccl_k[(o.iteration, sidx)]
-            nccl_k[(o.iteration, sidx)] += 1
-            o.op = f"nccl{sidx}#{k} {o.nccl['collective']}"
+            c = (o.iteration, sidx, o.nccl["collective"])
+            o.op = f"nccl{sidx}:{o.nccl['collective']}#{nccl_k[c]}"
+            nccl_k[c] += 1
             continue
         name = o.ev.name + (" (after sync)" if getattr(o, "_after_sync", False) else "")
         c = (o.iteration, o.lane, name)
@@ -412,12 +417,12 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
             continue
         inputs = [p for p in preds.get(o.op, []) if p in common_ops]
         # bytes stay on the kernel's event (all_to_all sizes differ by rank; the scheme does not use them)
-        collectives.append({"tensor": o.op.split(" ")[0], "op": "nccl", "algorithm": "nccl",
+        collectives.append({"tensor": o.op, "op": "nccl", "algorithm": "nccl",
                             "bytes": 0, "inputs": inputs, "outputs": [o.op],
                             "params": []})
     rows = [{"op": o.op, "name": o.ev.name, "kind": o.kind, "iteration": o.iteration, "start": o.start,
              "dur": o.dur, "stream": o.lane, "bytes": int(o.nccl["bytes"]) if o.nccl else 0,
-             "tensor": o.op.split(" ")[0] if o.nccl else "", "phase": o.nccl["collective"] if o.nccl else ""}
+             "tensor": o.op if o.nccl else "", "phase": o.nccl["collective"] if o.nccl else ""}
             for o in ops]
     return NodeTrace(events=make_events(rows, path=str(path)), edges=edges, collectives=collectives)
 
