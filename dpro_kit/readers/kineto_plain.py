@@ -107,8 +107,9 @@ def _looks_like_kineto(path: Path) -> bool:
     text = head.lstrip()
     if not text.startswith(b"{"):
         return False
-    return b'"traceEvents"' in text or b'"schemaVersion"' in text or b'"distributedInfo"' in text or \
-        len(head) < _SNIFF_BYTES
+    if len(head) < _SNIFF_BYTES:           # the whole file: it must have the key
+        return b'"traceEvents"' in text
+    return b'"traceEvents"' in text or b'"schemaVersion"' in text or b'"distributedInfo"' in text
 
 
 def _candidates(trace_dir: Path) -> list[Path]:

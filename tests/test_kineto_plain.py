@@ -1,0 +1,202 @@
+"""Plain torch.profiler (Kineto) folders: the real HTA GPU/NCCL traces, every command, the bad variants.
+
+Inputs are the real traces in ``<repo>/../shared/traces/hta`` (copied from
+facebookresearch/HolisticTraceAnalysis, see the README there), copied per job into
+a tmp dir (the shared folder is never written).  Bad variants are built from those
+real files (a key removed, the gzip stream cut short, two jobs in one folder).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dpro_kit.cli import main
+from dpro_kit.readers import kineto as K
+from dpro_kit.readers import kineto_plain as P
+
+HTA = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "hta"
+pytestmark = pytest.mark.skipif(not HTA.is_dir(), reason=f"real Kineto traces not found at {HTA}")
+
+FILES = {"r2": ["nccl_2rank_rank0.json.gz"], "r128": ["sampled_128rank_rank0.json.gz",
+                                                       "sampled_128rank_rank1.json.gz"],
+         "r16": ["allgather_reducescatter_16rank_rank0.json.gz"]}
+#: |replay - measured| / measured allowed for a job replayed as profiled.  One rank's replay
+#: is built from that rank's own step (its dependencies and host time are read from it), so
+#: it must reproduce the step closely; the reader's earlier misses were -47 % (host time
+#: left out) and -32 % (a sampled trace's untraced work); the shared traces give 0.0, -0.5 and
+#: -2.5 % (docs/accuracy.md), so 10 % separates a reading bug from the noise of 2-5 steps.
+BAND = 0.10
+
+
+def job(tmp_path: Path, name: str) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    for f in FILES[name]:
+        shutil.copy(HTA / f, d / f)
+    return d
+
+
+def raw_doc(name: str) -> dict:
+    return json.loads(gzip.decompress((HTA / name).read_bytes()))
+
+
+def test_kineto_layer_reads_the_real_facts():
+    """distributedInfo, steps, streams, launches (correlation/ac2g flows) and NCCL collectives."""
+    p = HTA / FILES["r2"][0]
+    tr = K.parse(K.load_doc(p), p)
+    assert (tr.distributed["rank"], tr.distributed["world_size"], tr.distributed["backend"]) == (0, 2, "nccl")
+    assert [s.number for s in tr.steps] == [4, 5, 6]
+    assert {str(s) for s in tr.gpu} == {"7", "40"}
+    doc = raw_doc(FILES["r2"][0])
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") in K.GPU_CATS and e.get("ph") == "X"]
+    assert len(tr.launch) == sum(1 for e in kernels if "correlation" in e.get("args", {})) > 0
+    assert tr.n_flows > 0
+    nccl = [e for s in tr.gpu.values() for e in s if K.is_nccl_kernel(e)]
+    infos = [K.nccl_info(e, tr.launch.get(id(e))) for e in nccl]
+    # the kernels carry their collective, size and process group in this (newer) trace
+    assert {i["collective"] for i in infos} == {"allreduce", "broadcast"}
+    assert all(i["bytes"] > 0 and i["process_group"] == "0" for i in infos)
+    # older traces: the name comes from the nccl:<collective> range around the launch
+    p16 = HTA / FILES["r16"][0]
+    tr16 = K.parse(K.load_doc(p16), p16)
+    names = {K.nccl_info(e, tr16.launch.get(id(e)))["collective"] for s in tr16.gpu.values() for e in s
+             if K.is_nccl_kernel(e)}
+    assert {"all_to_all", "all_reduce", "all_gather_base", "reduce_scatter_base"} <= names
+    assert tr16.distributed["world_size"] == 16 and [s.number for s in tr16.steps] == [550, 551, 552, 553, 554]
+
+
+def test_call_tree_counts_nested_ops_once():
+    """Top-level work of a thread never contains another top-level op (no double counting)."""
+    p = HTA / FILES["r2"][0]
+    tr = K.parse(K.load_doc(p), p)
+    for evs in tr.cpu.values():
+        tops = K.top_level(evs)
+        for a, b in zip(tops, tops[1:]):
+            assert a.end <= b.ts + 1e-3, (a.name, b.name)
+        assert not any(K.STEP_RE.match(e.name) for e in tops)   # ProfilerStep ranges are looked through
+
+
+@pytest.mark.parametrize("name, world, ranks", [("r2", 2, [0]), ("r128", 128, [0, 1])])
+def test_replay_matches_the_traces_own_step_times(tmp_path: Path, capsys, name: str, world: int, ranks: list[int]):
+    d = job(tmp_path, name)
+    assert main(["replay", str(d), "--json", "-q"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["world_size"] == world and out["comm_backend"] == "nccl"
+    assert sorted(int(n.split("/")[1]) for n in out["nodes"]) == ranks
+    assert abs(out["error_pct"]) <= 100 * BAND, out["error_pct"]
+    # measured = per step the slowest present rank's ProfilerStep span, median over steps
+    spans: dict[int, float] = {}
+    for f in FILES[name]:
+        for e in raw_doc(f)["traceEvents"]:
+            m = K.STEP_RE.match(str(e.get("name", "")))
+            if m and e.get("ph") == "X":
+                spans[int(m.group(1))] = max(spans.get(int(m.group(1)), 0.0), e["dur"] / 1e3)
+    v = sorted(spans.values())
+    median = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+    assert out["measured_iteration_ms"] == pytest.approx(median)
+    assert len(out["notes"]) == 2 and f"of {world} replayed" in out["notes"][0]
+    assert "--bucket-mb" in out["notes"][1]
+    # the NCCL kernels are the job's communication: each rank's collectives are in the graph
+    assert out["critical_path_ms_by_kind"] and all(v["comm_ms"] > 0 for v in out["nodes"].values())
+
+
+def test_two_present_ranks_share_their_collectives(tmp_path: Path):
+    """Rank 0 and 1 of the 128-rank job: one collective per NCCL kernel, both ranks in each."""
+    from dpro_kit.trace import load_trace
+    ts = load_trace(job(tmp_path, "r128"))
+    assert ts.manifest.world_size == 128 and len(ts.manifest.workers()) == 2
+    assert ts.collectives and all(len(c.participants) == 2 and c.algorithm == "nccl" for c in ts.collectives)
+    kinds = {str(c.tensor).split(":")[1].split("#")[0] for c in ts.collectives}
+    assert kinds == {"all_to_all", "all_reduce", "all_gather_base"}
+    assert set(ts.events["stream"]) >= {"cpu0", "cpu1", "gpu:7", "gpu:84", "gpu:203"}
+
+
+def test_every_command_on_a_plain_folder(tmp_path: Path, capsys):
+    d = job(tmp_path, "r2")
+    tl, g, rep, base = (tmp_path / x for x in ("tl.json", "g.json", "r.html", "base.json"))
+    assert main(["replay", str(d), "--timeline", str(tl), "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "measured" in text and "note: plain torch.profiler input" in text
+    assert any(e.get("ph") == "X" for e in json.loads(tl.read_text())["traceEvents"])
+    assert main(["graph", str(d), "-o", str(g), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(g), "--json", "-q"]) == 0     # the graph file replays to the same time
+    from_graph = json.loads(capsys.readouterr().out)["iteration_time_ms"]
+    assert main(["replay", str(d), "--json", "-q"]) == 0
+    direct = capsys.readouterr().out
+    base.write_text(direct)
+    assert from_graph == pytest.approx(json.loads(direct)["iteration_time_ms"])
+    assert main(["report", str(d), "-o", str(rep), "-q"]) == 0 and rep.stat().st_size > 0
+    assert main(["check", "-b", str(base), "-c", str(d)]) == 0
+    capsys.readouterr()
+    assert main(["align", str(d)]) == 0
+    assert "nothing to align" in capsys.readouterr().out
+    # what-ifs: world size works, those that need the collector refuse in one line
+    assert main(["replay", str(d), "--world-size", "4", "--json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out)["world_size"] == 4
+    for opt in (["--bucket-mb", "5"], ["--bandwidth-mbps", "1000"]):
+        assert main(["replay", str(d), *opt, "-q"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "plain torch.profiler trace does not record" in err[0] and opt[0] in err[0]
+
+
+def _write_gz(path: Path, doc: dict) -> None:
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+
+
+def _bad(tmp_path: Path, capsys, d: Path, *expect: str) -> None:
+    assert main(["replay", str(d), "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for x in expect:
+        assert x in err[0], err[0]
+
+
+def test_bad_variants_one_line_exit_2(tmp_path: Path, capsys):
+    src = raw_doc(FILES["r2"][0])
+    # a single rank's file without distributedInfo
+    d = tmp_path / "nodi"
+    d.mkdir()
+    _write_gz(d / "trace.json.gz", {k: v for k, v in src.items() if k != "distributedInfo"})
+    _bad(tmp_path, capsys, d, "trace.json.gz", "distributedInfo")
+    # empty traceEvents
+    d = tmp_path / "empty"
+    d.mkdir()
+    _write_gz(d / "trace.json.gz", dict(src, traceEvents=[]))
+    _bad(tmp_path, capsys, d, "trace.json.gz", "'traceEvents' is empty")
+    # truncated .gz (the real file cut in half)
+    d = tmp_path / "trunc"
+    d.mkdir()
+    data = (HTA / FILES["r2"][0]).read_bytes()
+    (d / "rank0.json.gz").write_bytes(data[: len(data) // 2])
+    _bad(tmp_path, capsys, d, "rank0.json.gz", "truncated")
+    # two jobs of different world sizes in one folder
+    d = tmp_path / "mixed"
+    d.mkdir()
+    for f in FILES["r2"] + FILES["r16"]:
+        shutil.copy(HTA / f, d / f)
+    _bad(tmp_path, capsys, d, "different jobs", "world size 16", "and 2 (nccl_2rank_rank0.json.gz)")
+    # one rank twice
+    d = tmp_path / "dup"
+    d.mkdir()
+    shutil.copy(HTA / FILES["r2"][0], d / "a.json.gz")
+    shutil.copy(HTA / FILES["r2"][0], d / "b.json.gz")
+    _bad(tmp_path, capsys, d, "two traces of rank 0")
+    # invalid JSON (truncated text, not gzip)
+    d = tmp_path / "badjson"
+    d.mkdir()
+    (d / "r.json").write_text(json.dumps(dict(src, traceEvents=src["traceEvents"][:50]))[:-200])
+    _bad(tmp_path, capsys, d, "r.json", "JSON")
+
+
+def test_discoverer_leaves_dpro_collector_folders_alone(tmp_path: Path):
+    """A folder with dpro's meta.json is not claimed as plain Kineto input (dpro's reader keeps it)."""
+    ex = Path(__file__).resolve().parents[1] / "examples" / "traces" / "ddp-2rank-gloo"
+    d = tmp_path / "t"
+    shutil.copytree(ex, d)
+    (d / "manifest.json").unlink()
+    assert P.discover(d) is None
