@@ -400,7 +400,8 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
         waited = {v: t for _, v, t in cpu_waits}
         waited.update({c.op: c.start for _, c in waits})
         _fold_host_gaps(lanes, waited, next(w[0] for w in windows if w[2] == it))
-        edges_of[it] = list(dict.fromkeys(e))
+        edges_of[it] = _acyclic(list(dict.fromkeys(e)), inferred={(g.op, c.op) for g, c in waits}
+                                | {(u, v) for u, v, _ in cpu_waits})
     # representative iteration: the most common op set; its edges stand for every iteration
     sig = {it: frozenset(o.op for o in lst) for it, lst in by_it.items()}
     rep_sig = Counter(sig.values()).most_common(1)[0][0]
@@ -478,6 +479,23 @@ def _lane_waits(lanes_: list[str], lanes: dict[str, list[_Op]], launch_ts: dict[
             if best is not None and (window is None or best_end >= o.start - window):
                 out.append((best.op, o.op, best_end))
     return out
+
+
+def _acyclic(edges: list[tuple[str, str]], inferred: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``edges`` without cycles: waits inferred from times within the tolerance could close one
+    (ties); such an inferred edge is dropped (any edge of the cycle if none is inferred)."""
+    import networkx as nx
+    g = nx.DiGraph(edges)
+    if nx.is_directed_acyclic_graph(g):
+        return edges
+    while True:
+        try:
+            cyc = nx.find_cycle(g)
+        except nx.NetworkXNoCycle:
+            break
+        drop = next(((u, v) for u, v, *_ in cyc if (u, v) in inferred), cyc[0][:2])
+        g.remove_edge(*drop)
+    return [e for e in edges if g.has_edge(*e)]
 
 
 def _fold_host_gaps(lanes: dict[str, list[_Op]], waited: dict[str, float], step_start: float) -> None:
