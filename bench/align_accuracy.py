@@ -3,6 +3,7 @@
 
     sudo /work/venv/bin/python bench/align_accuracy.py                       # default job matrix
     sudo /work/venv/bin/python bench/align_accuracy.py --jobs 2x1:none:25 --seeds 1 2 3
+    sudo .venv/bin/python bench/align_accuracy.py --jobs 2x1:200:1 2x2:1000:1 --iters 30 --inject 0 5000 -5000
     /work/venv/bin/python bench/align_accuracy.py --trace DIR --seeds 1 2    # an existing trace dir
 
 Per job: run ``examples/ddp/train.py --model mlp`` (gloo, CPU) under ``dpro profile`` in an
@@ -10,7 +11,13 @@ Per job: run ``examples/ddp/train.py --model mlp`` (gloo, CPU) under ``dpro prof
 rank gets its host's ``DPRO_HOST``).  All namespaces share one clock, so the true offsets are 0.
 ``:ring`` after a job spec profiles with ``dpro profile --ring`` (per-chunk SEND/RECV times
 from the timed ring comm hook) instead of gloo's opaque collectives.
-Per seed: every host gets a random offset (uniform +-5 ms, the same for all ranks of the
+With ``--inject 0 5000 -5000`` (the recovery table of docs/alignment.md): per job and value v, the
+raw files of every non-reference host k are rewritten as if its clock were off by ``v * (-1)**(k+1)``
+us (:func:`shift_raw_trace`: the Kineto ``baseTimeNanoseconds`` and every wall-clock reading in
+``meta.json``, which the reader checks Kineto against); the table gives the error of each offset
+`dpro align` determines, and for the ones it reports UNDETERMINED, the estimate's error and the
+interval it proves (and whether the truth lies in it).
+Otherwise, per seed: every host gets a random offset (uniform +-5 ms, the same for all ranks of the
 host), every event start of its nodes is shifted by it through the trace model
 (``load_trace`` -> shift -> ``save_trace`` into a new native-format directory), and the
 offsets are estimated on the copy.  Error = estimate - injected (relative to the reference
@@ -66,6 +73,101 @@ def run_job(out: Path, hosts: int, per_host: int, rate: float | None, bucket_mb:
     if any(codes) or not (out / "manifest.json").exists():
         raise RuntimeError(f"profiled job failed: exit codes {codes}")
     return time.perf_counter() - t0
+
+
+def _shift_ns_fields(x, d_ns: int):
+    """Every wall-clock reading (an int field whose name has ``_ns``, holding ns since the epoch) moved by d_ns."""
+    if isinstance(x, dict):
+        return {k: (v + d_ns if "_ns" in k and isinstance(v, int) and v > 10 ** 15 else _shift_ns_fields(v, d_ns))
+                for k, v in x.items()}
+    if isinstance(x, list):
+        return [_shift_ns_fields(v, d_ns) for v in x]
+    return x
+
+
+def shift_raw_trace(src: Path, dst: Path, shifts_us: dict[str, float]) -> Path:
+    """Copy a dpro_torch trace folder with the clock of each host in ``shifts_us`` (host -> us) off.
+
+    Shifts everything such a host records: the Kineto trace's ``baseTimeNanoseconds`` and every
+    wall-clock reading in its ``meta.json`` (``clock.sync`` brackets the reader checks Kineto
+    against, step end times) and in a ``--ring`` file.  The copy is loaded by the ordinary
+    reader, so the shift goes through the same clock mapping a wrong host clock would.
+    """
+    import gzip
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("aligned"))
+    man = json.loads((dst / "manifest.json").read_text())
+    for info in man["nodes"].values():
+        d_ns = round(shifts_us.get(info["host"], 0.0) * 1000)
+        if not d_ns:
+            continue
+        nd = dst / info["dir"]
+        meta = json.loads((nd / "meta.json").read_text())
+        for name in (meta.get("trace_file"), meta.get("ring_file")):
+            if not name:
+                continue
+            f = nd / name
+            op = gzip.open if f.suffix == ".gz" else open
+            with op(f, "rt", encoding="utf-8") as fh:
+                doc = json.load(fh)
+            if isinstance(doc, dict) and "baseTimeNanoseconds" in doc:
+                doc["baseTimeNanoseconds"] = int(doc["baseTimeNanoseconds"]) + d_ns
+            else:
+                doc = _shift_ns_fields(doc, d_ns)
+            with op(f, "wt", encoding="utf-8") as fh:
+                json.dump(doc, fh)
+        (nd / "meta.json").write_text(json.dumps(_shift_ns_fields(meta, d_ns)))
+    return dst
+
+
+def recovery(trace: Path, injections: list[float], work: Path) -> list[dict]:
+    """Offsets recovered from ``trace`` with the clocks of its non-reference hosts moved by +-v us
+    (host k gets ``v * (-1)**(k+1)``: +v, -v, +v, ...) for each v in ``injections`` (0: true offsets)."""
+    ts = load_trace(trace)
+    nodes = ts.nodes()
+    ref = nodes[0]
+    hosts = sorted({ts.manifest.nodes[n].host for n in nodes}, key=lambda h: min(
+        ts.manifest.nodes[n].rank for n in nodes if ts.manifest.nodes[n].host == h))
+    rows = []
+    for v in injections:
+        hs = {h: (0.0 if k == 0 else v * (-1) ** (k + 1)) for k, h in enumerate(hosts)}
+        dst = shift_raw_trace(trace, work / f"{trace.name}-inj{int(v)}", hs) if v else trace
+        t0 = time.perf_counter()
+        res = align(load_trace(dst))
+        wall = time.perf_counter() - t0
+        truth = {n: hs[ts.manifest.nodes[n].host] - hs[ts.manifest.nodes[ref].host] for n in nodes}
+        other = [n for n in nodes if ts.manifest.nodes[n].host != ts.manifest.nodes[ref].host]
+        err = {n: res.estimate_us.get(n, res.offsets_us[n]) - truth[n] for n in other}
+        rows.append({"trace": trace.name, "injected_us": v, "mode": res.mode, "align_s": round(wall, 3),
+                     "error_us": err, "undetermined": [n for n in res.undetermined if n in other],
+                     "uncertainty_us": res.uncertainty_us,
+                     "bounds_us": {n: res.bounds_us.get(n) for n in other},
+                     "bounds_hold": all((b[0] is None or b[0] - 1 <= truth[n]) and (b[1] is None or truth[n] <= b[1] + 1)
+                                        for n in other if (b := res.bounds_us.get(n))),
+                     "violated": len(res.violated)})
+    return rows
+
+
+def print_recovery(rows: list[dict]) -> None:
+    print(f"{'trace':<24}{'inject us':>10}{'mode':>8}{'determined |err| us (median/max)':>34}"
+          f"{'undetermined (estimate err us; proven interval us)':>56}{'bounds hold':>12}")
+    for r in rows:
+        det = [abs(e) for n, e in r["error_us"].items() if n not in r["undetermined"]]
+        und = "; ".join(f"{n} {r['error_us'][n]:+.0f} in [{_b(r['bounds_us'][n], 0)}, {_b(r['bounds_us'][n], 1)}]"
+                        for n in r["undetermined"])
+        print(f"{r['trace']:<24}{r['injected_us']:>+10.0f}{r['mode']:>8}"
+              f"{(f'{np.median(det):.1f} / {np.max(det):.1f} (n={len(det)})' if det else '-'):>34}"
+              f"{und or '-':>56}{str(r['bounds_hold']):>12}")
+    det = [abs(e) for r in rows for n, e in r["error_us"].items() if n not in r["undetermined"]]
+    n_und = sum(len(r["undetermined"]) for r in rows)
+    n_all = sum(len(r["error_us"]) for r in rows)
+    print(f"all: {n_all - n_und} determined offsets, median |err| {np.median(det) if det else float('nan'):.1f} us, "
+          f"max {np.max(det) if det else float('nan'):.1f} us; {n_und} undetermined")
+
+
+def _b(b, i):
+    return "-inf" if b is None or b[i] is None and i == 0 else ("+inf" if b is None or b[i] is None else f"{b[i]:.0f}")
 
 
 def replay_ms(ts) -> float:
@@ -125,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--keep", type=Path, default=None, help="keep traces under this folder")
+    ap.add_argument("--inject", type=float, nargs="+", default=None, metavar="US",
+                    help="recovery table instead: per job, the non-reference hosts' clocks moved by +-US "
+                         "(0: true offsets) in the RAW files (Kineto base time and meta.json wall clock)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     work = args.keep or Path(tempfile.mkdtemp(prefix="dpro-align-acc-"))
@@ -145,6 +250,15 @@ def main(argv: list[str] | None = None) -> int:
                            ring="ring" in flags)
             print(f"profiled {spec} in {wall:.1f} s -> {d}", file=sys.stderr)
             traces.append(d)
+    if args.inject is not None:
+        rows = [r for t in traces for r in recovery(t, args.inject, work)]
+        if args.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            print_recovery(rows)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     for t in traces:
         results.append(evaluate(t, args.seeds, work))
     if args.json:

@@ -59,7 +59,7 @@ import pandas as pd
 from .errors import DproError, atomic_write_text
 from .trace import TraceSet
 
-ALIGN_VERSION = 2
+ALIGN_VERSION = 3
 ALIGNED_DIR = "aligned"
 OFFSETS_FILE = "offsets.json"
 SOLVERS = ("CLARABEL", "OSQP", "SCS")
@@ -74,6 +74,11 @@ DEFAULT_BETA = 100.0
 DEFAULT_GAMMA = 100.0
 #: Huber threshold (us) of the min-statistic terms: residuals beyond it count linearly
 HUBER_US = 20.0
+#: Huber threshold (us) of the collective end-agreement term (median-like below a few us)
+END_HUBER_US = 5.0
+#: an offset whose ~95 % uncertainty (us) from collective ends exceeds this is reported as
+#: undetermined, with the interval the dependency constraints prove
+UNDETERMINED_US = 100.0
 #: a constraint with slack below this many microseconds is reported as binding
 BINDING_TOL_US = 1.0
 #: the clip-pattern iteration stops when no offset moves more than this between rounds
@@ -107,6 +112,12 @@ class Records:
     kind: str                 # fine | coarse | mixed
     coarse: np.ndarray        # bool: a coarse record (soft constraint, min statistic)
     minstat: np.ndarray | None = None  # bool: record uses the min statistic (default: the coarse ones)
+    # collective ends, one row per (instance, rank): the end-agreement term (coarse traces)
+    end_inst: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+    end_node: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+    end_time: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    instances: list[str] = field(default_factory=list)
+    end_slot: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
 
     @property
     def use_min(self) -> np.ndarray:
@@ -143,6 +154,12 @@ class AlignResult:
     violated: list[dict[str, Any]] = field(default_factory=list)
     undetermined: list[str] = field(default_factory=list)
     fingerprint: str = ""
+    #: the solver's estimate for every node (``offsets_us`` differs only for undetermined nodes)
+    estimate_us: dict[str, float] = field(default_factory=dict)
+    #: ~95 % half-width of offsets pinned by collective ends only (coarse traces)
+    uncertainty_us: dict[str, float] = field(default_factory=dict)
+    #: per non-reference node, [lo, hi] that the dependency constraints prove (None: unbounded)
+    bounds_us: dict[str, list[float | None]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -153,7 +170,8 @@ class AlignResult:
             "alpha": self.alpha, "beta": self.beta, "statistic": self.statistic, "records": self.n_records, "families": self.n_families,
             "constraints": self.n_constraints, "objective": self.objective, "residuals": self.residuals,
             "binding": self.binding, "violated": self.violated, "undetermined": self.undetermined,
-            "fingerprint": self.fingerprint,
+            "fingerprint": self.fingerprint, "estimate_us": self.estimate_us,
+            "uncertainty_us": self.uncertainty_us, "bounds_us": self.bounds_us,
         }
 
     @classmethod
@@ -167,7 +185,8 @@ class AlignResult:
                    n_families=int(d.get("families", 0)), n_constraints=int(d.get("constraints", 0)),
                    objective=d.get("objective"), residuals=d.get("residuals", {}), binding=d.get("binding", []),
                    violated=d.get("violated", []), undetermined=d.get("undetermined", []),
-                   fingerprint=d.get("fingerprint", ""))
+                   fingerprint=d.get("fingerprint", ""), estimate_us=d.get("estimate_us", {}),
+                   uncertainty_us=d.get("uncertainty_us", {}), bounds_us=d.get("bounds_us", {}))
 
 
 # --------------------------------------------------------------------------- records from a trace
@@ -219,77 +238,114 @@ def fine_records(ev: pd.DataFrame, index: dict[str, int], hosts: dict[str, str],
     })
 
 
-def coarse_records(ts: TraceSet, ev: pd.DataFrame, index: dict[str, int], base: float,
-                   skip_tensors: set[str]) -> pd.DataFrame:
-    """Whole collectives (kind COMM, per tensor and iteration) on >= 2 nodes: one record per (r, q).
+#: readers whose COMM ``dur`` is not the span but a processor-sharing share of overlapped time
+#: (torch-kineto: "time alone + equal share of overlapped time"); their spans are recovered
+#: exactly by :func:`comm_spans`
+SHARED_COMM_DUR_FORMATS = ("torch-kineto",)
 
-    Completion on rank r: the later of its COMM end and the end of the op that waits for the
-    tensor (``Collective.outputs``; it may start before the data is there, it cannot end
-    before).  It is meant as an upper bound of the true completion, with one-sided error
-    (delays only add to it); a reader that shortens COMM durations (the torch-kineto reader's
-    exclusive share) can break that, hence the coarse constraints are soft.
 
-    Family of a record (r, q): the tensor and the pair's place in the ring, ``((pos_r - pos_q)
-    mod N, pos_q mod R)`` with ``R`` ranks per machine (rotating the ring by one machine maps
-    a pair onto an equivalent one, whose fastest "q joined -> r done" time is the same).
+def _processor_sharing_ends(starts: np.ndarray, shares: np.ndarray) -> np.ndarray:
+    """Departure times of jobs arriving at ``starts`` with service ``shares`` under processor sharing.
+
+    The inverse of the torch-kineto reader's ``_exclusive_ns`` (each active interval accrues
+    ``dt / n_active``): an interval ends when its accrued share reaches its recorded share.
     """
-    comm = ev[(ev["kind"] == "COMM") & (ev["tensor"] != "")]
+    n = len(starts)
+    order = np.argsort(starts, kind="stable")
+    end = starts + shares
+    rem: dict[int, float] = {}
+    t, k = 0.0, 0
+    while k < n or rem:
+        if not rem:
+            i = int(order[k])
+            t, rem[i], k = float(starts[i]), float(shares[i]), k + 1
+            continue
+        nxt = float(starts[order[k]]) if k < n else math.inf
+        j = min(rem, key=rem.__getitem__)
+        done = t + rem[j] * len(rem)
+        step = min(done, nxt) - t
+        for i in rem:
+            rem[i] -= step / len(rem)
+        t += step
+        if done <= nxt:
+            end[j] = done
+            del rem[j]
+        else:
+            i = int(order[k])
+            rem[i], k = float(shares[i]), k + 1
+    return end
+
+
+def comm_spans(ts: TraceSet) -> pd.DataFrame:
+    """COMM events with ``end``: when the collective really finished on that node (its span end).
+
+    For readers in :data:`SHARED_COMM_DUR_FORMATS` the recorded ``dur`` is a share of
+    overlapped time (shorter than the span), and the span is recovered by replaying the
+    sharing rule; otherwise ``end = start + dur``.
+    """
+    ev = ts.events
+    comm = ev[ev["kind"] == "COMM"].copy()
+    comm["end"] = comm["start"].to_numpy(float) + comm["dur"].to_numpy(float)
+    if ts.manifest.raw_format in SHARED_COMM_DUR_FORMATS and not comm.empty:
+        for _, g in comm.groupby("node", observed=True):
+            comm.loc[g.index, "end"] = _processor_sharing_ends(g["start"].to_numpy(float), g["dur"].to_numpy(float))
+    return comm
+
+
+def coarse_records(ts: TraceSet, ev: pd.DataFrame, index: dict[str, int], base: float,
+                   skip_tensors: set[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Whole collectives (kind COMM, one op id per collective and iteration) on >= 2 nodes.
+
+    Returns ``(deps, ends)``.  ``deps``: one record per (rank r, other rank q) and instance:
+    r's collective cannot end before q entered it (``end_r - theta_r >= start_q - theta_q``),
+    a dependency constraint (soft, see docs/alignment.md).  ``ends``: one row per (instance,
+    rank) with its end time: the same collective ends on all ranks within about one transfer
+    step of each other, the objective term that pins the offsets.  An instance is the op id
+    (``allreduce:bucket3``, ``broadcast#0``: collective type and per-iteration sequence number)
+    in one iteration.  Ends are span ends (:func:`comm_spans`), not ``start + dur``.
+    """
+    comm = comm_spans(ts)
     if skip_tensors:
         comm = comm[~comm["tensor"].isin(list(skip_tensors))]
+    empty = pd.DataFrame()
     if comm.empty:
-        return pd.DataFrame()
-    comm = comm.sort_values("start").drop_duplicates(["node", "tensor", "iteration"])
-    outs = {(c.tensor, n): set(ops) for c in ts.collectives for n, ops in c.outputs.items() if ops}
-    out_ops = {op for ops in outs.values() for op in ops}
-    waits = ev[ev["op"].isin(list(out_ops))] if out_ops else ev.iloc[:0]
-    wait_end: dict[tuple[str, str, int], float] = {}
-    if not waits.empty:
-        g = (waits.assign(end=waits["start"] + waits["dur"])
-             .groupby(["node", "op", "iteration"], observed=True)["end"].min())
-        for (n, op, it), v in g.items():
-            wait_end[(str(n), str(op), int(it))] = float(v)
-    ranks_of = {n: ts.manifest.nodes[n].rank for n in index}
-    host_of = {n: ts.manifest.nodes[n].host for n in index}
-    rows = []
-    for (tensor, it), grp in comm.groupby(["tensor", "iteration"], observed=True, sort=False):
+        return empty, empty
+    comm = comm.sort_values("start").drop_duplicates(["node", "op", "iteration"])
+    rows, erows = [], []
+    slot = _ring_slots(ts, list(index))
+    for (op, it), grp in comm.groupby(["op", "iteration"], observed=True, sort=True):
         if grp["node"].nunique() < 2:
             continue
         nodes = grp["node"].astype(str).to_numpy()
         starts = grp["start"].to_numpy(float) - base
-        ends = starts + grp["dur"].to_numpy(float)
-        ops = grp["op"].astype(str).to_numpy()
-        ring = sorted(nodes, key=ranks_of.__getitem__)
-        pos = {nd: k for k, nd in enumerate(ring)}
-        per = _ranks_per_machine(ring, host_of)
+        ends = grp["end"].to_numpy(float) - base
+        inst = f"{op} @{int(it)}"
         for i, n in enumerate(nodes):
-            w = [wait_end[(n, op, int(it))] - base for op in outs.get((str(tensor), n), ())
-                 if (n, op, int(it)) in wait_end]
-            # an upper bound of the completion: delays only ever add to it (one-sided noise)
-            e_con = e_obj = max([ends[i], *w])
+            erows.append((inst, index[n], ends[i], slot[n]))
             for k, q in enumerate(nodes):
-                if k == i:
-                    continue
-                fam = (f"collective {tensor} ring+{(pos[n] - pos[q]) % len(ring)}"
-                       + (f" slot {pos[q] % per}" if per > 1 else ""))
-                rows.append((index[n], starts[i], e_obj, e_con, fam, n, ops[i], int(it),
-                             index[q], starts[k], q, ops[k], True))
+                if k != i:
+                    rows.append((index[n], starts[i], ends[i], ends[i], f"collective {op}", n, str(op), int(it),
+                                 index[q], starts[k], q, str(op), True))
     if not rows:
-        return pd.DataFrame()
-    return pd.DataFrame(rows, columns=["recv", "start", "end_obj", "end_con", "family", "node", "op", "iteration",
-                                       "s_node_idx", "s_start", "s_node", "s_op", "coarse"])
+        return empty, empty
+    return (pd.DataFrame(rows, columns=["recv", "start", "end_obj", "end_con", "family", "node", "op", "iteration",
+                                        "s_node_idx", "s_start", "s_node", "s_op", "coarse"]),
+            pd.DataFrame(erows, columns=["instance", "node", "end", "slot"]))
 
 
-def _ranks_per_machine(ring: list[str], host_of: dict[str, str]) -> int:
-    """R when every machine holds R consecutive ranks of the ring, else 1."""
-    hosts = [host_of[n] for n in ring]
+def _ring_slots(ts: TraceSet, nodes: list[str]) -> dict[str, int]:
+    """Per node its slot ``rank position mod R`` when every machine holds R consecutive ranks
+    (R > 1), else 0.  Rotating the ring by one machine maps the job onto itself, so ranks of one
+    slot are equivalent: a systematic lateness of a ring position (e.g. the rank after the
+    machine boundary) is the same on every machine and is fitted, not taken for an offset."""
+    ring = sorted(nodes, key=lambda nd: ts.manifest.nodes[nd].rank)
+    hosts = [ts.manifest.nodes[nd].host for nd in ring]
     n_hosts = len(set(hosts))
-    if len(ring) % n_hosts:
-        return 1
-    per = len(ring) // n_hosts
+    per = len(ring) // n_hosts if len(ring) % n_hosts == 0 else 1
     blocks = [hosts[i:i + per] for i in range(0, len(ring), per)]
-    if all(len(set(b)) == 1 for b in blocks) and len({b[0] for b in blocks}) == n_hosts:
-        return per
-    return 1
+    if per < 2 or not all(len(set(b)) == 1 for b in blocks) or len({b[0] for b in blocks}) != n_hosts:
+        return {nd: 0 for nd in nodes}
+    return {nd: k % per for k, nd in enumerate(ring)}
 
 
 def build_records(ts: TraceSet, family: str = "size") -> Records | None:
@@ -304,7 +360,7 @@ def build_records(ts: TraceSet, family: str = "size") -> Records | None:
     if not fine.empty:
         recv = ev[(ev["kind"] == "RECV") & (ev["txn"] != "")]
         covered = set(recv["tensor"].astype(str))
-    coarse = coarse_records(ts, ev, index, base, covered)
+    coarse, ends = coarse_records(ts, ev, index, base, covered)
     parts = [p for p in (fine, coarse) if not p.empty]
     if not parts:
         return None
@@ -325,7 +381,17 @@ def build_records(ts: TraceSet, family: str = "size") -> Records | None:
         cand_rec=np.asarray(codes, dtype=int), cand_node=cand["s_node_idx"].to_numpy(int),
         cand_start=cand["s_start"].to_numpy(float),
         cand_op=cand["s_op"].to_numpy(), cand_name=cand["s_node"].to_numpy(),
-        families=[str(f) for f in fam_names], kind=kind, coarse=rec["coarse"].to_numpy(bool))
+        families=[str(f) for f in fam_names], kind=kind, coarse=rec["coarse"].to_numpy(bool),
+        **_end_arrays(ends))
+
+
+def _end_arrays(ends: pd.DataFrame) -> dict[str, Any]:
+    if ends.empty:
+        return {}
+    codes, names = pd.factorize(ends["instance"], sort=False)
+    return {"end_inst": np.asarray(codes, dtype=int), "end_node": ends["node"].to_numpy(int),
+            "end_time": ends["end"].to_numpy(float), "instances": [str(x) for x in names],
+            "end_slot": ends["slot"].to_numpy(int)}
 
 
 # --------------------------------------------------------------------------- the optimisation
@@ -413,13 +479,16 @@ def _effective_clip(rec: Records, clip: np.ndarray) -> np.ndarray:
 
 
 def _in_objective(rec: Records, clip: np.ndarray) -> np.ndarray:
-    """Records whose adjusted duration is a transfer time: clipped ones, and unclipped coarse ones.
+    """Fine-grained records whose adjusted duration is a transfer time: the clipped ones.
 
     ``clip`` is the real clip pattern (not :func:`_effective_clip`'s).  A fine-grained RECV that
     was posted after its SEND started (unclipped) mostly copies data that already arrived: its
-    duration is not the transfer time and would bias the family mean (or minimum).
+    duration is not the transfer time and would bias the family mean (or minimum).  Coarse
+    (whole-collective) records are dependency constraints only: a collective's duration is
+    mostly waiting for the last rank, not a transfer time; their ends enter the objective
+    through the end-agreement term (:func:`_end_term`).
     """
-    return (clip >= 0) | rec.coarse
+    return (clip >= 0) & ~rec.coarse
 
 
 def _objective_terms(rec: Records, clip: np.ndarray, n: int):
@@ -476,14 +545,17 @@ def _solve_qp(rec: Records, clip: np.ndarray, n: int, ref: int, machines: list[l
     # the within-pair part, a constant); minima use a Huber loss, so that one family whose fastest
     # transfers are not alike (e.g. a token-bucket link's bursts) cannot drag the offsets (delta
     # HUBER_US: quadratic below, linear above)
-    res = mu - A @ theta - E @ center
     parts = []
-    sq = np.flatnonzero(~is_min)
-    hu = np.flatnonzero(is_min)
-    if len(sq):
-        parts.append(alpha * cp.sum_squares(cp.multiply(np.sqrt(w[sq]), res[sq])))
-    if len(hu):
-        parts.append(alpha * cp.sum(cp.multiply(w[hu], cp.huber(res[hu], HUBER_US))))
+    if P:
+        res = mu - A @ theta - E @ center
+        sq = np.flatnonzero(~is_min)
+        hu = np.flatnonzero(is_min)
+        if len(sq):
+            parts.append(alpha * cp.sum_squares(cp.multiply(np.sqrt(w[sq]), res[sq])))
+        if len(hu):
+            parts.append(alpha * cp.sum(cp.multiply(w[hu], cp.huber(res[hu], HUBER_US))))
+    if len(rec.end_time):
+        parts.append(alpha * _end_term(rec, theta, n))
     # same-machine spread: (I - H) theta, H replaces each node's offset by its machine's mean
     hr, hc, hv = [], [], []
     for grp in machines:             # a machine with one node contributes a zero row
@@ -521,6 +593,112 @@ def _solve_qp(rec: Records, clip: np.ndarray, n: int, ref: int, machines: list[l
                     hint="install one of " + ", ".join(solvers) + " (pip install clarabel)")
 
 
+def _end_term(rec: Records, theta: Any, n: int) -> Any:
+    """End agreement of whole collectives: sum over instances k and ranks r of
+    ``w_k huber(end_kr - theta_r - m_k, END_HUBER_US)`` with a free common end ``m_k`` per
+    instance and ``w_k = 1 / ranks in k`` (every instance weighs the same).  With a small Huber
+    threshold this is a median-like fit: a rank whose thread noticed the end late in a few
+    instances cannot drag the offsets."""
+    import cvxpy as cp
+    import scipy.sparse as sp
+    k = len(rec.instances)
+    m = cp.Variable(k)
+    rows = np.arange(len(rec.end_time))
+    A = sp.csr_matrix((np.ones(len(rows)), (rows, rec.end_node)), shape=(len(rows), n))
+    M = sp.csr_matrix((np.ones(len(rows)), (rows, rec.end_inst)), shape=(len(rows), k))
+    w = 1.0 / np.bincount(rec.end_inst, minlength=k)[rec.end_inst]
+    fit = A @ theta + M @ m
+    n_slots = int(rec.end_slot.max()) + 1 if len(rec.end_slot) else 1
+    if n_slots > 1:   # systematic lateness per ring slot (slot 0 is the reference)
+        p = cp.Variable(n_slots - 1)
+        sel = np.flatnonzero(rec.end_slot > 0)
+        S = sp.csr_matrix((np.ones(len(sel)), (sel, rec.end_slot[sel] - 1)), shape=(len(rows), n_slots - 1))
+        fit = fit + S @ p
+    return cp.sum(cp.multiply(w, cp.huber(rec.end_time - fit, END_HUBER_US)))
+
+
+def _end_corrected(rec: Records, theta: np.ndarray) -> np.ndarray:
+    """``end_kr - theta_r`` less the median lateness of r's ring slot (see :func:`_ring_slots`)."""
+    x = rec.end_time - theta[rec.end_node]
+    if len(rec.end_slot) and rec.end_slot.max() > 0:
+        x0 = x - pd.Series(x).groupby(rec.end_inst).transform("median").to_numpy(float)
+        x = x - pd.Series(x0).groupby(rec.end_slot).transform("median").to_numpy(float)
+    return x
+
+
+def _end_residuals(rec: Records, theta: np.ndarray) -> np.ndarray:
+    """``end_kr - theta_r - m_k`` (slot-corrected) with ``m_k`` the median over the instance's ranks."""
+    x = _end_corrected(rec, theta)
+    return x - pd.Series(x).groupby(rec.end_inst).transform("median").to_numpy(float)
+
+
+def _end_uncertainty(rec: Records, theta: np.ndarray, machines: list[list[int]], ref: int) -> dict[int, float]:
+    """Per node off the reference machine: a ~95 % bound (us) of the error of its offset.
+
+    Per instance k, ``d_k`` = mean corrected end on the node's machine - mean on the reference
+    machine; with the fitted offsets its median is ~0.  Statistical part: the standard error of
+    a median, ``1.2533 * 1.4826 * MAD(d) / sqrt(K)``, times 1.96.  Systematic part: the
+    offset must come out the same from each collective op alone and from each half of the
+    iterations (a ring position or a link direction that ends late looks like an offset, and
+    different buckets and times see it differently): the largest ``|median(d)|`` over these
+    subsets.  The bound is the larger of the two.
+    """
+    if not len(rec.end_time):
+        return {}
+    x = pd.Series(_end_corrected(rec, theta))
+    ref_grp = next(g for g in machines if ref in g)
+    op_of = np.array([name.rsplit(" @", 1)[0] for name in rec.instances], dtype=object)
+    it_of = np.array([int(name.rsplit(" @", 1)[1]) for name in rec.instances])
+    ref_end = x[np.isin(rec.end_node, ref_grp)].groupby(rec.end_inst[np.isin(rec.end_node, ref_grp)]).mean()
+    out: dict[int, float] = {}
+    for grp in machines:
+        if ref in grp:
+            continue
+        sel = np.isin(rec.end_node, grp)
+        mine = x[sel].groupby(rec.end_inst[sel]).mean()
+        d = (mine - ref_end).dropna()
+        if d.empty:
+            continue
+        inst = d.index.to_numpy(int)
+        dv = d.to_numpy(float)
+        mad = float(np.median(np.abs(dv - np.median(dv))))
+        half = 1.96 * 1.2533 * 1.4826 * mad / math.sqrt(len(dv))
+        med_it = np.median(it_of[inst])
+        subsets = [np.ones(len(dv), dtype=bool), it_of[inst] <= med_it, it_of[inst] > med_it]
+        subsets += [op_of[inst] == o for o in np.unique(op_of[inst])]
+        for sub in subsets:
+            if sub.sum() >= 5:
+                half = max(half, abs(float(np.median(dv[sub]))))
+        for i in grp:
+            out[i] = half
+    return out
+
+
+def _proven_bounds(n: int, ref: int, machines: list[list[int]], pairs: list[np.ndarray],
+                   bounds: list[np.ndarray]) -> dict[int, tuple[float, float]] | None:
+    """Per node, the interval of ``theta_n - theta_ref`` that the dependency constraints allow
+    (shortest paths of the difference-constraint graph; nodes of one machine share a clock).
+    None when the constraints contradict each other (a negative cycle)."""
+    import networkx as nx
+    g = nx.DiGraph()
+    g.add_nodes_from(range(n))
+    for prs, bds in zip(pairs, bounds):
+        for p, b in zip(prs.tolist(), bds.tolist()):
+            r, q = divmod(int(p), n)
+            if not g.has_edge(q, r) or g[q][r]["weight"] > b:
+                g.add_edge(q, r, weight=float(b))     # theta_r <= theta_q + b
+    for grp in machines:
+        for a, b in zip(grp[:-1], grp[1:]):
+            g.add_edge(a, b, weight=0.0)
+            g.add_edge(b, a, weight=0.0)
+    try:
+        hi = nx.single_source_bellman_ford_path_length(g, ref, weight="weight")
+        lo = nx.single_source_bellman_ford_path_length(g.reverse(copy=True), ref, weight="weight")
+    except nx.NetworkXUnbounded:
+        return None
+    return {i: (-lo.get(i, math.inf), hi.get(i, math.inf)) for i in range(n)}
+
+
 def _undetermined(rec: Records, n: int, ref: int, machines: list[list[int]]) -> list[int]:
     import networkx as nx
     g = nx.Graph()
@@ -546,7 +724,7 @@ def fingerprint(ts: TraceSet) -> str:
 
 def align(ts: TraceSet, *, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA, family: str = "size",
           gamma: float = DEFAULT_GAMMA, solvers: tuple[str, ...] = SOLVERS, max_rounds: int = 6,
-          statistic: str = DEFAULT_STATISTIC) -> AlignResult:
+          statistic: str = DEFAULT_STATISTIC, undetermined_us: float = UNDETERMINED_US) -> AlignResult:
     """Estimate per-node clock offsets of ``ts`` (see the module docstring).
 
     ``statistic`` for fine-grained records: ``"min"`` (default) - per (family, sender->receiver
@@ -642,12 +820,35 @@ def align(ts: TraceSet, *, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_B
                     "constraint": kind, "op": rec.desc(rec.cand_rec[c]), "depends_on": rec.cand_desc(c)}
             (violated if slack[k] < -VIOLATION_TOL_US else binding).append(item)
     res = _residuals(rec, before, use_before, after, _in_objective(rec, clip), theta, machines, nodes)
+    # what the data can pin: an offset from collective ends alone whose uncertainty is too large,
+    # or with no communication path at all, is undetermined; it is reported with the interval the
+    # dependency constraints prove, and applied as the point of that interval nearest to 0 (the
+    # clocks as recorded, moved only as far as causality demands)
+    estimate = theta.copy()
+    unc = _end_uncertainty(rec, theta, machines, ref) if rec.kind == "coarse" else {}
+    proven = _proven_bounds(n, ref, machines, [pairs, spairs], [bounds, sbounds])
+    undet_all = sorted(set(undet) | {i for i, u in unc.items() if u > undetermined_us})
+    for i in undet_all:
+        lo, hi = proven[i] if proven else (-math.inf, math.inf)
+        theta[i] = min(max(0.0, lo), hi)
+    if unc:
+        er = _end_residuals(rec, estimate)
+        res["end_median_abs_us"] = {nodes[i]: round(float(np.median(np.abs(er[rec.end_node == i]))), 3)
+                                    for i in range(n) if np.any(rec.end_node == i)}
     return AlignResult(
         offsets_us={nd: round(float(theta[i]), 3) for i, nd in enumerate(nodes)}, reference=ref_name,
+        estimate_us={nd: round(float(estimate[i]), 3) for i, nd in enumerate(nodes)},
+        uncertainty_us={nodes[i]: round(u, 3) for i, u in unc.items()},
+        bounds_us={nd: [_finite_or_none(proven[i][0]), _finite_or_none(proven[i][1])]
+                   for i, nd in enumerate(nodes) if i != ref} if proven else {},
         mode=rec.kind, status=str(status), solver=solver, solve_time_s=round(time.perf_counter() - t0, 4),
         rounds=rounds, alpha=alpha, beta=beta, statistic=statistic, n_records=len(rec.recv), n_families=len(rec.families),
         n_constraints=len(pairs) + len(spairs), objective=float(best_obj), residuals=res, binding=binding[:50],
-        violated=violated, undetermined=[nodes[i] for i in undet], fingerprint=fp)
+        violated=violated, undetermined=[nodes[i] for i in undet_all], fingerprint=fp)
+
+
+def _finite_or_none(x: float) -> float | None:
+    return round(float(x), 3) if math.isfinite(x) else None
 
 
 def _true_objective(rec: Records, theta: np.ndarray, clip: np.ndarray, machines: list[list[int]],
@@ -664,6 +865,11 @@ def _true_objective(rec: Records, theta: np.ndarray, clip: np.ndarray, machines:
         f, ww = fam[sel], w[sel]
         m = np.bincount(f, weights=ww * val, minlength=len(rec.families))
         var += float(np.sum(ww * (val - m[f]) ** 2))
+    if len(rec.end_time):
+        r = np.abs(_end_residuals(rec, theta))
+        hub = np.where(r <= END_HUBER_US, r ** 2, 2 * END_HUBER_US * r - END_HUBER_US ** 2)
+        w = 1.0 / np.bincount(rec.end_inst)[rec.end_inst]
+        var += float(np.sum(w * hub))
     spread = sum(float(np.sum((theta[g] - theta[g].mean()) ** 2)) for g in machines if len(g) > 1)
     return alpha * var + beta * spread
 
@@ -804,11 +1010,14 @@ def format_report(res: AlignResult) -> str:
                  f"{res.n_families} families ({res.n_constraints} pairwise constraints); solver {res.solver} "
                  f"({res.status}), {res.rounds} round(s), {res.solve_time_s:.3f} s")
     lines.append(f"reference node {res.reference}; aligned = raw - offset")
-    lines.append(f"{'node':<28}{'offset us':>14}{'resid rms us':>14}")
-    pn = res.residuals.get("per_node_rms_us", {})
+    # residual: rms of adjusted transfer times (per-chunk), median |end - common end| (collectives)
+    lines.append(f"{'node':<28}{'offset us':>14}{'resid us':>14}{'+- us (95%)':>13}  proven interval us")
+    pn = {**res.residuals.get("per_node_rms_us", {}), **res.residuals.get("end_median_abs_us", {})}
     for nd, o in res.offsets_us.items():
-        r = pn.get(nd)
-        lines.append(f"{nd:<28}{o:>14.3f}{'' if r is None else f'{r:>14.3f}'}")
+        r, u, b = pn.get(nd), res.uncertainty_us.get(nd), res.bounds_us.get(nd)
+        off = "UNDETERMINED" if nd in res.undetermined else f"{o:.3f}"
+        lines.append(f"{nd:<28}{off:>14}{'' if r is None else f'{r:>14.3f}':>14}{'' if u is None else f'{u:>13.1f}':>13}"
+                     + (f"  {_interval(b)}" if b else ""))
     fam = res.residuals.get("family_std_us", {})
     if fam:
         lines.append("families (std of adjusted durations, us, before -> after): " + "; ".join(
@@ -821,9 +1030,20 @@ def format_report(res: AlignResult) -> str:
     for b in res.violated[:5]:
         lines.append(f"  VIOLATED: {b['op']} after {b['depends_on']} (slack {b['slack_us']} us)")
     if res.undetermined:
-        lines.append("undetermined (no communication path to the reference; left at 0): "
-                     + ", ".join(res.undetermined))
+        lines.append("UNDETERMINED (no communication path to the reference, or collective ends too noisy to pin "
+                     "the offset within the 95 % tolerance): " + "; ".join(
+                         f"{nd}: offset in {_interval(res.bounds_us.get(nd))}"
+                         + (f", estimate {res.estimate_us[nd]:.1f} +- {res.uncertainty_us[nd]:.0f}"
+                            if nd in res.uncertainty_us and nd in res.estimate_us else "")
+                         + f"; applied {res.offsets_us[nd]:.1f}" for nd in res.undetermined))
+        lines.append("  (applied = the point of the proven interval nearest to 0: the clock as recorded unless "
+                     "causality says otherwise; profile with --ring for per-chunk times that pin offsets to us)")
     return "\n".join(lines)
+
+
+def _interval(b: list[float | None] | None) -> str:
+    lo, hi = (b or [None, None])
+    return f"[{'-inf' if lo is None else f'{lo:.1f}'}, {'+inf' if hi is None else f'{hi:.1f}'}] us"
 
 
 __all__ = ["AlignResult", "NoCommunicationError", "align", "align_cached", "aligned_traceset", "apply_offsets",

@@ -265,6 +265,9 @@ def alignment(ts: TraceSet, trace_dir: Path) -> dict[str, Any]:
             extra = {k: doc[k] for k in ("reference", "mode", "status", "solver", "solve_time_s", "skipped",
                                          "constraints", "residual", "convention")
                      if isinstance(doc, dict) and doc.get(k) is not None and not isinstance(doc[k], (dict, list))}
+            if isinstance(doc, dict) and doc.get("undetermined"):   # dpro align: offsets the data cannot pin
+                extra["undetermined"] = [str(x) for x in doc["undetermined"]]
+                extra["bounds_us"] = {str(k): v for k, v in (doc.get("bounds_us") or {}).items()}
             res = doc.get("residuals") if isinstance(doc, dict) else None
             if isinstance(res, dict):
                 extra.update({f"residuals.{k}": v for k, v in res.items() if _finite(v) or isinstance(v, str)})

@@ -208,12 +208,19 @@ def render(d: ReportData) -> str:
     al = d.alignment
     if al.get("available"):
         offs = al["offsets_us"]
-        arows = [(n, [("offset", v, "#76b7b2", None)]) for n, v in offs.items()]
-        extra = {k: v for k, v in al.items() if k not in ("available", "offsets_us", "source")}
+        und = set(al.get("undetermined") or [])   # shown as the proven interval, not as a number
+        arows = [(n, [("offset", v, "#76b7b2", None)]) for n, v in offs.items() if n not in und]
+        extra = {k: v for k, v in al.items() if k not in ("available", "offsets_us", "source", "undetermined",
+                                                          "bounds_us")}
         ag = (f'<p>Per-node clock offsets from <code>{esc(al["source"])}</code> (aligned = raw &minus; offset: how far a node\'s clock is ahead of the reference\'s).</p>'
               + f'<div id="alignment-chart" class="scroll">'
                 f'{svg.grouped_bars(arows, zero_centered=True, unit="us", title="clock offsets")}</div>'
-              + _table(["node", "offset us"], [[n, v] for n, v in offs.items()])
+              + _table(["node", "offset us"], [[n, _undetermined_cell(al.get("bounds_us", {}).get(n)) if n in und else v]
+                                               for n, v in offs.items()])
+              + (f'<p>UNDETERMINED: the traces cannot pin these offsets (collective ends too noisy, or no '
+                 f'communication path); the measured timeline keeps their clocks as recorded (moved only as far '
+                 f'as the proven interval demands). Profile with <code>--ring</code> for per-chunk times.</p>'
+                 if und else "")
               + (_table(["result", "value"], [[k, v] for k, v in extra.items()], left=2) if extra else ""))
     else:
         ag = _na("Time alignment: " + al.get("reason", "not computed"))
@@ -270,3 +277,10 @@ def render(d: ReportData) -> str:
 def section_ids(d: ReportData) -> list[str]:
     return ["overview", "timelines", "breakdown", "critical", "buckets", "stragglers", "alignment", "memory"] + (
         ["plan"] if d.plan is not None else [])
+
+
+def _undetermined_cell(b: Any) -> str:
+    """An undetermined offset: the interval the dependency constraints prove."""
+    lo, hi = (list(b) + [None, None])[:2] if isinstance(b, (list, tuple)) else (None, None)
+    f = lambda x, inf: inf if x is None else f"{float(x):.1f}"  # noqa: E731
+    return f"UNDETERMINED, in [{f(lo, '-inf')}, {f(hi, '+inf')}]"
