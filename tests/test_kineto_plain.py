@@ -200,3 +200,15 @@ def test_discoverer_leaves_dpro_collector_folders_alone(tmp_path: Path):
     shutil.copytree(ex, d)
     (d / "manifest.json").unlink()
     assert P.discover(d) is None
+
+
+def test_stand_ins_cannot_change_the_replayed_time(tmp_path: Path, capsys):
+    """Why missing ranks are not built: materialising copies (--world-size) gives the same time."""
+    d = job(tmp_path, "r128")
+    times = []
+    for extra in ([], ["--world-size", "6"]):
+        assert main(["replay", str(d), "--mean-durations", "--json", "-q", *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        times.append((out["iteration_time_ms"], len(out["nodes"])))
+    assert times[0][1] == 2 and times[1][1] == 6
+    assert times[1][0] == pytest.approx(times[0][0], rel=1e-9)
