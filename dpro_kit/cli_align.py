@@ -26,27 +26,34 @@ from .errors import DproError
 @click.option("--statistic", type=click.Choice(["min", "mean"]), default="min", show_default=True,
               help="Per-chunk SEND/RECV records: the fastest transfer per sender->receiver pair (robust to "
                    "scheduling delays) or dPRO's variance of the clipped RECV durations.")
+@click.option("--max-uncertainty", "max_unc", default=100.0, show_default=True, type=click.FloatRange(min=0.0),
+              metavar="US", help="Collective-level traces: an offset whose ~95 % error bound exceeds this is "
+                                 "reported UNDETERMINED (with the interval the dependencies prove) instead of a number.")
 @click.option("--no-write", is_flag=True, help="Do not store TRACE_DIR/aligned/offsets.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
-def align(trace_dir: Path, alpha: float, beta: float, family: str, statistic: str, no_write: bool, as_json: bool,
-          quiet: bool) -> None:
+def align(trace_dir: Path, alpha: float, beta: float, family: str, statistic: str, max_unc: float, no_write: bool,
+          as_json: bool, quiet: bool) -> None:
     """Estimate every node's clock offset against the reference node and store the result.
 
     \b
     Uses per-chunk SEND/RECV events when the trace has them (`dpro profile --ring` for
     gloo, NCCL / ps-lite patches, synthetic jobs: offsets to microseconds), otherwise
-    whole collectives (plain gloo traces: 0.01-1 ms on a busy machine).  Prints the offsets (aligned
-    time = raw time - offset), how well the adjusted transfer times agree, the
-    dependency constraints that bind, and the solve time.  `dpro replay` applies the
-    stored offsets automatically.
+    whole collectives (plain gloo / NCCL traces): the same collective ends on all ranks
+    within about one transfer step, and no rank's collective ends before the last rank
+    entered it.  Ends pin an offset only as well as they agree; an offset whose error
+    bound exceeds --max-uncertainty is printed as UNDETERMINED with the interval the
+    dependencies prove, and is applied as the point of that interval nearest to 0.
+    Prints the offsets (aligned time = raw time - offset), residuals, the error bound
+    (+- us), the proven interval, binding constraints and the solve time.  `dpro replay`
+    applies the stored offsets automatically.  Details: docs/alignment.md.
     """
     from .align import align as run_align
     from .align import format_report, save_result
     from .trace import load_trace
 
     ts = load_trace(trace_dir)
-    res = run_align(ts, alpha=alpha, beta=beta, family=family, statistic=statistic)
+    res = run_align(ts, alpha=alpha, beta=beta, family=family, statistic=statistic, undetermined_us=max_unc)
     out = res.to_json()
     out["trace"] = str(trace_dir)
     if not no_write:
