@@ -3,7 +3,8 @@
 Real processes only: a real 2-host DDP job (``examples/ddp/train.py``, gloo) through :func:`run_job`
 on an emulated cluster, unprofiled and profiled with one ``dpro profile`` per host (the profiled one
 is replayed); a probe job checks the CPU budget (the cgroup's quota file and that the host's
-process was in its group) and that no cgroup or namespace is left.  ~40 s on 2 cores.
+process was in its group) and that no cgroup or namespace is left; several ranks per host through
+torchrun.  ~40 s on 2 cores.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ PROBE = textwrap.dedent(r"""
     import json, os, sys, time
     cg = [l.split(":", 2)[2].strip() for l in open("/proc/self/cgroup") if l.split(":")[1] == "cpu"][0]
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "DPRO_HOST", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")
-    json.dump({"cgroup": cg, **{k: os.environ.get(k) for k in keys}}, open(sys.argv[1], "w"))
+    json.dump({"cgroup": cg, **{k: os.environ.get(k) for k in keys}},
+              open(sys.argv[1].replace("RANK", os.environ.get("RANK", "")), "w"))
     time.sleep(float(sys.argv[2]))
 """)
 
@@ -98,6 +100,16 @@ def test_loopback_and_cleanup_on_timeout(tmp_path: Path) -> None:
     assert doc["cgroup"].endswith("/host1")
     assert not r.cgroups[0].parent.exists()
     assert _ours_left() == ([], [])
+
+
+def test_several_ranks_per_host_through_torchrun(tmp_path: Path) -> None:
+    """ranks_per_host=2: each host's launcher is torchrun with 2 ranks; ranks numbered host-major."""
+    r = run_job([PY, "-c", PROBE, str(tmp_path / "rRANK.json"), "0"], hosts=2, ranks_per_host=2,
+                prefix=PREFIX, timeout=120)
+    assert r.ok, r
+    docs = {k: json.loads((tmp_path / f"r{k}.json").read_text()) for k in range(4)}
+    assert [(d["DPRO_HOST"], d["LOCAL_RANK"], d["WORLD_SIZE"]) for d in docs.values()] == [
+        ("host0", "0", "4"), ("host0", "1", "4"), ("host1", "0", "4"), ("host1", "1", "4")]
 
 
 @needs_netns
