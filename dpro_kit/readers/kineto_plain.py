@@ -208,7 +208,7 @@ def discover(trace_dir: Path) -> Manifest | None:
         extra["notes"].insert(0, (
             f"rank(s) {_ranges(present)} of {world} replayed; the {missing} missing rank(s) are stood in by symmetry "
             f"(copies of a present rank: same ops and durations), which cannot change the replayed time, so they are "
-            f"not built"))
+            f"not built (--world-size builds copies)"))
     return Manifest(job=trace_dir.name or "kineto", framework="pytorch", comm_backend=str(di0.get("backend", "")),
                     world_size=world, nodes=nodes, iterations=common, raw_format=FORMAT, extra=extra)
 
@@ -246,6 +246,7 @@ class _Op:
     kind: str = OpKind.OTHER.value
     op: str = ""
     nccl: dict[str, Any] | None = None
+    after_sync: bool = False    # the part of a CPU op after the synchronising call it blocked in
 
 
 def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
@@ -280,7 +281,6 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
     threads = sorted(tr.cpu, key=lambda k: (k != step_thread, min(e.ts for e in tr.cpu[k])))
     ops: list[_Op] = []
     top_of: dict[int, _Op] = {}     # id(top-level event) -> op
-    lane_ops: dict[str, list[_Op]] = defaultdict(list)
     j = 0
     for key in threads:
         tops = [e for e in K.top_level(tr.cpu[key]) if iteration_of(e.ts) is not None]
@@ -349,18 +349,14 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
         if g is None or gpu_ends[i] <= s.ts:
             continue               # nothing was running: the call did not wait
         cut = min(s.end, gpu_ends[i])
-        after = _Op(ev=o.ev, lane=o.lane, iteration=o.iteration, start=cut, dur=max(0.0, o.start + o.dur - cut))
+        after = _Op(ev=o.ev, lane=o.lane, iteration=o.iteration, start=cut, dur=max(0.0, o.start + o.dur - cut),
+                    kind=o.kind, after_sync=True)
         o.dur = max(0.0, s.ts - o.start)
-        after.kind = o.kind
         ops.append(after)
-        setattr(after, "_after_sync", True)
         waits.append((g, after))
 
-    # ---- kinds (UPDATE inside the optimizer's range, from the range name Kineto records) ------
-    # (left OTHER otherwise: the trace has no phase markers; see docs/kineto.md)
-
     # ---- op ids: name#k per (iteration, lane, name) ------------------------------------------
-    ops.sort(key=lambda o: (o.iteration, o.lane, o.start, getattr(o, "_after_sync", False)))
+    ops.sort(key=lambda o: (o.iteration, o.lane, o.start, o.after_sync))
     counter: dict[tuple[int, str, str], int] = defaultdict(int)
     nccl_k: dict[tuple[int, int, str], int] = defaultdict(int)
     for o in ops:
@@ -370,7 +366,7 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
             o.op = f"nccl{sidx}:{o.nccl['collective']}#{nccl_k[c]}"
             nccl_k[c] += 1
             continue
-        name = o.ev.name + (" (after sync)" if getattr(o, "_after_sync", False) else "")
+        name = o.ev.name + (" (after sync)" if o.after_sync else "")
         c = (o.iteration, o.lane, name)
         o.op = f"{o.lane}/{name}#{counter[c]}"
         counter[c] += 1
@@ -386,7 +382,7 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
         for o in lst:
             lanes[o.lane].append(o)
         for lane, seq in lanes.items():
-            seq.sort(key=lambda o: (o.start, getattr(o, "_after_sync", False)))
+            seq.sort(key=lambda o: (o.start, o.after_sync))
             e.extend((a.op, b.op) for a, b in zip(seq, seq[1:]))
         for o in lst:
             src = launched_by.get(id(o))
