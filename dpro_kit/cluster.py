@@ -76,6 +76,10 @@ Requirements: root (namespaces and qdiscs need ``CAP_NET_ADMIN`` /
 ``CAP_SYS_ADMIN``), iproute2's ``ip`` with ``netns`` support and ``tc``.
 Missing pieces raise :class:`~dpro_kit.errors.DproError` saying what to do.
 
+To run a whole job on it -- one launcher per host, rank variables, one ``dpro profile`` per
+host, a CPU budget per host -- use :func:`dpro_kit.jobs.run_job` (what the benches, the demo
+and ``tools/emucluster.py`` use); this module only builds and removes the hosts.
+
 Example::
 
     with EmulatedCluster(hosts=2, rate_mbit=200) as c:
