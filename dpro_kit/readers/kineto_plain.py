@@ -24,7 +24,10 @@ what is read and what is assumed; in short:
   is split there and its second part waits for the GPU op it waited for; a GPU
   op that started later than both its launch and its stream allowed waits for
   the op of another stream that ended just before it (``cudaStreamWaitEvent``,
-  inferred from the times: within :data:`WAIT_TOLERANCE_US`);
+  inferred from the times: within :data:`WAIT_TOLERANCE_US`); a CPU op after a
+  gap waits for the op of another thread that ended last in the gap (the
+  training thread blocked in ``backward()``), and the rest of a thread's gaps
+  is host time charged to the op after it (:func:`_fold_host_gaps`);
 * **collectives**: every NCCL kernel is one collective instance (its op is
   ``nccl<j>:<collective>#<k>``: the ``k``-th such collective of the iteration on the
   ``j``-th NCCL stream, which matches the same collective on every rank: NCCL runs a
