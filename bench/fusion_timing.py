@@ -99,7 +99,7 @@ def render(rows: list[dict[str, Any]]) -> str:
              "compiled  ratio  real fwd ratio"]
     for r in rows:
         lines.append(f"{r['model']:<12} {r['region'][:44]:<44} {r['ops']:>4}  {f(r['traced_us']):>9}  "
-                     f"{f(r['eager_us']):>11}  {f(r['eager_us'] / r['traced_us'] if r['eager_us'] else None, 2):>12}  "
+                     f"{f(r['eager_us']):>11}  {f(r['eager_us'] / r['traced_us'] if r['eager_us'] and r['traced_us'] else None, 2):>12}  "
                      f"{f(r['compiled_us']):>8}  {f(r['ratio'], 2):>5}  {f(r.get('real_ratio'), 2):>14}"
                      + (f"   ({r['reason'][:60]})" if r["reason"] else ""))
     return "\n".join(lines)
