@@ -132,7 +132,7 @@ def recovery(trace: Path, injections: list[float], work: Path) -> list[dict]:
     rows = []
     for v in injections:
         hs = {h: (0.0 if k == 0 else v * (-1) ** (k + 1)) for k, h in enumerate(hosts)}
-        dst = shift_raw_trace(trace, work / f"{trace.name}-inj{int(v)}", hs) if v else trace
+        dst = shift_raw_trace(trace, work / "shifted" / f"{trace.name}-inj{int(v)}", hs) if v else trace
         t0 = time.perf_counter()
         res = align(load_trace(dst))
         wall = time.perf_counter() - t0

@@ -13,15 +13,22 @@ What the traces give us (derivation and assumptions in ``docs/alignment.md``):
   - fine-grained (per-chunk SEND/RECV joined by transaction id and iteration):
     receiver r, its RECV launch ``start`` and ``end``, and one sender q with its
     SEND ``start``;
-  - coarse (whole collectives, kind COMM, e.g. gloo): per (tensor, iteration,
-    rank r): r's launch ``start``, its completion, and *every other* rank q as
-    a "sender" with q's COMM start: a collective cannot finish anywhere before
-    every rank joined it.
+  - coarse (whole collectives, kind COMM, e.g. gloo): per (op id, iteration,
+    rank r): r's start, its span end (:func:`comm_spans`), and *every other*
+    rank q as a "sender" with q's COMM start: a collective cannot finish
+    anywhere before every rank joined it (dependency constraints only).
 
 * **adjusted duration** of a record (RECV start clipped by its senders'):
   ``D = (end - theta_r) - max(start - theta_r, max_q (S_q - theta_q))``.
   For a fixed *clip pattern* (which term attains the max) ``D`` is affine in
   theta: ``c - (theta_r - theta_q*)``, or the constant ``end - start``.
+
+* **collective ends** (coarse traces): the same collective ends on all ranks at
+  about the same time, ``sum_k sum_r huber(E_kr - theta_r - m_k - p_slot(r))``
+  with a free common end per instance (:func:`_end_term`).  An offset whose
+  error bound from the ends (:func:`_end_uncertainty`) exceeds
+  ``undetermined_us`` is reported undetermined with the interval the
+  constraints prove (:func:`_proven_bounds`).
 
 * **objective** ``alpha * sum_families Var(D) + beta * sum_machines spread(theta)``:
   a family is a group of records whose transfer times should be alike (same
