@@ -7,10 +7,11 @@ best op of its queue.  "Best" = lowest ``priority``, then earliest ready time,
 then lowest index — with all priorities equal this is the FIFO order of the
 frameworks' engines, and later scheduling work (TicTac, DeFT) only sets
 priorities (a schedule of :data:`dpro_kit.replay.rules.SCHEDULES`).  This
-kernel is the ``fifo`` device model of :data:`dpro_kit.replay.rules.DEVICE_MODELS`;
-its device queues are heaps pushed and popped by ``q_push`` / ``q_pop`` (closures inside
-``simulate``: numba inlines them without passing the queue arrays, which keeps the loop as
-fast as when they were written out in place, ``bench/replay_speed.py``).
+kernel is the ``fifo`` device model of :data:`dpro_kit.replay.rules.DEVICE_MODELS`.
+The event heap and the device-queue heaps are written out in the loop: as
+helper functions they measured slower on 1 M ops (numba ``inline="always"``
+helpers incl. the event-heap pop: 15-20 %; queue push/pop as closures: equal on
+the kernel alone, 0-12 % slower in ``bench/replay_speed.py``).
 
 Events are processed in time order from one global heap, so the simulated
 start times never go backwards, and every op that can be ready at time *t* is in
@@ -129,53 +130,6 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
     q_i = np.empty(m_all, dtype=np.int64)
     q_t = np.empty(m_all, dtype=np.int64)    # tie-break rank of the queued op (see docstring)
 
-    def q_push(base, m, p, r, x, tb):
-        """Push op ``x`` (priority ``p``, ready ``r``, tie-break ``tb``) on the queue at ``base`` holding ``m``."""
-        j = m
-        while j > 0:
-            pj = (j - 1) >> 1
-            if _q_before(p, r, tb, q_p[base + pj], q_r[base + pj], q_t[base + pj]):
-                q_p[base + j] = q_p[base + pj]
-                q_r[base + j] = q_r[base + pj]
-                q_i[base + j] = q_i[base + pj]
-                q_t[base + j] = q_t[base + pj]
-                j = pj
-            else:
-                break
-        q_p[base + j] = p
-        q_r[base + j] = r
-        q_i[base + j] = x
-        q_t[base + j] = tb
-
-    def q_pop(base, m):
-        """Remove the head of the device queue at ``base`` holding ``m`` (m > 0) entries."""
-        m -= 1
-        if m > 0:
-            lp = q_p[base + m]
-            lr = q_r[base + m]
-            li = q_i[base + m]
-            lt2 = q_t[base + m]
-            j = 0
-            while True:
-                c = 2 * j + 1
-                if c >= m:
-                    break
-                if c + 1 < m and _q_before(q_p[base + c + 1], q_r[base + c + 1], q_t[base + c + 1],
-                                           q_p[base + c], q_r[base + c], q_t[base + c]):
-                    c += 1
-                if _q_before(q_p[base + c], q_r[base + c], q_t[base + c], lp, lr, lt2):
-                    q_p[base + j] = q_p[base + c]
-                    q_r[base + j] = q_r[base + c]
-                    q_i[base + j] = q_i[base + c]
-                    q_t[base + j] = q_t[base + c]
-                    j = c
-                else:
-                    break
-            q_p[base + j] = lp
-            q_r[base + j] = lr
-            q_i[base + j] = li
-            q_t[base + j] = lt2
-
     for i in range(n):
         if I[i, 1] == 0:
             _ev_push(ev_t, ev_k, ne, F[i, 2], i)
@@ -209,9 +163,25 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
         if x < W1:                                   # release of op x
             d = I[x, 0]
             if d >= 0:
-                m = qlen[d]
-                qlen[d] = m + 1
-                q_push(qoff[d], m, F[x, 1], t, x, tiebreak[x])
+                base = qoff[d]
+                p = F[x, 1]
+                tbx = tiebreak[x]
+                j = qlen[d]
+                qlen[d] = j + 1
+                while j > 0:
+                    pj = (j - 1) >> 1
+                    if _q_before(p, t, tbx, q_p[base + pj], q_r[base + pj], q_t[base + pj]):
+                        q_p[base + j] = q_p[base + pj]
+                        q_r[base + j] = q_r[base + pj]
+                        q_i[base + j] = q_i[base + pj]
+                        q_t[base + j] = q_t[base + pj]
+                        j = pj
+                    else:
+                        break
+                q_p[base + j] = p
+                q_r[base + j] = t
+                q_i[base + j] = x
+                q_t[base + j] = tbx
                 if not waiting[d]:
                     waiting[d] = True
                     _ev_push(ev_t, ev_k, ne, t, W1 + d)
@@ -247,8 +217,33 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
                 ne += 1
                 continue
             r = q_r[base]
-            q_pop(base, m)      # pop the queue's head
-            qlen[d] = m - 1
+            m -= 1                                   # pop the queue's head
+            qlen[d] = m
+            if m > 0:
+                lp = q_p[base + m]
+                lr = q_r[base + m]
+                li = q_i[base + m]
+                lt2 = q_t[base + m]
+                j = 0
+                while True:
+                    c = 2 * j + 1
+                    if c >= m:
+                        break
+                    if c + 1 < m and _q_before(q_p[base + c + 1], q_r[base + c + 1], q_t[base + c + 1],
+                                               q_p[base + c], q_r[base + c], q_t[base + c]):
+                        c += 1
+                    if _q_before(q_p[base + c], q_r[base + c], q_t[base + c], lp, lr, lt2):
+                        q_p[base + j] = q_p[base + c]
+                        q_r[base + j] = q_r[base + c]
+                        q_i[base + j] = q_i[base + c]
+                        q_t[base + j] = q_t[base + c]
+                        j = c
+                    else:
+                        break
+                q_p[base + j] = lp
+                q_r[base + j] = lr
+                q_i[base + j] = li
+                q_t[base + j] = lt2
             e = t + F[o, 0]
             OUT_T[o, 0] = t
             OUT_T[o, 1] = e
