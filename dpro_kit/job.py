@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterable
 
 import networkx as nx
@@ -210,10 +211,29 @@ class Job:
     initial_groups: list[list[str]] = field(default_factory=list)   # the traced grouping (one tensor each)
     measured: dict[str, float] = field(default_factory=dict)        # Middleman: "SEND <txn>" -> duration
     facts: JobFacts = field(default_factory=JobFacts)
-    launch_overhead_us: float = 0.0     # fused-op cost model (graph.build.fused_duration)
     # fusion group (local op ids) -> measured compiled/eager ratio (optimize.compile_timing)
     fusion_ratios: dict[tuple[str, ...], float] = field(default_factory=dict)
-    order: dict[str, int] = field(default_factory=dict)  # local op id -> topological index (first node)
+
+    @cached_property
+    def launch_overhead_us(self) -> float:
+        """Per-op launch cost of the fused-op model (:func:`dpro_kit.graph.build.fused_duration`).
+
+        The 10th percentile of the computation ops' positive durations (0 without any).
+        """
+        durs = np.array([d["dur"] for _, d in self.local.nodes(data=True)
+                         if d["kind"] in COMPUTE_KINDS and d["dur"] > 0])
+        return float(np.percentile(durs, 10)) if durs.size else 0.0
+
+    @cached_property
+    def order(self) -> dict[str, int]:
+        """Local op id -> topological index on the first node (empty for a cyclic local DFG)."""
+        local = self.local
+        ref = min((d["node"] for _, d in local.nodes(data=True) if d["node"]), default="")
+        try:
+            return {local_name(k, ref): i for i, k in enumerate(nx.topological_sort(local))
+                    if local.nodes[k]["node"] == ref}
+        except nx.NetworkXUnfeasible:   # a cyclic trace: the builder's validation says where
+            return {}
 
     @property
     def nodes(self) -> list[str]:
@@ -358,13 +378,8 @@ class Job:
     @classmethod
     def _finish(cls, local: nx.DiGraph, tensors: dict[str, Tensor], model: "CommModel", manifest: Manifest,
                 meta: dict[str, Any], **kw: Any) -> "Job":
-        durs = np.array([d["dur"] for _, d in local.nodes(data=True) if d["kind"] in COMPUTE_KINDS and d["dur"] > 0])
-        overhead = float(np.percentile(durs, 10)) if durs.size else 0.0
-        ref = min((d["node"] for _, d in local.nodes(data=True) if d["node"]), default="")
-        op_order = {local_name(k, ref): i for i, k in enumerate(nx.topological_sort(local))
-                    if local.nodes[k]["node"] == ref}
         return cls(local=local, tensors=tensors, model=model, manifest=manifest, meta=meta,
-                   initial_groups=[[t] for t in tensors], launch_overhead_us=overhead, order=op_order, **kw)
+                   initial_groups=[[t] for t in tensors], **kw)
 
 
 def identity(job: Job) -> Strategy:
