@@ -199,3 +199,15 @@ def test_optimizer_starts_from_the_replayed_graph_for_partitioned_ps():
         s0 = initial_strategy(job)
         assert s0.partitions == (("grad", 2),)
         assert replay(build(job, s0)).iteration_time_us == want
+
+
+def test_recognise_may_leave_out_partitions():
+    """A scheme's recognise may return (participants, servers) only (as readers/kineto_plain's nccl does)."""
+    register_scheme(dataclasses.replace(SCHEMES["ring"], name="test-2tuple", op="test-2tuple",
+                                        recognise=lambda g, in_ops: (sorted(in_ops), [])))
+    try:
+        job = Job.from_graph(build_global_dfg(tiny_traceset(workers=2), comm_model=MODEL), comm_model=MODEL)
+        assert {(t.algorithm, tuple(t.participants), tuple(t.partitions)) for t in job.tensors.values()} == \
+            {("test-2tuple", ("w0", "w1"), ())}
+    finally:
+        del SCHEMES["test-2tuple"]

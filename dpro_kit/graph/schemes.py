@@ -14,7 +14,7 @@ about one way of synchronising tensors, so that no module branches on
   what :func:`dpro_kit.graph.build.build` asks of a scheme for every group of a
   :class:`~dpro_kit.job.Strategy`;
 * ``recognise(g, in_ops)`` — from a built DFG (a graph file), the tensor's
-  participants (in the scheme's order), servers and partitions, or None when
+  participants (in the scheme's order), servers and (optionally) partitions, or None when
   the tensor's ops are not this scheme's; tried newest registration first, so
   the first registered scheme (``ring``) is the fallback;
 * ``uses_servers`` — whether the scheme's ops run on server nodes; then
@@ -118,8 +118,9 @@ def recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[str, list[str], li
     """``(scheme, participants, servers, partitions)`` of the tensor whose In op on each node is ``in_ops[node]``."""
     for s in reversed(list(SCHEMES.values())):
         found = s.recognise(g, in_ops)
-        if found is not None:
-            return (s.name, *found)
+        if found is not None:     # (participants, servers[, partitions])
+            participants, servers, *rest = found
+            return s.name, list(participants), list(servers), list(rest[0]) if rest else []
     return "ring", sorted(in_ops), [], []      # pragma: no cover - ring always recognises
 
 
