@@ -278,6 +278,8 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, s
         raise DproError("refusing to overwrite an existing trace directory", path=out,
                         hint="choose a new --out folder")
     out.mkdir(parents=True, exist_ok=True)
+    import time
+    t_launch = time.time() - 1.0  # meta.json newer than this are this launch's (1 s: mtime granularity)
     env = profile_env(str(out), steps, host or os.environ.get("DPRO_HOST"), memory=memory, ring=ring,
                       shapes=shapes)
     try:
@@ -293,14 +295,26 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, s
         for sig, old in forwarded.items():
             signal.signal(sig, old)
     from dpro_torch.manifest import find_metas, try_write_manifest
-    have_manifest = (out / "manifest.json").exists() or try_write_manifest(out, run_id=env.get("DPRO_RUN_ID"))
-    ranks = len([1 for _, d in find_metas(out) if d.get("run_id") == env.get("DPRO_RUN_ID")])
-    summary = {"out": str(out), "exit_code": code, "ranks_written": ranks, "manifest": have_manifest}
+    # this launcher's ranks: the meta.json written since it started (their run id is the job's,
+    # agreed through the job's c10d store, so it can differ from this launcher's DPRO_RUN_ID)
+    mine = [d for p, d in find_metas(out) if p.stat().st_mtime >= t_launch]
+    run_ids = {d.get("run_id") for d in mine}
+    run_id = run_ids.pop() if len(run_ids) == 1 else env.get("DPRO_RUN_ID")
+    have_manifest = (out / "manifest.json").exists() or try_write_manifest(out, run_id=run_id)
+    ranks, world = len(mine), max([int(d.get("world_size") or 1) for d in mine] or [0])
+    here = len({int(d["rank"]) for p, d in find_metas(out) if d.get("run_id") == run_id})
+    summary = {"out": str(out), "exit_code": code, "ranks_written": ranks, "manifest": have_manifest,
+               "run_id": run_id, "world_size": world, "ranks_of_run_here": here}
     if as_json:
         click.echo(json.dumps(summary))
-    else:
-        click.echo(f"dpro: {ranks} rank trace(s) in {out}" + ("" if have_manifest else " (incomplete: no manifest)")
-                   + (f"; next: dpro replay {out}" if have_manifest else ""), err=True)
+    elif have_manifest or not ranks:
+        click.echo(f"dpro: {ranks} rank trace(s) in {out}" + (f"; next: dpro replay {out}" if have_manifest else ""),
+                   err=True)
+    else:  # a multi-host job: the other hosts' launchers write the other ranks
+        click.echo(f"dpro: {ranks} rank trace(s) of run {run_id} in {out}; {here} of its {world} ranks are here. "
+                   f"The other hosts' `dpro profile` write the rest: with a shared folder, `dpro replay {out}` "
+                   f"once all hosts finished; else copy every host's folder into one (cp -r HOST_DIR/* {out}/ "
+                   f"or dpro merge) and replay that", err=True)
     sys.exit(code if code >= 0 else 128 - code)
 
 

@@ -75,7 +75,9 @@ register_reader("torch-kineto", torch_kineto.read_node)
 
 # plain torch.profiler folders (one Kineto JSON per rank); registered last: dpro's own folders keep
 # their richer readers (and kineto_plain skips any folder holding a dpro meta.json or manifest.json)
-from . import kineto_plain  # noqa: E402
+from . import dpro_torch_discover, kineto_plain  # noqa: E402
+
+register_discoverer(dpro_torch_discover.FORMAT, dpro_torch_discover.discover)  # per-host dpro profile folders
 
 register_reader(kineto_plain.FORMAT, kineto_plain.read_node)
 register_discoverer(kineto_plain.FORMAT, kineto_plain.discover)

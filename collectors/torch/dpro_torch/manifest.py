@@ -100,6 +100,79 @@ def _version() -> str:
     return __version__
 
 
+def _run_key(doc: dict[str, Any]) -> str:
+    return str(doc.get("run_id") or "")
+
+
+def _when(p: Path) -> str:
+    try:
+        return _dt.datetime.fromtimestamp(p.stat().st_mtime, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except OSError:
+        return "?"
+
+
+def select_run(root: Path, metas: list[tuple[Path, dict[str, Any]]]
+               ) -> tuple[list[tuple[Path, dict[str, Any]]], list[str], str | None]:
+    """Pick the newest *complete* run among the ``meta.json`` files of ``root``.
+
+    Returns ``(metas of that run, notes naming the stale ranks ignored, error)``: ``error`` is
+    one line (the missing ranks and what to run or copy) when no run has all its ranks; then
+    the first list is empty. Runs are told apart by ``run_id`` (the ranks of one job agree on
+    it through the job's c10d store, :mod:`dpro_torch.recorder`); newest = latest meta.json.
+    """
+    runs: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    for p, d in metas:
+        runs.setdefault(_run_key(d), []).append((p, d))
+    newest = lambda ms: max(p.stat().st_mtime for p, _ in ms)  # noqa: E731
+    order = sorted(runs, key=lambda k: newest(runs[k]), reverse=True)
+
+    def complete(ms):
+        world = max(int(d["world_size"]) for _, d in ms)
+        return len({int(d["rank"]) for _, d in ms}) >= world
+
+    chosen = next((k for k in order if complete(runs[k])), None)
+    if chosen is None:
+        k = order[0]
+        ms = runs[k]
+        world = max(int(d["world_size"]) for _, d in ms)
+        have = sorted({int(d["rank"]) for _, d in ms})
+        missing = sorted(set(range(world)) - set(have))
+        where = ", ".join(sorted(p.parent.relative_to(root).as_posix() for p, _ in ms))
+        others = f"; {len(order) - 1} older incomplete run(s) also here" if len(order) > 1 else ""
+        return [], [], (f"run {k or '?'} has rank(s) {have} of world size {world} ({where}); rank(s) {missing} "
+                        f"missing{others}: copy the other hosts' folders into this one (cp -r HOST_DIR/* "
+                        f"{root}/, or dpro merge) or re-run `dpro profile` on every host")
+    notes = []
+    for k in order:
+        if k == chosen:
+            continue
+        dirs = ", ".join(sorted(p.parent.relative_to(root).as_posix() for p, _ in runs[k]))
+        notes.append(f"ignored stale rank folder(s) {dirs} of an older run {k or '?'} "
+                     f"(written {_when(max((p for p, _ in runs[k]), key=lambda q: q.stat().st_mtime))}); "
+                     f"using run {chosen}")
+    return runs[chosen], notes, None
+
+
+def manifest_from_dir(root: str | os.PathLike) -> tuple[dict[str, Any] | None, list[str], str | None]:
+    """The manifest of ``root`` built in memory from its per-rank ``meta.json``.
+
+    The one place that builds a manifest from metas (``try_write_manifest``, ``python -m
+    dpro_torch.manifest`` and dpro_kit's loader all call it). Returns ``(manifest or None,
+    notes, error)``: ``(None, [], None)`` when there is no dpro_torch meta.json at all.
+    """
+    root = Path(root)
+    metas = find_metas(root)
+    if not metas:
+        return None, [], None
+    chosen, notes, err = select_run(root, metas)
+    if err:
+        return None, notes, err
+    doc = build_manifest(root, chosen)
+    if notes:
+        doc["extra"]["notes"] = list(doc["extra"].get("notes") or []) + notes
+    return doc, notes, None
+
+
 def try_write_manifest(root: str | os.PathLike, *, run_id: str | None = None) -> bool:
     """Write ``root/manifest.json`` if every rank's meta.json (of this run) is there."""
     root = Path(root)
@@ -120,14 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dir")
     args = ap.parse_args(argv)
     root = Path(args.dir)
-    metas = find_metas(root)
-    if not metas:
-        print(f"{root}: no */*/meta.json written by dpro_torch", file=sys.stderr)
+    doc, notes, err = manifest_from_dir(root)
+    if doc is None and err is None:
+        print(f"{root}: no */*/meta.json written by dpro_torch (run `dpro profile --out {root} -- python train.py`)",
+              file=sys.stderr)
         return 2
-    try:
-        doc = build_manifest(root, metas)
-    except ValueError as exc:
-        print(str(exc), file=sys.stderr)
+    for n in notes:
+        print(f"dpro_torch.manifest: {n}", file=sys.stderr)
+    if err:
+        print(f"{root}: {err}", file=sys.stderr)
         return 2
     _atomic_write(root / "manifest.json", json.dumps(doc, indent=2))
     print(root / "manifest.json")

@@ -570,6 +570,7 @@ class Recorder:
             except Exception as exc:
                 _log(f"could not look for DDP modules: {exc!r}")
         self._resolve_identity()
+        self._meta_run_id()  # agree on the run id now, while every rank's process group is alive
         # the training thread: the one that ends iterations (normally the one that created the Recorder)
         self._main_tid = threading.get_native_id()
         self._main_thread = threading.current_thread()
@@ -748,8 +749,7 @@ class Recorder:
             "job": self.job, "rank": self.rank, "world_size": self._world or 1, "host": self.host,
             "backend": self._backend, "pid": os.getpid(), "main_tid": self._main_tid,
             "torch_version": torch.__version__, "collector": "dpro_torch",
-            "run_id": os.environ.get("DPRO_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
-            or f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}",
+            "run_id": self._meta_run_id(),
             "argv": list(sys.argv),
             "trace_file": self._trace_written,
             "ring_file": self._ring_written,
@@ -813,8 +813,33 @@ class Recorder:
                     _log(f"could not write manifest.json: {exc!r}")
 
     def _meta_run_id(self) -> str:
-        return os.environ.get("DPRO_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") \
+        """The run id all ranks of this job share (cached after the first call).
+
+        Each ``dpro profile`` launcher draws its own ``DPRO_RUN_ID``, so on a multi-host job the
+        hosts' ids differ. The ranks agree through the job's own rendezvous: rank 0 publishes its
+        id in the default process group's c10d store, the others read it (60 s at most, then
+        they keep their own id and say so). No variable for the user to set.
+        """
+        rid = getattr(self, "_agreed_run_id", None)
+        if rid:
+            return rid
+        rid = os.environ.get("DPRO_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") \
             or f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+        try:
+            import datetime as _dt
+            import torch.distributed as dist
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                store = dist.distributed_c10d._get_default_store()
+                key = "dpro_torch/run_id"
+                if dist.get_rank() == 0:
+                    store.set(key, rid)
+                else:
+                    store.wait([key], _dt.timedelta(seconds=60))
+                    rid = store.get(key).decode()
+        except Exception as exc:  # never break the user's job over a label
+            _log(f"could not agree on a run id through the c10d store ({exc!r}); using {rid}")
+        self._agreed_run_id = rid
+        return rid
 
     # ---- exit handling -----------------------------------------------------------------
 
