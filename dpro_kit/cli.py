@@ -297,7 +297,8 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, s
     from dpro_torch.manifest import find_metas, try_write_manifest
     # this launcher's ranks: the meta.json written since it started (their run id is the job's,
     # agreed through the job's c10d store, so it can differ from this launcher's DPRO_RUN_ID)
-    mine = [d for p, d in find_metas(out) if p.stat().st_mtime >= t_launch]
+    mine = [d for p, d in find_metas(out) if p.stat().st_mtime >= t_launch
+            and (not env.get("DPRO_HOST") or d.get("host") == env["DPRO_HOST"])]
     run_ids = {d.get("run_id") for d in mine}
     run_id = run_ids.pop() if len(run_ids) == 1 else env.get("DPRO_RUN_ID")
     have_manifest = (out / "manifest.json").exists() or try_write_manifest(out, run_id=run_id)
@@ -330,6 +331,10 @@ cli.add_command(_align_cmd)
 from .cli_optimize import optimize as _optimize_cmd  # noqa: E402
 
 cli.add_command(_optimize_cmd)
+
+from .cli_merge import merge as _merge_cmd  # noqa: E402
+
+cli.add_command(_merge_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

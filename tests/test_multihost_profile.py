@@ -77,6 +77,15 @@ def test_per_host_profile_shared_and_copied_folders(tmp_path):
         subprocess.run(["cp", "-r", *[str(x) for x in src.iterdir()], str(both)], check=True)
     doc_b, _ = _replay(both)
     assert _nodes(doc_b) == {"host0/0", "host1/1"}, doc_b
+    # dpro merge: the same folders, checked to be one complete run; a second merge into it is refused
+    m = subprocess.run([PY, "-m", "dpro_kit.cli", "merge", str(a), str(b), "-o", str(tmp_path / "m"), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert m.returncode == 0, m.stderr
+    mj = json.loads(m.stdout)
+    assert mj["world_size"] == 2 and mj["rank_folders"] == ["host0/0", "host1/1"], mj
+    m2 = subprocess.run([PY, "-m", "dpro_kit.cli", "merge", str(a), str(b), "-o", str(tmp_path / "m")],
+                        capture_output=True, text=True, timeout=60)
+    assert m2.returncode == 2 and "refusing to overwrite" in m2.stderr, m2.stderr
     # one host's folder alone: one line naming the missing rank and what to copy
     r = subprocess.run([PY, "-m", "dpro_kit.cli", "replay", str(a)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "missing" in r.stderr and "[1]" in r.stderr, r.stderr

@@ -104,11 +104,19 @@ def _run_key(doc: dict[str, Any]) -> str:
     return str(doc.get("run_id") or "")
 
 
-def _when(p: Path) -> str:
+def _recorded_s(p: Path, doc: dict[str, Any]) -> float:
+    """When the rank recorded (its first clock-sync wall reading; survives ``cp -r``), else the file's mtime."""
     try:
-        return _dt.datetime.fromtimestamp(p.stat().st_mtime, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except OSError:
-        return "?"
+        return float(doc["clock"]["sync"][0]["time_ns_before"]) / 1e9
+    except (KeyError, IndexError, TypeError, ValueError):
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return 0.0
+
+
+def _when(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def select_run(root: Path, metas: list[tuple[Path, dict[str, Any]]]
@@ -118,12 +126,12 @@ def select_run(root: Path, metas: list[tuple[Path, dict[str, Any]]]
     Returns ``(metas of that run, notes naming the stale ranks ignored, error)``: ``error`` is
     one line (the missing ranks and what to run or copy) when no run has all its ranks; then
     the first list is empty. Runs are told apart by ``run_id`` (the ranks of one job agree on
-    it through the job's c10d store, :mod:`dpro_torch.recorder`); newest = latest meta.json.
+    it through the job's c10d store, :mod:`dpro_torch.recorder`); newest = recorded last.
     """
     runs: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
     for p, d in metas:
         runs.setdefault(_run_key(d), []).append((p, d))
-    newest = lambda ms: max(p.stat().st_mtime for p, _ in ms)  # noqa: E731
+    newest = lambda ms: max(_recorded_s(p, d) for p, d in ms)  # noqa: E731
     order = sorted(runs, key=lambda k: newest(runs[k]), reverse=True)
 
     def complete(ms):
@@ -148,7 +156,7 @@ def select_run(root: Path, metas: list[tuple[Path, dict[str, Any]]]
             continue
         dirs = ", ".join(sorted(p.parent.relative_to(root).as_posix() for p, _ in runs[k]))
         notes.append(f"ignored stale rank folder(s) {dirs} of an older run {k or '?'} "
-                     f"(written {_when(max((p for p, _ in runs[k]), key=lambda q: q.stat().st_mtime))}); "
+                     f"(recorded {_when(newest(runs[k]))}); "
                      f"using run {chosen}")
     return runs[chosen], notes, None
 
