@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	# instead of pulling a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[torch,test]'
+	# TensorFlow (tensorflow-cpu==2.21.0) shares the core venv: its numpy range admits torch's
+	# (checked with pip install --dry-run); pip's cache keeps re-installs fast
+	$(BIN)/pip install --quiet -e '.[tensorflow]'
 	touch $(STAMP)
 
 venv: $(STAMP)

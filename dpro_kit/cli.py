@@ -243,8 +243,8 @@ def graph(trace_dir: Path, output: Path, no_align: bool, per_iteration: bool | N
 @click.option("--shapes", is_flag=True,
               help="Record op input shapes in one extra iteration after the window (kineto_shapes.json); "
                    "`dpro optimize` rebuilds op-fusion candidates from them and times them with torch.compile.")
-@click.option("--framework", type=click.Choice(["torch"]), default="torch", show_default=True,
-              help="Which collector to enable.")
+@click.option("--framework", type=click.Choice(["torch", "tensorflow"]), default="torch", show_default=True,
+              help="Which collector to enable (tensorflow: collectors/tf, tf.profiler on every task).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary after the job ends.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, shapes: bool, framework: str,
@@ -264,6 +264,8 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, s
     import signal
     import subprocess
 
+    if framework == "tensorflow":
+        return _profile_tf(out, steps, host, as_json, command)
     from dpro_torch.launch import profile_env
     from dpro_torch.recorder import parse_steps
 
@@ -316,6 +318,39 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, s
                    f"The other hosts' `dpro profile` write the rest: with a shared folder, `dpro replay {out}` "
                    f"once all hosts finished; else copy every host's folder into one (cp -r HOST_DIR/* {out}/ "
                    f"or dpro merge) and replay that", err=True)
+    sys.exit(code if code >= 0 else 128 - code)
+
+
+def _profile_tf(out: Path, steps: str, host: str | None, as_json: bool, command: tuple[str, ...]) -> None:
+    """`dpro profile --framework tensorflow`: run the command with collectors/tf enabled."""
+    import subprocess
+
+    from .collectors import import_collector
+
+    launch, manifest = import_collector("tensorflow", "launch"), import_collector("tensorflow", "manifest")
+    cmd = list(command[1:] if command[:1] == ("--",) else command)
+    if not cmd:
+        raise DproError("no command given", hint="put the training command after --")
+    if (out / "manifest.json").exists():
+        raise DproError("refusing to overwrite an existing trace directory", path=out, hint="choose a new --out folder")
+    try:
+        env = launch.profile_env(str(out), steps, host or os.environ.get("DPRO_HOST"))
+    except ValueError as exc:
+        raise DproError(f"--steps {steps!r}: {exc}", hint="use A:B with 1 <= A < B, e.g. 10:15") from None
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        code = subprocess.call(cmd, env=env)
+    except OSError as exc:
+        raise DproError(f"cannot start {cmd[0]!r}: {exc.strerror}", hint="check the command after --") from None
+    mine = [d for _p, d in manifest.find_metas(out) if d.get("run_id") == env["DPRO_RUN_ID"]]
+    have = (out / "manifest.json").exists() or manifest.try_write_manifest(out, run_id=env["DPRO_RUN_ID"])
+    summary = {"out": str(out), "exit_code": code, "tasks_written": len(mine), "manifest": have,
+               "run_id": env["DPRO_RUN_ID"]}
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(f"dpro: {len(mine)} task trace(s) in {out}" + (f"; next: dpro replay {out}" if have else ""),
+                   err=True)
     sys.exit(code if code >= 0 else 128 - code)
 
 

@@ -80,4 +80,10 @@ from . import dpro_torch_discover, kineto_plain  # noqa: E402
 register_discoverer(dpro_torch_discover.FORMAT, dpro_torch_discover.discover)  # per-host dpro profile folders
 
 register_reader(kineto_plain.FORMAT, kineto_plain.read_node)
+
+# TensorFlow collector folders (collectors/tf): reader + manifest-less discovery (multi-host)
+from . import tf as _tf  # noqa: E402  (imports no TensorFlow)
+
+register_reader(_tf.FORMAT, _tf.read_node)
+register_discoverer("dpro_tf", _tf.discover)
 register_discoverer(kineto_plain.FORMAT, kineto_plain.discover)

@@ -1,0 +1,207 @@
+"""Count steps of a TensorFlow job and record the profiled ones (imports TensorFlow).
+
+Files written per task, in ``DPRO_OUT/<host>/<task>/`` (``task`` = ``worker0``, ``ps0``,
+``chief0`` from ``TF_CONFIG``, else ``worker0``):
+
+* ``tf_ops.json``   op executions of the window, converted from the profiler's XSpace
+  (:mod:`dpro_tf.xplane`) inside this process, where TensorFlow (and its protobuf) is present;
+* ``tf_graph.json`` the step function's traced graph: every op with its data and control
+  inputs, output bytes, device, and the keys of collective ops (:mod:`dpro_tf.graph`);
+* ``meta.json``     written last: task, cluster, window, clock readings, measured step times.
+
+The raw ``*.xplane.pb`` stays under ``xplane/`` (what TensorBoard's profile plugin reads).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+META_FORMAT = "dpro-tf-meta"
+META_VERSION = 1
+
+#: op types that write a variable: the function that runs one is the training step
+UPDATE_TYPES = frozenset({"AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp",
+                          "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterUpdate"})
+
+
+def _writes_variables(op_type: str) -> bool:
+    return op_type in UPDATE_TYPES or op_type.startswith("ResourceApply") \
+        or op_type.startswith("ResourceSparseApply")
+
+
+def task_of_env() -> tuple[str, int, dict[str, Any]]:
+    """``(task type, index, cluster spec)`` from ``TF_CONFIG`` (``("worker", 0, {})`` without it)."""
+    try:
+        cfg = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    except ValueError:
+        cfg = {}
+    task = cfg.get("task") or {}
+    return str(task.get("type") or "worker"), int(task.get("index") or 0), dict(cfg.get("cluster") or {})
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class Recorder:
+    """Counts steps (top-level calls of the variable-updating ``tf.function``) and profiles a window.
+
+    Parameters
+    ----------
+    out : str
+        Trace directory.
+    steps : (int, int)
+        Profile steps ``start .. end-1`` (step 0 is the first call, which traces the function).
+    host : str, optional
+        Host name for the folder layout (default: the machine's host name).
+    """
+
+    def __init__(self, out: str, steps: tuple[int, int], host: str | None = None):
+        self.out = Path(out)
+        self.start, self.end = steps
+        self.host = host or socket.gethostname()
+        self.task_type, self.task_index, self.cluster = task_of_env()
+        self.task = f"{self.task_type}{self.task_index}"
+        self.dir = self.out / self.host / self.task
+        self.step_fn = None
+        self.count = 0
+        self.durations_ns: list[int] = []
+        self.window_ns: list[tuple[int, int]] = []   # (wall start, wall end) of each profiled step
+        self.clock: dict[str, Any] = {}
+        self.profiling = False
+        self.done = False
+        self._lock = threading.Lock()
+        self.quiet = os.environ.get("DPRO_QUIET") == "1"
+
+    # -- wiring -------------------------------------------------------------------------------
+    def install(self) -> None:
+        """Wrap ``Function.__call__`` (the Python object ``@tf.function`` returns)."""
+        from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf
+        orig = pf.Function.__call__
+        rec = self
+
+        def __call__(fn, *args, **kwargs):
+            return rec.call(fn, orig, args, kwargs)
+
+        __call__.__wrapped__ = orig
+        pf.Function.__call__ = __call__
+
+    def log(self, msg: str) -> None:
+        if not self.quiet:
+            print(f"[dpro_tf] {self.task}: {msg}", file=sys.stderr, flush=True)
+
+    # -- the step counter ---------------------------------------------------------------------
+    def call(self, fn, orig, args, kwargs):
+        from tensorflow.python.eager import context
+        if self.done or not context.executing_eagerly() or (self.step_fn is not None and fn is not self.step_fn) \
+                or threading.current_thread() is not threading.main_thread():
+            return orig(fn, *args, **kwargs)
+        i = self.count
+        if self.step_fn is not None and i == self.start:
+            self._start_profiler()
+        t0 = time.time_ns()
+        if self.profiling:
+            import tensorflow as tf
+            with tf.profiler.experimental.Trace("dpro_step", step_num=i, _r=1):
+                result = orig(fn, *args, **kwargs)
+        else:
+            result = orig(fn, *args, **kwargs)
+        t1 = time.time_ns()
+        if self.step_fn is None:
+            if not self._is_step_function(fn):
+                return result
+            self.step_fn = fn
+            self.log(f"step function: {getattr(fn, '__name__', fn)!r}; profiling steps {self.start}..{self.end - 1}")
+        if self.profiling:
+            self.window_ns.append((t0, t1))
+        else:
+            self.durations_ns.append(t1 - t0)
+        self.count += 1
+        if self.profiling and self.count >= self.end:
+            self._finish()
+        return result
+
+    @staticmethod
+    def _is_step_function(fn) -> bool:
+        try:
+            cfs = fn._list_all_concrete_functions()
+        except Exception:
+            return False
+        from .graph import function_ops
+        for cf in cfs:
+            for _prefix, op in function_ops(cf.graph):
+                if _writes_variables(op.type):
+                    return True
+        return False
+
+    # -- the window -------------------------------------------------------------------------
+    def _start_profiler(self) -> None:
+        import tensorflow as tf
+        self.dir.mkdir(parents=True, exist_ok=True)
+        before = time.time_ns()
+        opts = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
+                                                        device_tracer_level=1)
+        tf.profiler.experimental.start(str(self.dir / "xplane"), options=opts)
+        after = time.time_ns()
+        self.clock = {"profiler_start": {"time_ns_before": before, "time_ns_after": after,
+                                         "monotonic_ns": time.monotonic_ns()}}
+        self.profiling = True
+
+    def _finish(self) -> None:
+        import tensorflow as tf
+        self.profiling = False
+        self.done = True
+        try:
+            tf.profiler.experimental.stop()
+        except Exception as exc:
+            self.log(f"profiler stop failed: {exc!r}")
+            return
+        try:
+            self._write()
+        except Exception as exc:  # never break the user's job
+            self.log(f"writing the trace failed: {exc!r}")
+
+    def _write(self) -> None:
+        from . import graph as G
+        from . import xplane as X
+        pbs = sorted((self.dir / "xplane").glob("**/*.xplane.pb"), key=lambda p: p.stat().st_mtime)
+        if not pbs:
+            raise RuntimeError(f"the profiler wrote no .xplane.pb under {self.dir / 'xplane'}")
+        ops_doc = X.convert(pbs[-1], steps=list(range(self.start, self.end)), window_ns=self.window_ns)
+        _atomic_write(self.dir / "tf_ops.json", json.dumps(ops_doc))
+        gdoc = G.export(self.step_fn)
+        _atomic_write(self.dir / "tf_graph.json", json.dumps(gdoc))
+        unprof = self.durations_ns[2:] or self.durations_ns[1:]   # step 0 traces, step 1 may warm up
+        prof = [b - a for a, b in self.window_ns]
+        import tensorflow as tf
+        meta = {
+            "format": META_FORMAT, "version": META_VERSION,
+            "job": os.environ.get("DPRO_JOB") or Path(sys.argv[0] or "job").stem,
+            "run_id": os.environ.get("DPRO_RUN_ID", ""),
+            "host": self.host, "task_type": self.task_type, "task_index": self.task_index,
+            "task": self.task, "cluster": self.cluster,
+            "role": "server" if self.task_type == "ps" else "worker",
+            "step_function": getattr(self.step_fn, "__name__", ""),
+            "window": {"start": self.start, "end": self.end, "profiled_steps": list(range(self.start, self.end)),
+                       "wall_ns": self.window_ns},
+            "measured": {"median_unprofiled_us": statistics.median(unprof) / 1e3 if unprof else None,
+                         "unprofiled_steps": len(unprof),
+                         "median_profiled_us": statistics.median(prof) / 1e3 if prof else None},
+            "clock": {**self.clock, "xspace_start_ns": ops_doc.get("profile_start_ns")},
+            "files": {"ops": "tf_ops.json", "graph": "tf_graph.json",
+                      "xplane": pbs[-1].relative_to(self.dir).as_posix()},
+            "tf_version": tf.__version__, "pid": os.getpid(),
+        }
+        _atomic_write(self.dir / "meta.json", json.dumps(meta, indent=1))
+        self.log(f"wrote {self.dir} ({len(ops_doc['ops'])} op executions, {len(gdoc['ops'])} graph ops)")
+        from .manifest import try_write_manifest
+        try_write_manifest(self.out, run_id=meta["run_id"])
