@@ -12,16 +12,24 @@ profiler plugin and Holistic Trace Analysis read them, and exposes
   per-thread call trees (:func:`nest`); the runtime call that launched each GPU
   op (Kineto's ``correlation`` argument, and the ``ac2g`` flow events — ``ph``
   ``s`` on the launch, ``f`` on the GPU op, the same ``id`` — where a GPU op has
-  no correlation); the steps (``ProfilerStep#N`` ranges); ``distributedInfo``
-  (rank, world size, backend, process groups);
+  no correlation); the forward-backward links (``fwdbwd`` flow events: the
+  forward op that recorded an autograd node -> the backward op that ran it);
+  the steps (``ProfilerStep#N`` ranges); ``distributedInfo`` (rank, world size,
+  backend, process groups); ``deviceProperties`` (the GPUs);
+* :func:`subtree_sizes` — events recorded inside each event (what profiler cost is paid for);
+* :func:`memory_samples` — the allocator's ``[memory]`` instant events (``profile_memory=True``);
 * :func:`nccl_info` — collective name, message bytes, process group and sequence
   number of an NCCL kernel, from its own arguments (newer PyTorch) or from the
   ``record_param_comms`` / ``nccl:<collective>`` range around its launch (older).
 
-Times are microseconds: Kineto ``ts`` plus ``baseTimeNanoseconds`` when the file
-has it.  The reader of plain folders (:mod:`dpro_kit.readers.kineto_plain`) turns
-this into dpro's event table; the dpro collector's reader
-(:mod:`dpro_kit.readers.torch_kineto`) keeps its own parsing for now.
+Times: ``ts``/``dur`` are microseconds (Kineto ``ts`` plus ``baseTimeNanoseconds``
+when the file has it), ``start_ns``/``dur_ns`` the same as exact integer
+nanoseconds (since the Unix epoch a float64 microsecond value steps by 0.25 us,
+so ordering and nesting use the integers).  Two readers are built on this layer:
+the reader of plain folders (:mod:`dpro_kit.readers.kineto_plain`) and the dpro
+collector's reader (:mod:`dpro_kit.readers.torch_kineto`, which adds what the
+collector's markers and ``meta.json`` say: iterations, phases, DDP buckets, clock
+sync, profiler-cost corrections).
 
 References
 ----------
@@ -33,17 +41,19 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import TraceFormatError
 
-__all__ = ["KEvent", "KinetoTrace", "Step", "load_doc", "parse", "nest", "top_level", "distributed_info",
-           "nccl_info", "is_nccl_kernel", "CPU_CATS", "GPU_CATS", "SYNC_CALLS", "DTYPE_BYTES"]
+__all__ = ["KEvent", "KinetoTrace", "Step", "MemorySample", "load_doc", "parse", "nest", "top_level",
+           "subtree_sizes", "memory_samples", "distributed_info", "nccl_info", "is_nccl_kernel", "CPU_CATS",
+           "GPU_CATS", "ANNOTATION_CATS", "SYNC_CALLS", "DTYPE_BYTES"]
 
 CPU_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"})
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -61,9 +71,14 @@ _KERNEL_COLLECTIVE = {"AllReduce": "allreduce", "Broadcast": "broadcast", "AllGa
                       "ReduceScatter": "reduce_scatter", "Reduce": "reduce", "SendRecv": "sendrecv"}
 
 
-@dataclass
+@dataclass(eq=False)
 class KEvent:
-    """One complete (``ph == "X"``) Kineto event; ``ts``/``dur`` in microseconds."""
+    """One complete (``ph == "X"``) Kineto event.
+
+    ``ts``/``dur`` in microseconds (float), ``start_ns``/``dur_ns`` the same in exact
+    integer nanoseconds (see the module docstring); ``parent``/``children``: the call
+    tree of its thread (:func:`nest`).
+    """
 
     name: str
     cat: str
@@ -73,12 +88,27 @@ class KEvent:
     dur: float
     args: dict[str, Any]
     index: int                          # position in traceEvents (the record named in errors)
+    start_ns: int = 0
+    dur_ns: int = 0
     children: list["KEvent"] = field(default_factory=list)
     parent: "KEvent | None" = None
 
     @property
     def end(self) -> float:
         return self.ts + self.dur
+
+    @property
+    def end_ns(self) -> int:
+        return self.start_ns + self.dur_ns
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """One allocator event (``[memory]``): the allocator's total after it, on one device."""
+
+    time_ns: int          # exact ns since the epoch (as :attr:`KEvent.start_ns`)
+    device: str           # "cpu" or "cuda:<i>"
+    total_bytes: int      # "Total Allocated" after this allocation or free
 
 
 @dataclass
@@ -106,6 +136,19 @@ class KinetoTrace:
     distributed: dict[str, Any] | None
     thread_names: dict[tuple[Any, Any], str]
     n_flows: int = 0                             # ac2g flow pairs found (s and f with one id)
+    fwdbwd: list[tuple[KEvent, KEvent]] = field(default_factory=list)  # (forward op, backward op) flows
+    devices: list[dict[str, Any]] = field(default_factory=list)          # deviceProperties (GPUs)
+
+
+def _ns(us: float) -> int:
+    """Microseconds as written (Kineto: three decimals) -> exact integer nanoseconds.
+
+    ``round(us * 1000)`` is not exact for absolute times (files without
+    ``baseTimeNanoseconds``: ~1.7e15 us, whose product with 1000 exceeds 2**53), so the
+    whole microseconds and the fraction are converted apart.
+    """
+    whole = math.floor(us)
+    return int(whole) * 1000 + round((us - whole) * 1000)
 
 
 # --------------------------------------------------------------------------- loading
@@ -175,6 +218,7 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
         An event without a numeric ``ts``/``dur``, or a negative duration (naming the record).
     """
     path = Path(path)
+    base_ns = int(doc.get("baseTimeNanoseconds", 0) or 0)
     base_us = float(doc.get("baseTimeNanoseconds", 0) or 0) / 1e3
     cpu: dict[tuple[Any, Any], list[KEvent]] = defaultdict(list)
     gpu: dict[Any, list[KEvent]] = defaultdict(list)
@@ -182,6 +226,8 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
     flow_s: dict[Any, tuple[Any, Any, float]] = {}
     flow_f: dict[Any, tuple[Any, Any, float]] = {}
     raw_ts: dict[int, float] = {}   # id(event) -> its ts as written (flow ends carry the same value)
+    fb_s: dict[Any, tuple[Any, Any, float]] = {}
+    fb_f: dict[Any, tuple[Any, Any, float]] = {}
     for i, e in enumerate(doc["traceEvents"]):
         if not isinstance(e, dict):
             continue
@@ -189,9 +235,10 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
         if ph == "M" and e.get("name") == "thread_name":
             names[(e.get("pid"), e.get("tid"))] = str((e.get("args") or {}).get("name", ""))
             continue
-        if ph in ("s", "f") and e.get("cat") == "ac2g":
+        if ph in ("s", "f") and e.get("cat") in ("ac2g", "fwdbwd"):
+            ends = ((flow_s if ph == "s" else flow_f) if e.get("cat") == "ac2g" else (fb_s if ph == "s" else fb_f))
             try:
-                (flow_s if ph == "s" else flow_f)[e["id"]] = (e.get("pid"), e.get("tid"), float(e["ts"]))
+                ends[e["id"]] = (e.get("pid"), e.get("tid"), float(e["ts"]))
             except (KeyError, TypeError, ValueError):
                 pass
             continue
@@ -210,14 +257,14 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
                                    hint="the file is corrupt; export it again")
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
         ev = KEvent(name=str(e.get("name", "")), cat=cat, pid=e.get("pid"), tid=e.get("tid"), ts=ts + base_us,
-                    dur=dur, args=args, index=i)
+                    dur=dur, args=args, index=i, start_ns=_ns(ts) + base_ns, dur_ns=_ns(dur))
         raw_ts[id(ev)] = round(ts, 3)
         if cat in GPU_CATS:
             gpu[args.get("stream", e.get("tid"))].append(ev)
         else:
             cpu[(ev.pid, ev.tid)].append(ev)
     for evs in gpu.values():
-        evs.sort(key=lambda x: (x.ts, x.index))
+        evs.sort(key=lambda x: (x.start_ns, x.index))
     for evs in cpu.values():
         nest(evs)
     # launches: the runtime call whose correlation id the GPU op carries; ac2g flows otherwise
@@ -251,24 +298,45 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
             if m and ev.cat == "user_annotation":
                 steps.append(Step(int(m.group(1)), ev.ts, ev.end))
     steps.sort(key=lambda s: s.start)
+    # forward -> backward links: Kineto puts the flow's start on the forward op and its end on the
+    # backward op, at their own ts; the outermost cpu_op there is the op
+    ops_at: dict[tuple[Any, Any, float], KEvent] = {}
+    for evs in cpu.values():
+        for ev in reversed(evs):            # nest order: the outermost of several at one time wins
+            if ev.cat == "cpu_op":
+                ops_at[(ev.pid, ev.tid, raw_ts[id(ev)])] = ev
+    fwdbwd = []
+    for k in sorted(fb_s.keys() & fb_f.keys(), key=lambda k: (fb_s[k][2], str(k))):
+        s_, f_ = fb_s[k], fb_f[k]
+        fw = ops_at.get((s_[0], s_[1], round(s_[2], 3)))
+        bw = ops_at.get((f_[0], f_[1], round(f_[2], 3)))
+        if fw is not None and bw is not None:
+            fwdbwd.append((fw, bw))
+    devices = [d for d in doc.get("deviceProperties") or [] if isinstance(d, dict)]
     return KinetoTrace(path=path, cpu=dict(cpu), gpu=dict(gpu), launch=launch, steps=steps,
-                       distributed=distributed_info(doc), thread_names=names, n_flows=len(pairs))
+                       distributed=distributed_info(doc), thread_names=names, n_flows=len(pairs),
+                       fwdbwd=fwdbwd, devices=devices)
 
 
 def nest(evs: list[KEvent]) -> list[KEvent]:
     """Build the call tree of one thread's events in place (``parent``/``children``); return the roots.
 
-    Events are sorted by (start, longest first); an event that overlaps its would-be
-    parent without ending inside it is treated as a sibling (Kineto can record such
-    partial overlaps for runtime calls).
+    Events are sorted by (start, longest first, position in the file), in exact
+    nanoseconds; an event that overlaps its would-be parent without ending inside it
+    is treated as a sibling (Kineto can record such partial overlaps for runtime calls).
+
+    Parameters
+    ----------
+    evs : list of KEvent
+        The events of one thread; sorted in place.
     """
-    evs.sort(key=lambda e: (e.ts, -e.dur, e.index))
+    evs.sort(key=lambda e: (e.start_ns, -e.dur_ns, e.index))
     roots: list[KEvent] = []
     stack: list[KEvent] = []
     for e in evs:
-        while stack and e.ts >= stack[-1].end:
+        while stack and e.start_ns >= stack[-1].end_ns:
             stack.pop()
-        while stack and e.end > stack[-1].end:
+        while stack and e.end_ns > stack[-1].end_ns:
             stack.pop()
         if stack:
             e.parent = stack[-1]
@@ -279,21 +347,82 @@ def nest(evs: list[KEvent]) -> list[KEvent]:
     return roots
 
 
-def top_level(evs: list[KEvent]) -> list[KEvent]:
-    """The outermost work of one thread: ranges (``user_annotation``, Python frames) that wrap
-    other events are looked through, so nested ops are never counted twice; an empty range is
-    an op of its own (it took that time on the thread)."""
+def top_level(evs: list[KEvent], transparent: Callable[[KEvent], bool] | None = None) -> list[KEvent]:
+    """The outermost work of one thread, in start order.
+
+    Ranges (``user_annotation``, Python frames) that wrap other events are looked
+    through, so nested ops are never counted twice; an empty annotation range is an op
+    of its own (it took that time on the thread); an empty Python frame is host time,
+    not an op.
+
+    Parameters
+    ----------
+    evs : list of KEvent
+        The events of one thread, nested (:func:`nest`, done by :func:`parse`).
+    transparent : callable, optional
+        Events for which it returns True are looked through like a range and are never
+        ops themselves, even when empty (a collector's own markers).
+    """
     out = []
     todo = [e for e in reversed(evs) if e.parent is None]
     while todo:
         e = todo.pop()
-        if e.cat in ANNOTATION_CATS and e.children:
+        if (e.cat in ANNOTATION_CATS and e.children) or (transparent is not None and transparent(e)):
             todo.extend(reversed(e.children))
         elif e.cat == "python_function":
             continue
         else:
             out.append(e)
-    out.sort(key=lambda e: (e.ts, e.index))
+    out.sort(key=lambda e: (e.start_ns, -e.dur_ns, e.index))
+    return out
+
+
+def subtree_sizes(evs: list[KEvent], counted: Callable[[KEvent], bool] | None = None) -> dict[int, int]:
+    """``id(event)`` -> how many recorded events its subtree holds, itself included.
+
+    The profiler pays its cost per recorded event, so this is what a per-event cost
+    is multiplied by.
+
+    Parameters
+    ----------
+    evs : list of KEvent
+        The events of one thread, nested (:func:`nest`).
+    counted : callable, optional
+        Events for which it returns False count 0 (their children still count).
+    """
+    size: dict[int, int] = {}
+    for e in sorted(evs, key=lambda e: (e.start_ns, -e.dur_ns, e.index), reverse=True):  # children first
+        own = 1 if counted is None or counted(e) else 0
+        size[id(e)] = own + sum(size[id(c)] for c in e.children)
+    return size
+
+
+def memory_samples(doc: dict[str, Any]) -> list[MemorySample]:
+    """The allocator events of a ``profile_memory=True`` trace, in file order.
+
+    Each Kineto ``[memory]`` instant event carries the allocator's running total after
+    one allocation or free (``Total Allocated``) and the device (``Device Type`` 0 =
+    CPU, 1 = CUDA, with ``Device Id``).  Events without a numeric time or total are
+    skipped.
+
+    Parameters
+    ----------
+    doc : dict
+        The loaded document (:func:`load_doc`).
+    """
+    base = int(doc.get("baseTimeNanoseconds", 0) or 0)
+    out = []
+    for e in doc["traceEvents"]:
+        if not isinstance(e, dict) or e.get("name") != "[memory]":
+            continue
+        a = e.get("args") or {}
+        try:
+            t = _ns(float(e["ts"])) + base
+            total = int(a["Total Allocated"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        dev = "cpu" if int(a.get("Device Type", 0)) == 0 else f"cuda:{int(a.get('Device Id', 0))}"
+        out.append(MemorySample(t, dev, total))
     return out
 
 

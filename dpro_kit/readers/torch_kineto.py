@@ -2,7 +2,13 @@
 
 A node folder holds ``meta.json`` (written by ``collectors/torch/dpro_torch``)
 and the Kineto (chrome-trace JSON) trace it names (``kineto_trace.json``, or
-``.json.gz``).  What the reader takes from where:
+``.json.gz``).  Two layers: the generic Kineto layer (:mod:`dpro_kit.readers.kineto`:
+loading, events in exact nanoseconds, per-thread call trees, top-level work, events
+recorded per subtree, allocator samples, launches and flows) and, here, what the
+collector adds — its markers and ``meta.json`` — read in the named steps of
+:func:`parse_node` (training thread, clock offset, iterations and phases, compute
+threads, top-level ops, gradient-ready markers, collectives and DDP buckets, host
+gaps, profiler cost).  What the reader takes from where:
 
 * **iterations** - the ``dpro::step_end`` markers on the training thread; the
   ``i``-th marker ends profiled step ``meta.window.profiled_steps[i]``, the
@@ -83,10 +89,8 @@ durations are exact (computed in integer nanoseconds).
 """
 from __future__ import annotations
 
-import gzip
-import json
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +98,7 @@ import pandas as pd
 
 from ..errors import TraceFormatError
 from ..trace import Manifest, NodeTrace, OpKind, make_events, read_json
+from . import kineto as K
 
 META_FORMAT = "dpro-torch-meta"
 META_VERSIONS = (1,)
@@ -128,39 +133,18 @@ GLOO_WORKER = {
 RING_FORMAT = "dpro-ring-chunks"
 RING_COLUMNS = ["bucket", "step", "send_chunk", "recv_chunk", "send_bytes", "recv_bytes",
                 "send_start_ns", "send_end_ns", "recv_start_ns", "recv_end_ns"]
-GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
-CPU_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
-ANNOTATION_CAT = "user_annotation"
-PYTHON_CAT = "python_function"  # with_stack traces: Python frames, looked through like annotations
-
-
-@dataclass
-class Ev:
-    name: str
-    cat: str
-    tid: Any
-    pid: Any
-    start: int            # ns since the epoch
-    dur: int              # ns
-    args: dict[str, Any]
-    children: list["Ev"] = field(default_factory=list)
-    parent: "Ev | None" = None
-
-    @property
-    def end(self) -> int:
-        return self.start + self.dur
 
 
 @dataclass
 class _Op:
-    ev: Ev
+    ev: K.KEvent
     thread: str           # "" for the training thread, "t<j>/" for other compute threads, "gpu<s>/" for streams
     stream: str
     kind: str
     iteration: int
     op: str = ""
-    start: int = 0
-    dur: int = 0
+    start: int = 0        # ns
+    dur: int = 0          # ns
 
 
 # --------------------------------------------------------------------------- reading files
@@ -186,102 +170,6 @@ def _load_meta(node_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def _load_kineto(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise TraceFormatError("Kineto trace not found", path=path, hint="copy the whole node folder")
-    if path.suffix == ".gz":
-        try:
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except (OSError, EOFError, ValueError) as exc:
-            raise TraceFormatError(f"cannot read gzipped trace: {exc}", path=path,
-                                   hint="the file is truncated or corrupt; re-collect this node") from None
-    else:
-        doc = read_json(path, what="Kineto trace")
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise TraceFormatError("not a Kineto/chrome trace (no 'traceEvents' list)", path=path)
-    return doc
-
-
-def _events(doc: dict[str, Any], path: Path) -> list[Ev]:
-    base = int(doc.get("baseTimeNanoseconds", 0) or 0)
-    out = []
-    for i, e in enumerate(doc["traceEvents"]):
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        cat = e.get("cat", "")
-        if cat not in CPU_CATS and cat not in GPU_CATS and cat != "gpu_user_annotation":
-            continue
-        try:
-            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
-        except (KeyError, TypeError, ValueError):
-            raise TraceFormatError("event without a numeric ts/dur", path=path, record=f"traceEvents[{i}]") from None
-        if not (dur >= 0):
-            raise TraceFormatError(f"negative or invalid duration {dur!r}", path=path, record=f"traceEvents[{i}]")
-        out.append(Ev(name=str(e.get("name", "")), cat=cat, tid=e.get("tid"), pid=e.get("pid"),
-                      start=round(ts * 1000) + base, dur=round(dur * 1000), args=e.get("args") or {}))
-    return out
-
-
-def _memory(doc: dict[str, Any], iteration_of: Any, offset_ns: int) -> pd.DataFrame | None:
-    """Allocator samples from Kineto ``[memory]`` instant events (``dpro profile --memory``).
-
-    Each event carries the allocator's running total after one allocation or
-    free ("Total Allocated") and the device (type 0 = CPU, 1 = CUDA).  Samples
-    outside the profiled iterations are dropped.
-    """
-    base = int(doc.get("baseTimeNanoseconds", 0) or 0)
-    rows = []
-    for e in doc["traceEvents"]:
-        if not isinstance(e, dict) or e.get("name") != "[memory]":
-            continue
-        a = e.get("args") or {}
-        try:
-            t = round(float(e["ts"]) * 1000) + base
-            total = int(a["Total Allocated"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        it = iteration_of(t)
-        if it is None:
-            continue
-        dev = "cpu" if int(a.get("Device Type", 0)) == 0 else f"cuda:{int(a.get('Device Id', 0))}"
-        rows.append((int(it), (t + offset_ns) / 1e3, dev, total))
-    if not rows:
-        return None
-    return pd.DataFrame(rows, columns=["iteration", "time", "device", "bytes"])
-
-
-def _nest(evs: list[Ev]) -> list[Ev]:
-    """Build the call tree of one thread's events; return the roots."""
-    evs = sorted(evs, key=lambda e: (e.start, -e.dur))
-    roots, stack = [], []
-    for e in evs:
-        while stack and e.start >= stack[-1].end:
-            stack.pop()
-        while stack and e.end > stack[-1].end:  # overlaps without nesting: treat as a sibling
-            stack.pop()
-        if stack:
-            e.parent = stack[-1]
-            stack[-1].children.append(e)
-        else:
-            roots.append(e)
-        stack.append(e)
-    return roots
-
-
-def _top_level(roots: list[Ev]) -> list[Ev]:
-    """Outermost ops: look through record_function ranges that wrap other events."""
-    out = []
-    todo = list(reversed(roots))
-    while todo:
-        e = todo.pop()
-        if (e.cat == ANNOTATION_CAT and e.children) or e.cat == PYTHON_CAT:
-            todo.extend(reversed(e.children))  # a Python frame without ops inside is host time
-        else:
-            out.append(e)
-    return out
-
-
 def _contains(intervals: list[tuple[int, int, Any]], t: int) -> Any:
     """The payload of the interval (sorted, non-overlapping) that contains time ``t``, else None."""
     lo, hi = 0, len(intervals)
@@ -297,7 +185,7 @@ def _contains(intervals: list[tuple[int, int, Any]], t: int) -> Any:
     return None
 
 
-def _root_of(e: Ev, tops: dict[int, Any]) -> Ev | None:
+def _root_of(e: K.KEvent | None, tops: dict[int, Any]) -> K.KEvent | None:
     while e is not None and id(e) not in tops:
         e = e.parent
     return e
@@ -309,7 +197,7 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     node_dir = Path(node_dir)
     meta = _load_meta(node_dir)
     tpath = node_dir / str(meta["trace_file"])
-    doc = _load_kineto(tpath)
+    doc = K.load_doc(tpath)
     opts = (manifest.extra.get("torch_kineto") or {}) if isinstance(manifest.extra, dict) else {}
     fold_gaps = str(opts.get("host_gaps", "fold")) != "keep"
     overhead = str(opts.get("profiler_overhead", "window"))
@@ -339,7 +227,7 @@ def read_op_shapes(node_dir: Path) -> dict[str, dict[str, Any]]:
     if not sh.get("trace_file"):
         return {}
     path = node_dir / str(sh["trace_file"])
-    doc = _load_kineto(path)
+    doc = K.load_doc(path)
     m = dict(meta, window=dict(meta["window"], profiled_steps=[int(sh["step"])]),
              clock={"sync": []}, steps=[], measured={})
     out: dict[str, dict[str, Any]] = {}
@@ -376,7 +264,7 @@ def window_overhead_ns(meta: dict[str, Any], events_per_iteration: float) -> flo
     return min(MAX_EVENT_OVERHEAD_NS, max(0.0, (p_med - float(unprof)) * 1e3 / events_per_iteration))
 
 
-def profiler_overhead_ns(meta: dict[str, Any], main: list[Ev], markers: list[Ev]) -> float:
+def profiler_overhead_ns(meta: dict[str, Any], main: list[K.KEvent], markers: list[K.KEvent]) -> float:
     """The profiler's cost per recorded event, from the collector's calibration (0 when there is none).
 
     ``meta.profiler_overhead`` holds the wall times (ns) of the same C++ loop of
@@ -384,6 +272,15 @@ def profiler_overhead_ns(meta: dict[str, Any], main: list[Ev], markers: list[Ev]
     the ``dpro::calibrate`` range with it (``profiled_ns``); the events the
     profiler recorded inside that range, divided by ``calls``, are the events per
     loop.  Cost per event = (min profiled - min plain) / events per loop.
+
+    Parameters
+    ----------
+    meta : dict
+        The node's ``meta.json``.
+    main : list of KEvent
+        The training thread's events, the collector's markers excluded.
+    markers : list of KEvent
+        The collector's markers on the training thread.
     """
     po = meta.get("profiler_overhead") or {}
     try:
@@ -396,68 +293,78 @@ def profiler_overhead_ns(meta: dict[str, Any], main: list[Ev], markers: list[Ev]
     if not ranges or calls <= 0:
         return 0.0
     r = ranges[0]
-    inside = sum(1 for e in main if r.start <= e.start and e.end <= r.end)
+    inside = sum(1 for e in main if r.start_ns <= e.start_ns and e.end_ns <= r.end_ns)
     per_call = inside / calls
     if per_call < 1:
         return 0.0
     return max(0.0, (prof - plain) / per_call)
 
 
-def _subtree_sizes(roots: list[Ev]) -> dict[int, int]:
-    """id(event) -> number of recorded events in its subtree (itself included)."""
-    size: dict[int, int] = {}
-    order, todo = [], list(roots)
-    while todo:
-        e = todo.pop()
-        order.append(e)
-        todo.extend(e.children)
-    for e in reversed(order):  # children before parents
-        size[id(e)] = 1 + sum(size[id(c)] for c in e.children)
-    return size
+# --------------------------------------------------------------------------- the steps of parse_node
 
-
-def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_gaps: bool = True,
-               overhead: str = "window", ring: tuple[Path, Any] | None = None,
-               node_of_rank: dict[int, str] | None = None,
-               op_args: dict[str, dict[str, Any]] | None = None) -> NodeTrace:
-    """One rank's trace; ``op_args`` (a dict), when given, receives op id -> Kineto ``args`` of the
-    training thread's top-level ops (input shapes for a ``record_shapes`` trace)."""
+def _marker_names(meta: dict[str, Any]) -> dict[str, str]:
+    """The collector's marker names: the defaults, overridden by those meta.json lists."""
     mk = dict(MARKERS)
     mk.update({k: v for k, v in (meta.get("markers") or {}).items() if isinstance(v, str)})
-    phase_of_marker = {mk["forward"]: OpKind.FW.value, mk["backward"]: OpKind.BW.value,
-                       mk["optimizer"]: OpKind.UPDATE.value}
-    evs = _events(doc, path)
-    cpu = [e for e in evs if e.cat in CPU_CATS]
-    gpu = [e for e in evs if e.cat in GPU_CATS]
+    return mk
 
-    # ---- threads ----------------------------------------------------------------------
-    by_tid: dict[Any, list[Ev]] = defaultdict(list)
-    for e in cpu:
-        by_tid[(e.pid, e.tid)].append(e)
-    main_key = next((k for k in by_tid if k[1] == meta.get("main_tid")), None)
-    if main_key is None or not any(e.name.startswith(MARKER_NS) for e in by_tid[main_key]):
-        counts = Counter(k for k, es in by_tid.items() for e in es if e.name.startswith(MARKER_NS))
+
+def _is_marker(e: K.KEvent) -> bool:
+    return e.name.startswith(MARKER_NS)
+
+
+def _training_thread(kt: K.KinetoTrace, meta: dict[str, Any], path: Path) -> tuple[Any, Any]:
+    """The (pid, tid) of the training thread: meta.json's ``main_tid`` if it holds dpro markers,
+    else the thread with the most markers."""
+    key = next((k for k in kt.cpu if k[1] == meta.get("main_tid")), None)
+    if key is None or not any(_is_marker(e) for e in kt.cpu[key]):
+        counts = Counter(k for k, es in kt.cpu.items() for e in es if _is_marker(e))
         if not counts:
             raise TraceFormatError("the trace has no dpro:: markers", path=path,
                                    hint="record it with the dpro_torch collector (collectors/torch)")
-        main_key = counts.most_common(1)[0][0]
-    main = by_tid[main_key]
-    markers = [e for e in main if e.name.startswith(MARKER_NS)]
-    main = [e for e in main if not e.name.startswith(MARKER_NS)]
+        key = counts.most_common(1)[0][0]
+    return key
 
-    # ---- clock -------------------------------------------------------------------------
-    offset_ns = 0
-    sync = sorted((e for e in markers if e.name == mk["clock_sync"]), key=lambda e: e.start)
+
+def _in_file_order(evs: list[K.KEvent]) -> list[K.KEvent]:
+    return sorted(evs, key=lambda e: e.index)
+
+
+def _clock_offset(markers: list[K.KEvent], meta: dict[str, Any], mk: dict[str, str]) -> int:
+    """ns to add to Kineto times to put them on ``time.time_ns()``: 0 unless the
+    ``dpro::clock_sync`` marker with the tightest ``time.time_ns()`` bracket lies outside it."""
+    sync = sorted((e for e in markers if e.name == mk["clock_sync"]), key=lambda e: e.start_ns)
     sync_meta = (meta.get("clock") or {}).get("sync") or []
     pairs = list(zip(sync, sync_meta))
-    if pairs:  # the marker whose time.time_ns() bracket is tightest
-        s, m = min(pairs, key=lambda p: int(p[1]["time_ns_after"]) - int(p[1]["time_ns_before"]))
-        lo, hi = int(m["time_ns_before"]), int(m["time_ns_after"])
-        if not (lo <= s.start and s.end <= hi):  # the two clocks disagree: move Kineto's onto time.time_ns()
-            offset_ns = (lo + hi) // 2 - (s.start + s.dur // 2)
+    if not pairs:
+        return 0
+    s, m = min(pairs, key=lambda p: int(p[1]["time_ns_after"]) - int(p[1]["time_ns_before"]))
+    lo, hi = int(m["time_ns_before"]), int(m["time_ns_after"])
+    if lo <= s.start_ns and s.end_ns <= hi:
+        return 0
+    return (lo + hi) // 2 - (s.start_ns + s.dur_ns // 2)
 
-    # ---- iterations ----------------------------------------------------------------------
-    ends = sorted((e for e in markers if e.name == mk["step_end"]), key=lambda e: e.start)
+
+@dataclass
+class _Window:
+    """The profiled iterations on the training thread and the phase ranges inside them (ns)."""
+
+    steps: list[int]                          # profiled step numbers, one per dpro::step_end marker
+    spans: list[tuple[int, int, int]]         # (start, end, step), sorted
+    phases: list[tuple[int, int, str]]        # (start, end, OpKind value), sorted, non-overlapping
+
+    def iteration_of(self, t: int) -> int | None:
+        return _contains(self.spans, t)
+
+    def kind_at(self, t: int) -> str:
+        return _contains(self.phases, t) or OpKind.OTHER.value
+
+
+def _iterations(markers: list[K.KEvent], main: list[K.KEvent], meta: dict[str, Any], mk: dict[str, str],
+                path: Path) -> _Window:
+    """Iteration ``i`` ends at the ``i``-th ``dpro::step_end`` marker and is profiled step
+    ``meta.window.profiled_steps[i]``; the first starts after the last ``dpro::clock_sync``."""
+    ends = sorted((e for e in markers if e.name == mk["step_end"]), key=lambda e: e.start_ns)
     steps = [int(s) for s in meta["window"].get("profiled_steps", [])]
     if not ends or not steps:
         raise TraceFormatError("no complete profiled iteration in the trace (no dpro::step_end marker)", path=path,
@@ -466,102 +373,148 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
         raise TraceFormatError(f"{len(ends)} step_end markers but meta.json lists {len(steps)} profiled steps",
                                path=path, hint="meta.json does not belong to this trace")
     steps = steps[:len(ends)]
-    t0 = sync[-1].end if sync else min(e.start for e in main)
-    windows, prev = [], t0
+    sync = sorted((e for e in markers if e.name == mk["clock_sync"]), key=lambda e: e.start_ns)
+    prev = sync[-1].end_ns if sync else min(e.start_ns for e in main)
+    spans = []
     for it, e in zip(steps, ends):
-        windows.append((prev, e.start, it))
-        prev = e.end
+        spans.append((prev, e.start_ns, it))
+        prev = e.end_ns
+    phase_of_marker = {mk["forward"]: OpKind.FW.value, mk["backward"]: OpKind.BW.value,
+                       mk["optimizer"]: OpKind.UPDATE.value}
+    phases = _flatten(sorted((e.start_ns, e.end_ns, phase_of_marker[e.name]) for e in markers
+                             if e.name in phase_of_marker))
+    return _Window(steps=steps, spans=spans, phases=phases)
 
-    def iteration_of(t: int) -> int | None:
-        return _contains(windows, t)
 
-    phases = sorted(((e.start, e.end, phase_of_marker[e.name]) for e in markers if e.name in phase_of_marker))
-    phases = _flatten(phases)
+@dataclass
+class _Thread:
+    key: tuple[Any, Any]                      # (pid, tid)
+    prefix: str                               # op id prefix: "" training thread, "t<j>/" others
+    events: list[K.KEvent]                    # its events, markers and collective work excluded (file order)
+    counted: Any                              # predicate: does an event count as recorded work
 
-    # ---- communication worker threads and compute threads -----------------------------------
-    comm_worker: list[Ev] = []
-    compute_threads: list[tuple[Any, list[Ev]]] = [(main_key, main)]
-    for key, es in sorted(by_tid.items(), key=lambda kv: min(e.start for e in kv[1])):
+
+def _threads(kt: K.KinetoTrace, main_key: tuple[Any, Any],
+             win: _Window) -> tuple[list[_Thread], list[K.KEvent]]:
+    """The compute threads (the training thread first, then by first event) and the collective
+    work ranges of the communication library's worker threads (gloo), sorted by start.
+
+    Whatever runs inside a collective on its worker thread is part of the collective; a
+    thread is a compute thread when anything else on it falls in a profiled iteration.
+    """
+    def plain(e: K.KEvent) -> bool:
+        return not _is_marker(e)
+
+    threads = [_Thread(main_key, "", [e for e in _in_file_order(kt.cpu[main_key]) if plain(e)], plain)]
+    comm_work: list[K.KEvent] = []
+    for key, es in sorted(kt.cpu.items(), key=lambda kv: min(e.start_ns for e in kv[1])):
         if key == main_key:
             continue
+        es = _in_file_order(es)
         work = [e for e in es if e.name in GLOO_WORKER]
+        counted = plain
         if work:
-            comm_worker.extend(work)
-            busy = _flatten(sorted((w.start, w.end, True) for w in work))
-            # whatever runs inside a collective on its worker thread is part of the collective
-            es = [e for e in es if e.name not in GLOO_WORKER and not _contains(busy, e.start)]
-        es = [e for e in es if not e.name.startswith(MARKER_NS)]
-        if es and any(iteration_of(e.start) is not None for e in es):
-            compute_threads.append((key, es))
+            comm_work.extend(work)
+            busy = _flatten(sorted((w.start_ns, w.end_ns, True) for w in work))
 
-    # ---- top-level ops ----------------------------------------------------------------------
+            def counted(e: K.KEvent, busy=busy) -> bool:
+                return plain(e) and e.name not in GLOO_WORKER and not _contains(busy, e.start_ns)
+        kept = [e for e in es if counted(e)]
+        if kept and any(win.iteration_of(e.start_ns) is not None for e in kept):
+            threads.append(_Thread(key, f"t{len(threads)}/", kept, counted))
+    return threads, sorted(comm_work, key=lambda e: e.start_ns)
+
+
+def _top_level_ops(kt: K.KinetoTrace, threads: list[_Thread], win: _Window
+                   ) -> tuple[list[_Op], dict[int, int], dict[Any, list[tuple[int, int, _Op]]]]:
+    """One op per top-level event of a compute thread in a profiled iteration (the collector's
+    markers are looked through), kind from the phase it starts in; the events recorded inside
+    each; per thread the ops' (start, end, op) spans."""
     ops: list[_Op] = []
-    op_spans: dict[Any, list[tuple[int, int, _Op]]] = {}  # thread -> (start, end, top-level op), sorted
-    sizes: dict[int, int] = {}  # id(event) -> events recorded inside it (itself included)
-    for j, (key, es) in enumerate(compute_threads):
-        prefix = "" if j == 0 else f"t{j}/"
+    sizes: dict[int, int] = {}
+    op_spans: dict[Any, list[tuple[int, int, _Op]]] = {}
+    for th in threads:
+        evs = kt.cpu[th.key]
+        sizes.update(K.subtree_sizes(evs, counted=th.counted))
         spans = []
-        roots = _nest(es)
-        sizes.update(_subtree_sizes(roots))
-        for e in _top_level(roots):
-            it = iteration_of(e.start)
+        for e in K.top_level(evs, transparent=_is_marker):
+            if not th.counted(e):
+                continue
+            it = win.iteration_of(e.start_ns)
             if it is None:
                 continue
-            kind = _contains(phases, e.start) or OpKind.OTHER.value
-            o = _Op(ev=e, thread=prefix, stream="compute", kind=kind, iteration=it, start=e.start, dur=e.dur)
+            o = _Op(ev=e, thread=th.prefix, stream="compute", kind=win.kind_at(e.start_ns), iteration=it,
+                    start=e.start_ns, dur=e.dur_ns)
             ops.append(o)
-            spans.append((e.start, max(e.end, e.start + 1), o))
-        op_spans[key] = sorted(spans, key=lambda x: x[0])
-    # gradient-ready markers (on whichever thread ran autograd): param index -> [(time, top-level op)]
-    gprefix = mk["grad_ready_prefix"]
-    ready: dict[int, list[tuple[int, _Op]]] = defaultdict(list)
-    for key, es in by_tid.items():
-        for e in es:
-            if e.name.startswith(gprefix) and key in op_spans:
-                o = _contains(op_spans[key], e.start)
-                if o is not None and e.name[len(gprefix):].isdigit():
-                    ready[int(e.name[len(gprefix):])].append((e.start, o))
-    # CUDA kernels (untested here): one op per kernel, on its stream
-    gpu_comm: list[Ev] = []
-    for e in sorted(gpu, key=lambda e: e.start):
-        it = iteration_of(e.start)
+            spans.append((e.start_ns, max(e.end_ns, e.start_ns + 1), o))
+        op_spans[th.key] = sorted(spans, key=lambda x: x[0])
+    return ops, sizes, op_spans
+
+
+def _gpu_ops(kt: K.KinetoTrace, win: _Window) -> tuple[list[_Op], list[K.KEvent]]:
+    """CUDA kernels / copies (untested here): one op per GPU event on its stream; NCCL kernels apart."""
+    ops, nccl = [], []
+    for e in sorted((e for evs in kt.gpu.values() for e in evs), key=lambda e: (e.start_ns, e.index)):
+        it = win.iteration_of(e.start_ns)
         if it is None:
             continue
         if e.name.lower().startswith("nccl"):
-            gpu_comm.append(e)
+            nccl.append(e)
             continue
-        kind = _contains(phases, e.start) or OpKind.OTHER.value
-        ops.append(_Op(ev=e, thread=f"gpu{e.tid}/", stream=f"gpu:{e.tid}", kind=kind, iteration=it,
-                       start=e.start, dur=e.dur))
+        ops.append(_Op(ev=e, thread=f"gpu{e.tid}/", stream=f"gpu:{e.tid}", kind=win.kind_at(e.start_ns),
+                       iteration=it, start=e.start_ns, dur=e.dur_ns))
+    return ops, nccl
 
-    # stable ids: name#k per (iteration, thread)
+
+def _number_ops(ops: list[_Op]) -> dict[tuple[int, str], list[_Op]]:
+    """Stable op ids ``<thread>name#k`` (the k-th op of that name in the iteration on that thread);
+    returns the CPU ops per (iteration, thread) in start order."""
     ops.sort(key=lambda o: (o.iteration, o.thread, o.start))
     counter: dict[tuple[int, str, str], int] = defaultdict(int)
     for o in ops:
         key = (o.iteration, o.thread, o.ev.name)
         o.op = f"{o.thread}{o.ev.name}#{counter[key]}"
         counter[key] += 1
-    if op_args is not None:
-        op_args.update({o.op: dict(o.ev.args, kind=o.kind) for o in ops if o.thread == ""})
-    seqs: dict[tuple[int, str], list[_Op]] = defaultdict(list)  # (iteration, thread) -> ops in order
+    seqs: dict[tuple[int, str], list[_Op]] = defaultdict(list)
     for o in ops:
         if not o.thread.startswith("gpu"):
             seqs[(o.iteration, o.thread)].append(o)
     for seq in seqs.values():
         seq.sort(key=lambda o: o.start)
-    top_ids = {id(o.ev): o for seq in seqs.values() for o in seq}
+    return seqs
 
-    # ---- collectives: launches on a compute thread (the training thread on CPU, the autograd
-    # thread on CUDA), work on gloo worker threads / NCCL kernels ---------------------------------
-    launches = sorted((e for _, es in compute_threads for e in es if e.name in C10D_COLLECTIVES),
-                      key=lambda e: e.start)
-    work_by_type: dict[str, list[Ev]] = defaultdict(list)
-    for e in sorted(comm_worker, key=lambda e: e.start):
+
+def _grad_ready(kt: K.KinetoTrace, op_spans: dict[Any, list[tuple[int, int, _Op]]],
+                mk: dict[str, str]) -> dict[int, list[tuple[int, _Op]]]:
+    """Parameter index -> [(time, top-level op)] of its ``dpro::grad_ready/<index>`` markers
+    (on whichever thread ran autograd)."""
+    gprefix = mk["grad_ready_prefix"]
+    ready: dict[int, list[tuple[int, _Op]]] = defaultdict(list)
+    for key, es in kt.cpu.items():
+        if key not in op_spans:
+            continue
+        for e in _in_file_order(es):
+            if e.name.startswith(gprefix):
+                o = _contains(op_spans[key], e.start_ns)
+                if o is not None and e.name[len(gprefix):].isdigit():
+                    ready[int(e.name[len(gprefix):])].append((e.start_ns, o))
+    return ready
+
+
+def _pair_collectives(threads: list[_Thread], comm_work: list[K.KEvent], nccl: list[K.KEvent]
+                      ) -> list[tuple[K.KEvent, K.KEvent | None, str]]:
+    """(launch, work, collective) per collective: launches ``c10d::*`` on a compute thread (the
+    training thread on CPU, the autograd thread on CUDA) paired, per collective type and in
+    launch order, with the gloo worker ranges; with NCCL, with the kernels in launch order."""
+    launches = sorted((e for th in threads for e in th.events if e.name in C10D_COLLECTIVES),
+                      key=lambda e: e.start_ns)
+    work_by_type: dict[str, list[K.KEvent]] = defaultdict(list)
+    for e in comm_work:
         work_by_type[GLOO_WORKER[e.name]].append(e)
-    if not comm_worker and gpu_comm:  # NCCL: kernels in launch order
-        work_by_type["*"] = gpu_comm
+    if not comm_work and nccl:
+        work_by_type["*"] = nccl
     taken: dict[str, int] = defaultdict(int)
-    pairs: list[tuple[Ev, Ev | None, str]] = []
+    pairs = []
     for e in launches:
         coll = C10D_COLLECTIVES[e.name]
         queue = work_by_type.get(coll) or work_by_type.get("*") or []
@@ -569,30 +522,44 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
         w = queue[taken[key]] if taken[key] < len(queue) else None
         taken[key] += 1
         pairs.append((e, w, coll))
+    return pairs
 
+
+def _ddp_buckets(meta: dict[str, Any], path: Path) -> tuple[list[dict[str, Any]], dict[int, int]]:
+    """The first DDP module's buckets from meta.json (``tensor``, param indices, names, bytes)
+    and every parameter's size."""
     ddp = (meta.get("ddp") or [{}])[0] if meta.get("ddp") else {}
-    buckets = ddp.get("buckets") or []
     params = ddp.get("params") or []
     pname = {int(p["index"]): str(p["name"]) for p in params}
     pbytes = {int(p["index"]): int(p["bytes"]) for p in params}
-    bucket_info = []
-    for j, b in enumerate(buckets):
+    out = []
+    for j, b in enumerate(ddp.get("buckets") or []):
         idx = [int(i) for i in b["params"]]
         if any(i not in pname for i in idx):
             raise TraceFormatError(f"DDP bucket {j} names a parameter missing from meta.json", path=path)
-        bucket_info.append({"tensor": f"bucket{j}", "params": idx, "names": [pname[i] for i in idx],
-                            "bytes": sum(pbytes[i] for i in idx)})
+        out.append({"tensor": f"bucket{j}", "params": idx, "names": [pname[i] for i in idx],
+                    "bytes": sum(pbytes[i] for i in idx)})
+    return out, pbytes
 
+
+def _comm_events(pairs, win: _Window, bucket_info: list[dict[str, Any]], top_ids: dict[int, _Op],
+                 path: Path) -> tuple[list[dict[str, Any]], dict[int, list[dict[str, Any]]]]:
+    """COMM rows (one per collective that has work) and, per DDP bucket, its launches per iteration.
+
+    The ``j``-th allreduce launched inside backward in an iteration is bucket ``j``; each
+    COMM row's ``dur`` is its exclusive time plus an equal share of overlapped time
+    (:func:`_exclusive_ns`: collectives running at once share the node's one network path).
+    """
     comm_rows: list[dict[str, Any]] = []
-    per_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)  # j -> [{iteration, launch_op, work}]
+    per_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)  # j -> [{iteration, launch, work}]
     n_other: dict[tuple[int, str], int] = defaultdict(int)
     n_bucket: dict[int, int] = defaultdict(int)
     for launch, work, coll in pairs:
-        it = iteration_of(launch.start)
+        it = win.iteration_of(launch.start_ns)
         if it is None:
             continue
         top = _root_of(launch, top_ids)
-        in_bw = _contains(phases, launch.start) == OpKind.BW.value
+        in_bw = _contains(win.phases, launch.start_ns) == OpKind.BW.value
         j = n_bucket[it] if (coll == "allreduce" and in_bw) else None
         if j is not None and j < len(bucket_info):
             n_bucket[it] += 1
@@ -606,67 +573,136 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
             tensor, nbytes, op_id = "", 0, f"{coll}#{k}"
         if work is not None:
             comm_rows.append({"op": op_id, "name": work.name, "kind": OpKind.COMM.value, "iteration": it,
-                              "start": work.start, "dur": work.dur, "stream": "comm", "tensor": tensor,
+                              "start": work.start_ns, "dur": work.dur_ns, "stream": "comm", "tensor": tensor,
                               "bytes": nbytes, "_ev": work})
-    # collectives that ran at the same time (gloo has several worker threads) share the node's one
-    # network path: charge each the time it had to itself plus an equal share of overlapped time
-    shares = _exclusive_ns([(r["_ev"].start, r["_ev"].end) for r in comm_rows])
+    shares = _exclusive_ns([(r["_ev"].start_ns, r["_ev"].end_ns) for r in comm_rows])
     for r, sh in zip(comm_rows, shares):
         r["dur"] = sh
         del r["_ev"]
     if bucket_info:
-        for it in steps:
+        for it in win.steps:
             if n_bucket.get(it, 0) != len(bucket_info):
                 raise TraceFormatError(
                     f"iteration {it}: {n_bucket.get(it, 0)} bucket allreduces launched in backward, "
                     f"but DDP has {len(bucket_info)} buckets", path=path,
                     hint="buckets changed inside the profiled window (profile later steps) or the model "
                          "launches its own allreduce in backward")
+    return comm_rows, per_bucket
 
-    # per bucket and iteration: the op in which its last gradient became ready
-    for j, b in enumerate(bucket_info):
+
+def _bucket_ready(bucket_info: list[dict[str, Any]], ready: dict[int, list[tuple[int, _Op]]],
+                  pbytes: dict[int, int]) -> None:
+    """Per bucket: the op in which its last gradient became ready, per iteration (``ready``), and
+    per parameter the op in which its gradient did (most common over iterations)."""
+    for b in bucket_info:
         last: dict[int, tuple[int, _Op]] = {}
         for i in b["params"]:
             for t, o in ready.get(i, []):
                 if o.iteration not in last or t > last[o.iteration][0]:
                     last[o.iteration] = (t, o)
         b["ready"] = {it: o.op for it, (t, o) in last.items()}
-        # per parameter: the op in which its gradient became ready (most common over iterations)
         b["param_ready"] = [_mode([o.op for _t, o in ready.get(i, [])]) for i in b["params"]]
         b["param_bytes"] = [pbytes[i] for i in b["params"]]
-    collectives, wait_op = _collectives(bucket_info, per_bucket, seqs)
 
-    # ---- host gaps (training thread) --------------------------------------------------------
-    if fold_gaps:
-        for (it, thread), seq in seqs.items():
-            if thread != "":
-                continue
-            w0 = next(w[0] for w in windows if w[2] == it)
-            prev_end, waiting = w0, False
-            for o in seq:
-                # from the wait op to the end of the backward phase the training thread waits for
-                # buckets (DDP finalize): those gaps are waiting, not host work
-                waiting = (waiting and o.kind == OpKind.BW.value) or o.op == wait_op
-                if not waiting and o.start > prev_end:
-                    o.dur += o.start - prev_end
-                    o.start = prev_end
-                prev_end = max(prev_end, o.ev.end)
 
-    # ---- profiler overhead (measured by the collector right before the window) ---------------
-    per_event = 0.0
-    if overhead != "keep":
-        per_event = profiler_overhead_ns(meta, main, markers)  # the collector's micro-calibration
-        if overhead == "window":
-            cpu_ops = [o for o in ops if not o.thread.startswith("gpu")]
-            n_iter = len({o.iteration for o in cpu_ops}) or 1
-            w = window_overhead_ns(meta, sum(sizes.get(id(o.ev), 1) for o in cpu_ops) / n_iter)
-            per_event = max(per_event, w) if w is not None else per_event
+def _fold_host_gaps(seqs: dict[tuple[int, str], list[_Op]], win: _Window, wait_op: str | None) -> None:
+    """Training thread: the Python time between two top-level ops is charged to the op after it,
+    except from the bucket-wait op to the end of backward (waiting for the allreduces, not work)."""
+    for (it, thread), seq in seqs.items():
+        if thread != "":
+            continue
+        prev_end = next(s[0] for s in win.spans if s[2] == it)
+        waiting = False
+        for o in seq:
+            waiting = (waiting and o.kind == OpKind.BW.value) or o.op == wait_op
+            if not waiting and o.start > prev_end:
+                o.dur += o.start - prev_end
+                o.start = prev_end
+            prev_end = max(prev_end, o.ev.end_ns)
+
+
+def _subtract_profiler_cost(ops: list[_Op], sizes: dict[int, int], meta: dict[str, Any], overhead: str,
+                            main: list[K.KEvent], markers: list[K.KEvent]) -> None:
+    """Every CPU op loses the per-event profiler cost (:data:`OVERHEAD_MODES`) times the events
+    recorded inside it, floored at 0."""
+    if overhead == "keep":
+        return
+    per_event = profiler_overhead_ns(meta, main, markers)  # the collector's micro-calibration
+    if overhead == "window":
+        cpu_ops = [o for o in ops if not o.thread.startswith("gpu")]
+        n_iter = len({o.iteration for o in cpu_ops}) or 1
+        w = window_overhead_ns(meta, sum(sizes.get(id(o.ev), 1) for o in cpu_ops) / n_iter)
+        per_event = max(per_event, w) if w is not None else per_event
     if per_event > 0:
         for o in ops:
             if not o.thread.startswith("gpu"):
                 o.dur = max(0, o.dur - round(per_event * sizes.get(id(o.ev), 1)))
 
-    # ---- rows ----------------------------------------------------------------------------
+
+def _memory(doc: dict[str, Any], win: _Window, offset_ns: int) -> pd.DataFrame | None:
+    """Allocator samples (``dpro profile --memory``) inside the profiled iterations, on the node's clock."""
+    rows = [(int(it), (s.time_ns + offset_ns) / 1e3, s.device, s.total_bytes)
+            for s in K.memory_samples(doc) if (it := win.iteration_of(s.time_ns)) is not None]
+    if not rows:
+        return None
+    return pd.DataFrame(rows, columns=["iteration", "time", "device", "bytes"])
+
+
+def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_gaps: bool = True,
+               overhead: str = "window", ring: tuple[Path, Any] | None = None,
+               node_of_rank: dict[int, str] | None = None,
+               op_args: dict[str, dict[str, Any]] | None = None) -> NodeTrace:
+    """One rank's trace: the generic Kineto layer's events and call trees (:mod:`.kineto`), read
+    with what the collector's markers and ``meta.json`` say (the module docstring, step by step).
+
+    Parameters
+    ----------
+    meta : dict
+        The rank's ``meta.json``.
+    doc : dict
+        Its Kineto document (:func:`dpro_kit.readers.kineto.load_doc`).
+    path : Path
+        The Kineto file, named in errors.
+    fold_gaps : bool
+        Charge the training thread's host time between ops to the op after it.
+    overhead : str
+        One of :data:`OVERHEAD_MODES`.
+    ring : (Path, document), optional
+        The timed ring's ``ring_chunks.json`` (``dpro profile --ring``).
+    node_of_rank : dict, optional
+        Global rank -> node name (for the ring's peers).
+    op_args : dict, optional
+        Receives op id -> Kineto ``args`` of the training thread's top-level ops (input
+        shapes for a ``record_shapes`` trace).
+    """
+    mk = _marker_names(meta)
+    kt = K.parse(doc, path)
+    main_key = _training_thread(kt, meta, path)
+    markers = [e for e in _in_file_order(kt.cpu[main_key]) if _is_marker(e)]
+    main = [e for e in _in_file_order(kt.cpu[main_key]) if not _is_marker(e)]
+    offset_ns = _clock_offset(markers, meta, mk)
+    win = _iterations(markers, main, meta, mk, path)
+    threads, comm_work = _threads(kt, main_key, win)
+
+    ops, sizes, op_spans = _top_level_ops(kt, threads, win)
+    ready = _grad_ready(kt, op_spans, mk)
+    gpu_ops, nccl = _gpu_ops(kt, win)
+    ops.extend(gpu_ops)
+    seqs = _number_ops(ops)
+    if op_args is not None:
+        op_args.update({o.op: dict(o.ev.args, kind=o.kind) for o in ops if o.thread == ""})
+    top_ids = {id(o.ev): o for seq in seqs.values() for o in seq}
+
+    bucket_info, pbytes = _ddp_buckets(meta, path)
+    comm_rows, per_bucket = _comm_events(_pair_collectives(threads, comm_work, nccl), win, bucket_info,
+                                         top_ids, path)
+    _bucket_ready(bucket_info, ready, pbytes)
+    collectives, wait_op = _collectives(bucket_info, per_bucket, seqs)
+
+    if fold_gaps:
+        _fold_host_gaps(seqs, win, wait_op)
+    _subtract_profiler_cost(ops, sizes, meta, overhead, main, markers)
+
     rows = [{"op": o.op, "name": o.ev.name, "kind": o.kind, "iteration": o.iteration,
              "start": (o.start + offset_ns) / 1e3, "dur": o.dur / 1e3, "stream": o.stream} for o in ops]
     for r in comm_rows:
@@ -674,12 +710,11 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
         r["dur"] = r["dur"] / 1e3
     rows.extend(comm_rows)
     if ring is not None:
-        rows.extend(_ring_rows(ring[1], ring[0], iteration_of, offset_ns, node_of_rank or {},
+        rows.extend(_ring_rows(ring[1], ring[0], win.iteration_of, offset_ns, node_of_rank or {},
                                {b["tensor"] for b in bucket_info}))
     events = make_events(rows, path=str(path))
-    edges = _edges(ops, steps)
-    return NodeTrace(events=events, edges=edges, collectives=collectives,
-                     memory=_memory(doc, iteration_of, offset_ns))
+    edges = _edges(ops, win.steps)
+    return NodeTrace(events=events, edges=edges, collectives=collectives, memory=_memory(doc, win, offset_ns))
 
 
 def _ring_rows(doc: Any, path: Path, iteration_of: Any, offset_ns: int, node_of_rank: dict[int, str],
