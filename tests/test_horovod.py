@@ -56,3 +56,66 @@ def test_patched_horovod_writes_a_timeline_per_rank(tmp_path):
                 ["body.0.weight", "body.0.bias", "body.1.weight", "body.1.bias", "body.2.weight",
                  "body.2.bias", "head.weight", "head.bias"]}
     assert names[0] == names[1] == expected
+
+
+def _profile(out: Path, *train: str, env: dict | None = None) -> Path:
+    """``dpro profile --out OUT -- horovodrun ... examples/horovod/train.py`` (steps 6:10)."""
+    _need_horovod()
+    hvdrun = str(Path(sys.executable).with_name("horovodrun"))
+    cmd = [sys.executable, "-m", "dpro_kit.cli", "profile", "--out", str(out), "--steps", "6:10", "--",
+           hvdrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(TRAIN), "--quiet",
+           "--iters", "8", "--warmup", "4", *train]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def hvd_trace(tmp_path_factory):
+    return _profile(tmp_path_factory.mktemp("hvd") / "T", env={"HOROVOD_FUSION_THRESHOLD": str(1 << 20)})
+
+
+@pytest.mark.slow
+def test_dpro_profile_horovod_job_replays(hvd_trace):
+    """A real 2-rank Horovod job under `dpro profile`: per-rank Kineto + timeline, one DFG, a replay."""
+    man = json.loads((hvd_trace / "manifest.json").read_text())
+    assert man["raw_format"] == "horovod-torch" and man["comm_backend"] == "horovod"
+    assert man["extra"]["horovod"]["fusion_threshold_bytes"] == 1 << 20
+    for node in man["nodes"].values():
+        meta = json.loads((hvd_trace / node["dir"] / "meta.json").read_text())
+        # one iteration per DistributedOptimizer.step (it nests the wrapped SGD.step)
+        assert meta["window"]["profiled_steps"] == [6, 7, 8, 9]
+        assert len(meta["horovod"]["params"]) == 8
+        assert (hvd_trace / node["dir"] / "horovod_timeline.json").is_file()
+    from dpro_kit.session import Session
+    s = Session(hvd_trace)
+    ts = s.raw
+    # every parameter's gradient is in exactly one fusion group; groups respect the 1 MiB threshold
+    params = [p for c in ts.collectives for p in c.params]
+    assert sorted(params) == sorted(p["name"] for p in meta["horovod"]["params"])
+    assert all(c.bytes <= (1 << 20) or len(c.params) == 1 for c in ts.collectives)
+    g = s.graph
+    for n in man["nodes"]:
+        for c in ts.collectives:
+            for op in ("negotiate", "memcpy_in", "memcpy_out"):
+                assert f"{n}|hvd:{op}:{c.tensor}" in g
+    res = s.replay(1)
+    assert 0 < res.iteration_time_us < 10e6
+
+
+@pytest.mark.slow
+def test_horovod_timeline_errors(hvd_trace, tmp_path):
+    """A truncated or foreign timeline: one line naming the file; the user's file is left as it was."""
+    from dpro_kit.errors import TraceFormatError
+    from dpro_kit.readers.horovod import load_timeline
+    src = next(hvd_trace.glob("*/0/horovod_timeline.json"))
+    bad = tmp_path / "tl.json"
+    text = src.read_text()
+    bad.write_text(text[: len(text) // 2])
+    with pytest.raises(TraceFormatError, match="not JSON") as e:
+        load_timeline(bad)
+    assert str(bad) in str(e.value) and "\n" not in str(e.value)
+    bad.write_text(json.dumps([{"ph": "B", "name": "x", "ts": 1, "pid": 1}]))
+    with pytest.raises(TraceFormatError, match="start_time_since_epoch"):
+        load_timeline(bad)
+    assert src.read_text() == text

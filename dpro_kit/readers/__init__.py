@@ -73,6 +73,10 @@ from . import native, torch_kineto  # noqa: E402  (the built-in readers; neither
 register_reader("dpro-events", native.read_node)
 register_reader("torch-kineto", torch_kineto.read_node)
 
+from . import horovod  # noqa: E402  (Horovod + PyTorch: Kineto + per-rank Horovod timelines)
+
+register_reader(horovod.FORMAT, horovod.read_node)
+
 # plain torch.profiler folders (one Kineto JSON per rank); registered last: dpro's own folders keep
 # their richer readers (and kineto_plain skips any folder holding a dpro meta.json or manifest.json)
 from . import dpro_torch_discover, kineto_plain  # noqa: E402

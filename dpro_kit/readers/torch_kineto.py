@@ -106,7 +106,7 @@ META_VERSIONS = (1,)
 # collector markers (collectors/torch/dpro_torch/markers.py; also listed in meta.json)
 MARKERS = {"forward": "dpro::forward", "backward": "dpro::backward", "optimizer": "dpro::optimizer_step",
            "step_end": "dpro::step_end", "clock_sync": "dpro::clock_sync", "grad_ready_prefix": "dpro::grad_ready/",
-           "calibrate": "dpro::calibrate"}
+           "calibrate": "dpro::calibrate", "comm_wait": "dpro::comm_wait"}
 MARKER_NS = "dpro::"
 
 #: operator namespace of c10d collectives as dispatched on the launching thread (gloo and NCCL)
@@ -605,9 +605,12 @@ def _bucket_ready(bucket_info: list[dict[str, Any]], ready: dict[int, list[tuple
         b["param_bytes"] = [pbytes[i] for i in b["params"]]
 
 
-def _fold_host_gaps(seqs: dict[tuple[int, str], list[_Op]], win: _Window, wait_op: str | None) -> None:
+def _fold_host_gaps(seqs: dict[tuple[int, str], list[_Op]], win: _Window, wait_op: str | None,
+                    waits: list[tuple[int, int]] = ()) -> None:
     """Training thread: the Python time between two top-level ops is charged to the op after it,
-    except from the bucket-wait op to the end of backward (waiting for the allreduces, not work)."""
+    except from the bucket-wait op to the end of backward (waiting for the allreduces, not work)
+    and for gaps that overlap a ``dpro::comm_wait`` range (``waits``: the framework blocked there
+    for its collectives, e.g. Horovod's ``synchronize``)."""
     for (it, thread), seq in seqs.items():
         if thread != "":
             continue
@@ -615,10 +618,23 @@ def _fold_host_gaps(seqs: dict[tuple[int, str], list[_Op]], win: _Window, wait_o
         waiting = False
         for o in seq:
             waiting = (waiting and o.kind == OpKind.BW.value) or o.op == wait_op
-            if not waiting and o.start > prev_end:
+            blocked = any(a < o.start and b > prev_end for a, b in waits)
+            if not waiting and not blocked and o.start > prev_end:
                 o.dur += o.start - prev_end
                 o.start = prev_end
             prev_end = max(prev_end, o.ev.end_ns)
+
+
+def _first_op_after_wait(seqs: dict[tuple[int, str], list[_Op]], win: _Window,
+                         waits: list[tuple[int, int]]) -> str | None:
+    """The op that waits for a framework's collectives: per iteration, the training thread's first
+    op starting at or after the iteration's first ``dpro::comm_wait`` range; the most common one."""
+    found = []
+    for (it, thread), seq in seqs.items():
+        w = next((a for a, _b in waits if win.iteration_of(a) == it), None)
+        if thread == "" and w is not None:
+            found.append(next((o.op for o in seq if o.start >= w), None))
+    return _mode([f for f in found if f])
 
 
 def _subtract_profiler_cost(ops: list[_Op], sizes: dict[int, int], meta: dict[str, Any], overhead: str,
@@ -651,7 +667,8 @@ def _memory(doc: dict[str, Any], win: _Window, offset_ns: int) -> pd.DataFrame |
 def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_gaps: bool = True,
                overhead: str = "window", ring: tuple[Path, Any] | None = None,
                node_of_rank: dict[int, str] | None = None,
-               op_args: dict[str, dict[str, Any]] | None = None) -> NodeTrace:
+               op_args: dict[str, dict[str, Any]] | None = None,
+               extra: dict[str, Any] | None = None) -> NodeTrace:
     """One rank's trace: the generic Kineto layer's events and call trees (:mod:`.kineto`), read
     with what the collector's markers and ``meta.json`` say (the module docstring, step by step).
 
@@ -674,6 +691,10 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
     op_args : dict, optional
         Receives op id -> Kineto ``args`` of the training thread's top-level ops (input
         shapes for a ``record_shapes`` trace).
+    extra : dict, optional
+        Receives what a reader that adds its own collectives needs: ``wait_op`` (the op that
+        waits for the collectives), ``grad_ready`` (parameter index -> [(iteration, op id,
+        time in us)]) and ``iterations`` ([(start us, end us, step)]), times on the Unix clock.
     """
     mk = _marker_names(meta)
     kt = K.parse(doc, path)
@@ -698,9 +719,17 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
                                          top_ids, path)
     _bucket_ready(bucket_info, ready, pbytes)
     collectives, wait_op = _collectives(bucket_info, per_bucket, seqs)
+    waits = sorted((e.start_ns, e.end_ns) for e in markers if e.name == mk.get("comm_wait"))
+    if wait_op is None and waits:  # no DDP bucket wait: the first op inside/after a comm_wait range
+        wait_op = _first_op_after_wait(seqs, win, waits)
+    if extra is not None:  # for readers that add their own collectives (readers/horovod.py)
+        extra["wait_op"] = wait_op
+        extra["grad_ready"] = {i: [(o.iteration, o.op, (t + offset_ns) / 1e3) for t, o in lst]
+                               for i, lst in ready.items()}
+        extra["iterations"] = [((a + offset_ns) / 1e3, (b + offset_ns) / 1e3, it) for a, b, it in win.spans]
 
     if fold_gaps:
-        _fold_host_gaps(seqs, win, wait_op)
+        _fold_host_gaps(seqs, win, wait_op, waits)
     _subtract_profiler_cost(ops, sizes, meta, overhead, main, markers)
 
     rows = [{"op": o.op, "name": o.ev.name, "kind": o.kind, "iteration": o.iteration,

@@ -24,6 +24,24 @@ from dpro_kit.errors import atomic_write_text as _atomic_write  # one atomic wri
 MANIFEST_FORMAT = "dpro-trace"
 MANIFEST_VERSION = 1
 RAW_FORMAT = "torch-kineto"
+HOROVOD_RAW_FORMAT = "horovod-torch"   # a Horovod rank: Kineto + the rank's Horovod timeline
+HOROVOD_DEFAULTS = {"fusion_threshold_bytes": 128 * 1024 * 1024, "cycle_time_ms": 1.0}   # Horovod 0.28.1
+
+
+def horovod_settings(hvd: dict[str, Any]) -> dict[str, Any]:
+    """``manifest.extra["horovod"]``: the fusion threshold and cycle time the job ran with."""
+    env = hvd.get("env") or {}
+    out = dict(HOROVOD_DEFAULTS)
+    try:
+        if env.get("HOROVOD_FUSION_THRESHOLD"):
+            out["fusion_threshold_bytes"] = int(env["HOROVOD_FUSION_THRESHOLD"])
+        if env.get("HOROVOD_CYCLE_TIME"):
+            out["cycle_time_ms"] = float(env["HOROVOD_CYCLE_TIME"])
+    except ValueError:
+        pass
+    out["autotune"] = env.get("HOROVOD_AUTOTUNE", "0") not in ("", "0")
+    out["env"] = dict(env)
+    return out
 
 
 def find_metas(root: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -62,11 +80,12 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
             for r in range(world)}
     known_prof = [v for v in prof.values() if v]
     ddp0 = (d0.get("ddp") or [{}])[0]
+    hvd = d0.get("horovod")
     return {
         "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
         "job": d0.get("job", "job"), "framework": "pytorch", "comm_backend": d0.get("backend") or "unknown",
         "world_size": world, "nodes": nodes, "iterations": sorted(iters or []),
-        "raw_format": RAW_FORMAT,
+        "raw_format": HOROVOD_RAW_FORMAT if hvd else RAW_FORMAT,
         "tool_version": f"dpro_torch/{_version()} torch/{d0.get('torch_version', '?')}",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "extra": {"collector": "dpro_torch", "run_id": d0.get("run_id", ""),
@@ -85,7 +104,8 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
                   # CPU set, machine and torch threads of every rank (dpro_kit.placement)
                   "cpu_placement": {f"{by_rank[r][1]['host']}/{r}": {**(by_rank[r][1].get("cpu") or {}),
                                                                      "threads": by_rank[r][1].get("threads")}
-                                    for r in range(world)}},
+                                    for r in range(world)},
+                  **({"horovod": horovod_settings(hvd)} if hvd else {})},
     }
 
 

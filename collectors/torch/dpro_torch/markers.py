@@ -19,10 +19,12 @@ STEP_END = "dpro::step_end"          # end of one training iteration (one per pr
 CLOCK_SYNC = "dpro::clock_sync"      # emitted right after the profiler starts, with time.time_ns() around it
 CALIBRATE = "dpro::calibrate"        # profiler-overhead calibration loop, before the first profiled iteration
 GRAD_READY = "dpro::grad_ready/"     # + index of the parameter in the DDP parameter list
+COMM_WAIT = "dpro::comm_wait"        # the training thread blocks for a framework's collectives (Horovod synchronize)
 
 PHASES = {FORWARD: "FW", BACKWARD: "BW", OPTIMIZER: "UPDATE"}
 
 
 def as_dict() -> dict:
     return {"forward": FORWARD, "backward": BACKWARD, "optimizer": OPTIMIZER, "step_end": STEP_END,
-            "clock_sync": CLOCK_SYNC, "grad_ready_prefix": GRAD_READY, "calibrate": CALIBRATE}
+            "clock_sync": CLOCK_SYNC, "grad_ready_prefix": GRAD_READY, "calibrate": CALIBRATE,
+            "comm_wait": COMM_WAIT}

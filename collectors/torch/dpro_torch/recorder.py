@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from . import hvd as H
 from . import markers as M
 from dpro_kit.errors import atomic_write_text as _atomic_write  # one atomic writer for the distribution
 
@@ -259,6 +260,10 @@ class Recorder:
         self.comm_calibrate = _env_flag("DPRO_COMM_CALIBRATE", True)
         self._comm_cal: dict[str, Any] | None = None
         self._ring_hooks: list[Any] = []
+        # a Horovod rank: every rank writes a timeline into its node folder (patches/horovod's '%r')
+        self._hvd_timeline = H.timeline_env(self.out_root, self.host) if H.is_horovod_rank() else None
+        self._hvd: dict[str, Any] | None = None      # meta.json["horovod"] once its optimizer is found
+        self._hvd_undo: list[Any] = []
         self._overhead: dict[str, Any] | None = None
         self._step = 0
         self._t_activated = time.time_ns()
@@ -272,6 +277,7 @@ class Recorder:
         self._hooks: list[Any] = []
         self._opt_handles: list[Any] = []
         self._opt_stack: list[Any] = []
+        self._opt_depth = 0          # optimizer steps in progress (nested: Horovod's wraps the user's)
         self._fw_stack: list[Any] = []
         self._ddps: list[dict[str, Any]] = []
         self._models = [weakref.ref(model)] if model is not None else []  # non-DDP modules to mark forward on
@@ -362,6 +368,8 @@ class Recorder:
                     rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
             except Exception:
                 pass
+        if rank is None and H.identity() is not None:
+            (rank, world), backend = H.identity(), "horovod"
         if rank is None:
             rank = int(os.environ.get("RANK", 0))
             world = int(os.environ.get("WORLD_SIZE", 1))
@@ -475,10 +483,16 @@ class Recorder:
         return self._profiling or self._shape_prof is not None
 
     def _opt_pre(self, opt, args, kwargs) -> None:
-        if self._marking and threading.current_thread() is self._main_thread:
+        # nested steps (Horovod's DistributedOptimizer.step calls the wrapped optimizer's step):
+        # only the outermost one is a phase and an iteration boundary
+        self._opt_depth += 1
+        if self._opt_depth == 1 and self._marking and threading.current_thread() is self._main_thread:
             self._opt_stack.append(self._enter(M.OPTIMIZER))
 
     def _opt_post(self, opt, args, kwargs) -> None:
+        self._opt_depth = max(0, self._opt_depth - 1)
+        if self._opt_depth:
+            return
         if self._opt_stack:
             self._exit(self._opt_stack.pop())
         if self._profiling and self._optimizer is None:
@@ -489,6 +503,11 @@ class Recorder:
     def _install_phase_hooks(self) -> None:
         for info in self._ddps:
             self._hook_ddp(info)
+        if not self._ddps and self._hvd_timeline is not None:
+            try:
+                self._hook_horovod()
+            except Exception as exc:  # never break the user's job
+                _log(f"could not inspect the Horovod optimizer: {exc!r}")
         ddp_modules = {id(info["ref"]()) for info in self._ddps} | {id(getattr(info["ref"](), "module", None))
                                                                    for info in self._ddps}
         for ref in self._models:
@@ -496,6 +515,25 @@ class Recorder:
             if m is not None and id(m) not in ddp_modules:
                 self._hooks.append(m.register_forward_pre_hook(self._fw_pre))
                 self._hooks.append(m.register_forward_hook(self._fw_post, always_call=True))
+
+    def _hook_horovod(self) -> None:
+        """A Horovod rank without DDP: grad-ready markers on the DistributedOptimizer's parameters,
+        ``dpro::comm_wait`` around its synchronize(), forward markers on the model that owns them."""
+        opts = H.find_optimizers()
+        if not opts:
+            return
+        opt = opts[0]
+        self._hvd = H.describe(opt, self._hvd_timeline)
+        params = [p for _n, p in H.params_of(opt)]
+        if self.grad_ready:
+            for i, p in enumerate(params):
+                self._hooks.append(p.register_post_accumulate_grad_hook(
+                    functools.partial(self._grad_ready, f"{M.GRAD_READY}{i}")))
+        self._hvd_undo.append(H.wrap_synchronize(opt, self._enter, self._exit, lambda: self._marking, M.COMM_WAIT))
+        if not self._models:  # the module whose parameters are exactly the optimizer's: its forward is FW
+            model = H.find_model(params)
+            if model is not None:
+                self._models.append(weakref.ref(model))
 
     def _hook_ddp(self, info: dict[str, Any]) -> None:
         ddp = info["ref"]()
@@ -515,6 +553,9 @@ class Recorder:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        for undo in self._hvd_undo:
+            undo()
+        self._hvd_undo.clear()
         while self._fw_stack:
             self._exit(self._fw_stack.pop())
         while self._opt_stack:
@@ -770,6 +811,7 @@ class Recorder:
             "grad_ready_markers": self.grad_ready,
             "optimizer": self._optimizer_meta or self._optimizer_info(),
             "comm_calibration": self._comm_cal,
+            "horovod": self._hvd,
         }
 
     def _optimizer_info(self) -> dict[str, Any] | None:

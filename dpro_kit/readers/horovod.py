@@ -1,0 +1,309 @@
+"""Reader for Horovod + PyTorch jobs profiled by ``dpro profile`` (raw format ``horovod-torch``).
+
+A node folder holds what the PyTorch collector writes for any rank (``meta.json``, the
+Kineto trace) plus ``horovod_timeline.json``: that rank's own Horovod timeline (every rank
+writes one with the project's Horovod patch, ``patches/horovod``; stock Horovod writes rank
+0's only).  What comes from where:
+
+* **computation** - the Kineto trace, read exactly as for DDP jobs
+  (:func:`dpro_kit.readers.torch_kineto.parse_node`): ops, kinds from the collector's
+  markers, host-gap folding, profiler-cost subtraction, the ``dpro::grad_ready/<i>``
+  markers on the ``hvd.DistributedOptimizer``'s parameters, and the ``dpro::comm_wait``
+  range around its ``synchronize()`` (the training thread blocks there; the first op in or
+  after it is the op that waits for the allreduces);
+* **Horovod's work, per tensor** - the timeline: ``NEGOTIATE_ALLREDUCE`` (until every rank
+  has the tensor ready), then ``ALLREDUCE`` with the activities ``MEMCPY_IN_FUSION_BUFFER``,
+  ``GLOO_ALLREDUCE``, ``MEMCPY_OUT_FUSION_BUFFER``.  Timestamps are made Unix microseconds
+  with the file's ``start_time_since_epoch_in_micros`` - the clock the Kineto times are on.
+  The timeline names tensors ``allreduce.<parameter name>``; ``meta.json["horovod"]``
+  maps them to the optimizer's parameters (index, bytes);
+* **fusion groups** - tensors whose ``GLOO_ALLREDUCE`` ran as one (same start and end)
+  were fused into one buffer.  Horovod decides this every cycle, so it can differ between
+  iterations; the grouping seen in most profiled iterations is the job's (``hvd<k>`` in
+  execution order), and only those iterations' Horovod events are used;
+* **per group, on each rank** - local ops on the node's ``hvd`` stream (Horovod's
+  background thread), in this order: ``hvd:negotiate:<g>`` (from the moment the group's
+  last gradient was ready, or the previous group finished, to the start of its
+  fusion-buffer copy: the wait for the next cycle plus negotiation among the ranks),
+  ``hvd:memcpy_in:<g>``, then the allreduce (the ``ring`` scheme's SEND/RECV steps
+  between In and Out, timed by the comm model fitted to the ``GLOO_ALLREDUCE`` durations,
+  which are the group's COMM events), then ``hvd:memcpy_out:<g>``.  Edges: the op in which
+  the group's last gradient became ready -> negotiate -> memcpy_in -> In; Out ->
+  memcpy_out -> the waiting op; and memcpy_out of group g -> negotiate of group g+1 (one
+  background thread runs the groups one after another).
+
+What this reader cannot see: the cycle ticks themselves (the negotiate op holds the cycle
+wait and the negotiation together; ``dpro_kit.whatif.horovod`` splits them by the cycle
+time) and Horovod's response cache (its hits are faster negotiations, included as timed).
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..errors import TraceFormatError
+from ..trace import Manifest, NodeTrace, OpKind, make_events
+from . import kineto as K
+from . import torch_kineto as TK
+
+__all__ = ["FORMAT", "read_node", "load_timeline", "responses", "TensorRecord", "Response"]
+
+FORMAT = "horovod-torch"
+TIMELINE_FILE = "horovod_timeline.json"
+STREAM = "hvd"            # Horovod's background thread on each rank
+MEMCPY_IN = "MEMCPY_IN_FUSION_BUFFER"
+MEMCPY_OUT = "MEMCPY_OUT_FUSION_BUFFER"
+ALLREDUCE_ACTIVITY = "GLOO_ALLREDUCE"
+NEGOTIATE = "NEGOTIATE_ALLREDUCE"
+TOP_ALLREDUCE = "ALLREDUCE"
+
+
+@dataclass
+class TensorRecord:
+    """One top-level range of one tensor in a Horovod timeline (Unix microseconds)."""
+
+    tensor: str
+    kind: str                                   # NEGOTIATE_ALLREDUCE, ALLREDUCE, BROADCAST, ...
+    start: float
+    end: float
+    activities: dict[str, tuple[float, float]] = field(default_factory=dict)
+    order: dict[str, tuple[int, int]] = field(default_factory=dict)     # activity -> (B, E) file positions
+    ready_ranks: list[tuple[int, float]] = field(default_factory=list)   # negotiation: (rank, time)
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Response:
+    """Tensors Horovod allreduced as one fusion buffer (one response of its background loop)."""
+
+    tensors: tuple[str, ...]
+    start: float                                # MEMCPY_IN start (or the allreduce's, unfused)
+    memcpy_in: tuple[float, float] | None
+    allreduce: tuple[float, float]
+    memcpy_out: tuple[float, float] | None
+    end: float
+    negotiated: float | None = None             # the last tensor's NEGOTIATE end, when recorded
+
+
+def load_timeline(path: str | Path) -> list[TensorRecord]:
+    """The top-level ranges of a Horovod timeline file, in the order they began.
+
+    Raises
+    ------
+    TraceFormatError
+        The file is missing, not JSON, not a Horovod timeline (no
+        ``start_time_since_epoch_in_micros``), or its ranges do not nest.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read the Horovod timeline ({exc.strerror})", path=path,
+                               hint="profile with the patched Horovod (patches/horovod) under `dpro profile`") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise TraceFormatError(f"not JSON ({exc.msg} at line {exc.lineno})", path=path,
+                               hint="the job was killed while writing it; profile again") from None
+    if not isinstance(doc, list):
+        doc = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(doc, list):
+        raise TraceFormatError("not a Horovod timeline (expected a JSON list of events)", path=path)
+    base = None
+    names: dict[int, str] = {}
+    for i, e in enumerate(doc):
+        if not isinstance(e, dict):
+            raise TraceFormatError("event is not an object", path=path, record=f"[{i}]")
+        if e.get("ph") == "M" and isinstance(e.get("args"), dict):
+            a = e["args"]
+            if "start_time_since_epoch_in_micros" in a:
+                base = float(a["start_time_since_epoch_in_micros"])
+            elif e.get("name") == "process_name" and "name" in a:
+                names[int(e.get("pid", -1))] = str(a["name"])
+    if base is None:
+        raise TraceFormatError("no start_time_since_epoch_in_micros metadata: not a Horovod (>= 0.23) timeline",
+                               path=path, hint="pass the file HOROVOD_TIMELINE wrote")
+    open_: dict[int, list[TensorRecord | tuple[str, float]]] = defaultdict(list)
+    out: list[TensorRecord] = []
+    for i, e in enumerate(doc):
+        ph = e.get("ph")
+        if ph not in ("B", "E", "X"):
+            continue
+        try:
+            pid, ts = int(e["pid"]), base + float(e["ts"])
+        except (KeyError, TypeError, ValueError):
+            raise TraceFormatError("event without a numeric pid/ts", path=path, record=f"[{i}]") from None
+        stack = open_[pid]
+        tensor = names.get(pid, f"pid{pid}")
+        if ph == "B":
+            if not stack:
+                stack.append(TensorRecord(tensor=tensor, kind=str(e.get("name", "")), start=ts, end=ts))
+            else:
+                stack.append((str(e.get("name", "")), ts, i))
+        elif ph == "E":
+            if not stack:
+                raise TraceFormatError(f"range end without a start for tensor {tensor!r}", path=path, record=f"[{i}]")
+            top = stack.pop()
+            if isinstance(top, tuple):
+                rec = next(x for x in stack if isinstance(x, TensorRecord))
+                rec.activities[top[0]] = (top[1], ts)
+                rec.order[top[0]] = (top[2], i)
+            else:
+                top.end = ts
+                top.args = dict(e.get("args") or {})
+                out.append(top)
+        elif ph == "X" and stack and isinstance(stack[0], TensorRecord) and str(e.get("name", "")).isdigit():
+            stack[0].ready_ranks.append((int(e["name"]), ts))
+    out.sort(key=lambda r: r.start)
+    return out
+
+
+def responses(records: list[TensorRecord]) -> list[Response]:
+    """The allreduce responses of a timeline: tensors whose gloo allreduce ran as one, by start.
+
+    Horovod writes a fused response's activity ranges for all its tensors at once (every
+    tensor's begin, then every tensor's end), so tensors whose ``GLOO_ALLREDUCE`` began in the
+    file before the first of them ended are one fusion buffer.  (Timestamps cannot tell: they
+    are whole microseconds, taken per tensor.)
+    """
+    negotiated: dict[str, list[float]] = defaultdict(list)
+    ars = []
+    for r in records:
+        if r.kind == NEGOTIATE:
+            negotiated[r.tensor].append(r.end)
+        elif r.kind == TOP_ALLREDUCE and ALLREDUCE_ACTIVITY in r.order:
+            ars.append(r)
+    ars.sort(key=lambda r: r.order[ALLREDUCE_ACTIVITY][0])
+    groups: list[list[TensorRecord]] = []
+    for r in ars:
+        if groups and r.order[ALLREDUCE_ACTIVITY][0] < groups[-1][0].order[ALLREDUCE_ACTIVITY][1]:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+
+    def span(recs: list[TensorRecord], name: str) -> tuple[float, float] | None:
+        got = [r.activities[name] for r in recs if name in r.activities]
+        return (min(a for a, _ in got), max(b for _, b in got)) if got else None
+
+    out = []
+    for recs in groups:
+        ar = span(recs, ALLREDUCE_ACTIVITY)
+        mi = span(recs, MEMCPY_IN)
+        start = min(r.start for r in recs)
+        neg = [max((t for t in negotiated[r.tensor] if t <= r.start), default=None) for r in recs]
+        neg = [t for t in neg if t is not None]
+        out.append(Response(tensors=tuple(r.tensor for r in recs), start=mi[0] if mi else ar[0], memcpy_in=mi,
+                            allreduce=ar, memcpy_out=span(recs, MEMCPY_OUT), end=max(r.end for r in recs),
+                            negotiated=max(neg) if neg else None))
+    out.sort(key=lambda r: r.start)
+    return out
+
+
+def _bytes_of(meta: dict[str, Any]) -> dict[str, tuple[int, int, str]]:
+    """Horovod tensor name -> (parameter index, bytes, parameter name) from ``meta.json["horovod"]``."""
+    hv = meta.get("horovod") or {}
+    return {str(p["tensor"]): (int(p["index"]), int(p["bytes"]), str(p["name"])) for p in hv.get("params") or []}
+
+
+def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
+    """One Horovod rank: its Kineto trace (computation) and its Horovod timeline (module docstring)."""
+    node_dir = Path(node_dir)
+    meta = TK._load_meta(node_dir)
+    hv = meta.get("horovod")
+    if not isinstance(hv, dict) or not hv.get("params"):
+        raise TraceFormatError("meta.json has no horovod section (parameters of hvd.DistributedOptimizer)",
+                               path=node_dir / "meta.json",
+                               hint="profile the job with `dpro profile` and Horovod's DistributedOptimizer")
+    tpath = node_dir / str(meta["trace_file"])
+    doc = K.load_doc(tpath)
+    opts = (manifest.extra.get("torch_kineto") or {}) if isinstance(manifest.extra, dict) else {}
+    extra: dict[str, Any] = {}
+    nt = TK.parse_node(meta, doc, path=tpath, fold_gaps=str(opts.get("host_gaps", "fold")) != "keep",
+                       overhead=str(opts.get("profiler_overhead", "window")), extra=extra)
+    tl_path = node_dir / str(hv.get("timeline_file") or TIMELINE_FILE)
+    resp = responses(load_timeline(tl_path))
+    pinfo = _bytes_of(meta)
+    unknown = sorted({t for r in resp for t in r.tensors if t not in pinfo})
+    if unknown:
+        raise TraceFormatError(f"tensor {unknown[0]!r} of the timeline is not a parameter of the optimizer "
+                               f"({len(unknown)} such)", path=tl_path,
+                               hint="only hvd.DistributedOptimizer gradients are modelled; other allreduces "
+                                    "(hvd.allreduce in the training loop) are not supported yet")
+    spans = extra["iterations"]
+
+    def iteration_of(t: float) -> int | None:
+        return next((it for a, b, it in spans if a <= t <= b), None)
+
+    per_it: dict[int, list[Response]] = defaultdict(list)
+    for r in resp:
+        it = iteration_of(r.start)
+        if it is not None:
+            per_it[it].append(r)
+    if not per_it:
+        raise TraceFormatError("no Horovod allreduce inside the profiled iterations", path=tl_path,
+                               hint="the timeline and the Kineto trace are not of the same run, or the "
+                                    "optimizer is not hvd.DistributedOptimizer")
+    signature = {it: tuple(r.tensors for r in rs) for it, rs in per_it.items()}
+    groups = Counter(signature.values()).most_common(1)[0][0]
+    used = sorted(it for it, s in signature.items() if s == groups)
+
+    ready: dict[int, list[tuple[int, str, float]]] = extra["grad_ready"]   # param index -> (it, op, us)
+    wait_op = extra["wait_op"]
+    rows: list[dict[str, Any]] = []
+    edges = list(nt.edges)
+    collectives = []
+    names = [f"hvd{k}" for k in range(len(groups))]
+    for k, (g, tensors) in enumerate(zip(names, groups)):
+        idx = [pinfo[t][0] for t in tensors]
+        nbytes = sum(pinfo[t][1] for t in tensors)
+        neg, mci, mco = f"hvd:negotiate:{g}", f"hvd:memcpy_in:{g}", f"hvd:memcpy_out:{g}"
+        last_ready_op = []
+        timed: dict[int, tuple[float, float, tuple[float, float], tuple[float, float], tuple[float, float]]] = {}
+        for it in used:
+            r = per_it[it][k]
+            rs = [x for i in idx for x in ready.get(i, []) if x[0] == it]
+            t_ready = max((x[2] for x in rs), default=None)
+            if rs:
+                last_ready_op.append(max(rs, key=lambda x: x[2])[1])
+            prev_end = per_it[it][k - 1].end if k else None
+            t0 = max([t for t in (t_ready, prev_end) if t is not None], default=r.start)
+            mi = r.memcpy_in or (r.allreduce[0], r.allreduce[0])
+            mo = r.memcpy_out or (r.allreduce[1], r.allreduce[1])
+            timed[it] = (min(t0, mi[0]), mi[0], mi, r.allreduce, mo)
+        typical = sorted(timed.values(), key=lambda v: v[4][1] - v[0])[len(timed) // 2]
+        for it in sorted(per_it):
+            common = {"iteration": it, "stream": STREAM, "kind": OpKind.OTHER.value, "tensor": g, "bytes": nbytes}
+            if it in timed:
+                t0, _, mi, ar, mo = timed[it]
+            else:  # Horovod fused differently in this iteration: the typical iteration's durations
+                at = min(r.start for r in per_it[it] if set(r.tensors) & set(tensors))
+                shift = at - typical[1]
+                t0, mi, ar, mo = typical[0] + shift, tuple(x + shift for x in typical[2]), None, \
+                    tuple(x + shift for x in typical[4])
+            rows.append({**common, "op": neg, "name": "HOROVOD_NEGOTIATE", "start": t0, "dur": mi[0] - t0})
+            rows.append({**common, "op": mci, "name": MEMCPY_IN, "start": mi[0], "dur": mi[1] - mi[0]})
+            rows.append({**common, "op": mco, "name": MEMCPY_OUT, "start": mo[0], "dur": mo[1] - mo[0]})
+            if ar is not None:  # the allreduce itself: a COMM event (feeds the comm model)
+                rows.append({**common, "op": f"allreduce:{g}", "name": ALLREDUCE_ACTIVITY,
+                             "kind": OpKind.COMM.value, "stream": "comm", "start": ar[0], "dur": ar[1] - ar[0]})
+        src = Counter(last_ready_op).most_common(1)[0][0] if last_ready_op else None
+        if src:
+            edges.append((src, neg))
+        edges.append((neg, mci))
+        if wait_op:
+            edges.append((mco, wait_op))
+        if k:
+            edges.append((f"hvd:memcpy_out:{names[k - 1]}", neg))
+        param_ready = [TK._mode([op for it2, op, _t in ready.get(i, []) if it2 in used]) for i in idx]
+        collectives.append({"tensor": g, "op": "allreduce", "algorithm": "ring", "bytes": int(nbytes),
+                            "params": [pinfo[t][2] for t in tensors], "inputs": [mci], "outputs": [mco],
+                            "param_bytes": [pinfo[t][1] for t in tensors],
+                            **({"param_ready": param_ready} if all(param_ready) else {})})
+    hvd_events = make_events(rows, path=str(tl_path))
+    events = pd.concat([nt.events, hvd_events], ignore_index=True)
+    return NodeTrace(events=events, edges=edges, collectives=collectives, memory=nt.memory)
