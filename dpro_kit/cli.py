@@ -360,6 +360,9 @@ cli.add_command(report)
 cli.add_command(check)
 
 from .cli_align import align as _align_cmd  # noqa: E402
+from .cli_async import async_predict as _async_cmd  # noqa: E402
+
+cli.add_command(_async_cmd)
 
 cli.add_command(_align_cmd)
 

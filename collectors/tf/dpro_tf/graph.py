@@ -6,7 +6,8 @@ one entry per op of the step function's graph *and of every function it calls*
 gives inlined bodies: ``<call op name>/<inner op name>`` (TensorFlow's function inlining).
 Each entry: ``name``, ``type``, ``inputs`` (data producers), ``control`` (control
 predecessors), ``bytes`` (output bytes where the shape is static), ``device``, and for
-collective ops ``collective``: ``{group_key, instance_key, group_size, ...}``.
+collective ops ``collective``: ``{group_key, instance_key, group_size, ...}``; the placeholders that
+capture a variable carry ``variable``: ``{name, bytes, trainable}``.
 
 Edges into an inlined body: the call op's i-th input feeds the body's i-th argument;
 the body's return values feed the call op's consumers. The reader joins these so that
@@ -88,7 +89,20 @@ def export(fn) -> dict[str, Any]:
     cfs = list(fn._list_all_concrete_functions())
     cf = max(cfs, key=lambda c: len(c.graph.get_operations()))
     ops = []
-    arg_of: dict[str, list[str]] = {}
+    # captured variables: the placeholder inside the graph -> the variable (name, bytes)
+    var_of: dict[str, dict[str, Any]] = {}
+    handles = {}
+    for v in getattr(cf.graph, "variables", ()) or ():
+        try:
+            handles[id(v.handle)] = v
+        except Exception:
+            continue
+    for ext, internal in getattr(cf.graph, "captures", ()) or ():
+        v = handles.get(id(ext))
+        if v is not None:
+            n = v.shape.num_elements()
+            var_of[internal.op.name] = {"name": v.name, "bytes": int(n or 0) * int(v.dtype.size),
+                                        "trainable": bool(getattr(v, "trainable", True))}
     for prefix, op in function_ops(cf.graph):
         name = prefix + op.name
         entry = {"name": name, "type": op.type,
@@ -97,6 +111,8 @@ def export(fn) -> dict[str, Any]:
                  "bytes": _bytes(op), "device": op.device or ""}
         if op.type in COLLECTIVE_TYPES:
             entry["collective"] = _collective(op)
+        if not prefix and op.name in var_of:
+            entry["variable"] = var_of[op.name]
         if op.type in CALL_TYPES:
             body = _body_graph(op)
             if body is not None:

@@ -1,0 +1,110 @@
+"""``dpro async-predict TRACE``: steps/s of asynchronous PS training for W = 1..N workers.
+
+Registered on the ``dpro`` group in :mod:`dpro_kit.cli`. The model is
+:mod:`dpro_kit.async_ps` (Li et al., ICPE'20; formulas in docs/async.md).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .errors import DproError
+
+__all__ = ["async_predict", "parse_range", "saturation"]
+
+
+def parse_range(text: str) -> list[int]:
+    """``"1-8"`` -> [1..8], ``"1,2,4"`` -> [1, 2, 4]; DproError otherwise."""
+    try:
+        out = []
+        for part in text.split(","):
+            a, _, b = part.partition("-")
+            out.extend(range(int(a), int(b or a) + 1))
+    except ValueError:
+        raise DproError(f"--workers {text!r} is not a range", hint="use e.g. 1-8 or 1,2,4") from None
+    if not out or min(out) < 1:
+        raise DproError(f"--workers {text!r}: need W >= 1")
+    return sorted(set(out))
+
+
+def saturation(rows: list[tuple[int, float]], gain: float = 0.05) -> int | None:
+    """The smallest W after which one more worker adds less than ``gain`` (relative) throughput."""
+    for (w, t), (_w2, t2) in zip(rows, rows[1:]):
+        if t2 < t * (1 + gain):
+            return w
+    return None
+
+
+@click.command("async-predict", short_help="Predict asynchronous-PS steps/s for W workers from a 1-worker trace.")
+@click.argument("trace_dir", type=click.Path(path_type=Path))
+@click.option("--bandwidth", "bandwidth", required=True, type=click.FloatRange(min=0.001), metavar="MBIT",
+              help="Bandwidth of the PS link (each direction) and of each worker's link, Mbit/s.")
+@click.option("--workers", default="1-8", show_default=True, help="W values: a range 1-8 or a list 1,2,4.")
+@click.option("--ps", "num_ps", default=1, show_default=True, type=click.IntRange(1, 2),
+              help="Parameter servers (variables placed greedily by bytes; §5 bandwidth sharing for 2).")
+@click.option("--measured-1w", "measured", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              metavar="STEPS_PER_S", help="Measured steps/s of the 1-worker run at this bandwidth: calibrates "
+                                          "the fixed per-step dispatch overhead (docs/async.md).")
+@click.option("--calibrate", "calibrate_how", type=click.Choice(["bandwidth", "overhead"]), default="bandwidth",
+              show_default=True, help="What --measured-1w fits: the link's goodput (shared, like iperf's number) "
+                                      "or a private per-step delay.")
+@click.option("--step-overhead-ms", type=click.FloatRange(min=0.0), default=None,
+              help="The per-step overhead directly (instead of --measured-1w).")
+@click.option("--win-mb", default=28.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
+              help="HTTP/2 flow-control window of the stream model, MB (the paper's average).")
+@click.option("--alpha-us-per-mb", default=0.0, show_default=True, type=click.FloatRange(min=0.0),
+              help="Parsing overhead per MB received (alpha of §3.2.1).")
+@click.option("--beta-us", default=0.0, show_default=True, type=click.FloatRange(min=0.0),
+              help="Parsing overhead per received tensor (beta of §3.2.1).")
+@click.option("--steps", default=200, show_default=True, type=click.IntRange(min=10),
+              help="Steps simulated per worker.")
+@click.option("--seeds", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Simulations per W (random start offsets within one step); the mean is the prediction.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, measured: float | None,
+                  step_overhead_ms: float | None, win_mb: float, alpha_us_per_mb: float, beta_us: float, steps: int,
+                  seeds: int, calibrate_how: str, as_json: bool) -> None:
+    """Predict the steps/s of asynchronous parameter-server SGD with W workers.
+
+    \b
+      dpro async-predict TRACE --bandwidth 100 --workers 1-8 --measured-1w 2.8
+
+    TRACE is a `dpro profile --framework tensorflow` folder of the training step. Each of W
+    workers runs steps sampled from the profiled ones: the variables come down from the PS,
+    the step computes, the gradients go up and the PS applies them; concurrent transfers share
+    the PS link equally (discrete-event simulation, Li et al. ICPE'20). Prints steps/s per W and
+    the saturation point (the W after which one more worker adds < 5 %).
+    """
+    from .async_ps import calibrate, predict, template_from_trace
+
+    ws = parse_range(workers)
+    tpl = template_from_trace(trace_dir, num_ps=num_ps)
+    kw = dict(bandwidth_mbit=bandwidth, steps=steps, win_bytes=win_mb * 1e6, num_ps=num_ps,
+              alpha_us_per_mb=alpha_us_per_mb, beta_us=beta_us)
+    ovh_us = (step_overhead_ms or 0.0) * 1e3
+    if measured is not None:
+        fit = calibrate(tpl, measured, how=calibrate_how, **kw)
+        kw["bandwidth_mbit"], ovh_us = fit["bandwidth_mbit"], fit["step_overhead_us"]
+    preds = predict(tpl, ws, seeds=seeds, step_overhead_us=ovh_us, **kw)
+    rows = [(p.workers, p.steps_per_s) for p in preds]
+    sat = saturation(rows)
+    doc = {"trace": str(trace_dir), "bandwidth_mbit": bandwidth, "effective_bandwidth_mbit": kw["bandwidth_mbit"],
+           "ps": num_ps, "step_overhead_ms": ovh_us / 1e3,
+           "bytes_down_per_step": tpl.total_bytes("down"), "bytes_up_per_step": tpl.total_bytes("up"),
+           "seeds": seeds, "saturation_workers": sat,
+           "predicted": [{"workers": p.workers, "steps_per_s": p.steps_per_s, "low": p.low, "high": p.high}
+                         for p in preds]}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"{trace_dir}: {len(tpl.ops)} ops per step, {tpl.total_bytes('down') / 1e6:.2f} MB down / "
+               f"{tpl.total_bytes('up') / 1e6:.2f} MB up per step, {num_ps} PS at {bandwidth:g} Mbit/s "
+               f"(effective {kw['bandwidth_mbit']:.1f}), step overhead {ovh_us / 1e3:.2f} ms")
+    click.echo(f"workers  steps/s  speed-up  range over {seeds} start offsets")
+    for p in preds:
+        click.echo(f"{p.workers:7d}  {p.steps_per_s:7.2f}  {p.steps_per_s / preds[0].steps_per_s:7.2f}x  "
+                   f"{p.low:.2f} .. {p.high:.2f}")
+    click.echo(f"saturation: {sat} workers (one more adds < 5 %)" if sat else
+               "no saturation within the W range")
