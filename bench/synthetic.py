@@ -28,7 +28,10 @@ What a graph looks like (per worker rank ``w<r>`` on host ``h<r // ranks_per_hos
   devices, RECV ops on ``<node>:comm``, transaction ids, AGG ops on servers.
 * Like :func:`dpro_kit.graph.build.add_iteration_boundaries`, every node gets a
   zero-time ``STEP_END`` op after its sinks, and ``graph["iteration_edges"]``
-  joins it to the node's first ops of the next iteration.
+  joins it to the node's first ops of the next iteration (``next_iteration=
+  "barrier"``).  With ``next_iteration="per_layer"`` (MXNet's engine, TicTac's
+  setting) the next iteration's first forward op of layer l waits only for the
+  UPDATE of layer l's bucket (after its pull), and DATA for the previous DATA.
 
 Op counts per rank: DATA + FW + BW ops + UPDATEs + STEP_END, and per bucket an In
 and an Out op; ring AllReduce over N ranks adds 2(N-1) SEND + 2(N-1) RECV per rank
@@ -84,6 +87,7 @@ class SynthSpec:
     min_bytes: int = 4 << 10
     max_bytes: int = 4 << 20
     prioritize: bool = False        # True: bucket k gets priority -k (later buckets = front layers first)
+    next_iteration: str = "barrier"  # "barrier": STEP_END -> first ops; "per_layer": see module docstring
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -97,6 +101,8 @@ class SynthSpec:
             raise ValueError("update must be 'bucket' or 'layer'")
         if self.comm == "ps" and self.servers < 1:
             raise ValueError("PS needs at least one server")
+        if self.next_iteration not in ("barrier", "per_layer"):
+            raise ValueError("next_iteration must be 'barrier' or 'per_layer'")
 
 
 @dataclass
@@ -235,6 +241,14 @@ def synthetic_dfg(ranks: int = 4, layers: int = 16, buckets: int = 4, *, seed: i
                           priority=float(-k_b) if spec.prioritize else 0.0)
         builder(ctx, coll)
     add_iteration_boundaries(g)
+    if spec.next_iteration == "per_layer":
+        # as MXNet's engine runs it: the next forward of layer l waits only for layer l's update
+        # (the pull of its bucket), and the next data loading for this one
+        upd = {l: (f"UPDATE b{k_b}" if spec.update == "bucket" else f"UPDATE L{l}")
+               for k_b, grp in enumerate(m.groups) for l in grp}
+        g.graph["iteration_edges"] = [e for w in workers for e in
+                                      [(op_key(w, "DATA"), op_key(w, "DATA"))]
+                                      + [(op_key(w, upd[l]), op_key(w, f"FW L{l}.0")) for l in range(L)]]
     g.graph["meta"] = {"job": "synthetic", "framework": "synthetic", "comm_backend": manifest.comm_backend,
                        "world_size": spec.ranks, "comm_model": ctx.model.describe(),
                        "hosts": {n: i.host for n, i in manifest.nodes.items()},

@@ -51,9 +51,12 @@ def replay_summary(res: Any, g: nx.DiGraph, *, top: int = 50) -> dict[str, Any]:
     """The fields of ``dpro replay --json`` that checks and reports use."""
     from .analysis import breakdown, critical_path_summary
 
+    from .optimize.tictac import scheduling_efficiency
+
     bd = breakdown(res, g)
     cp = critical_path_summary(res, g, top=top)
     return {"iterations_replayed": res.iterations, "iteration_time_ms": res.iteration_time_us / 1e3,
+            "scheduling": scheduling_efficiency(res, g),
             "makespan_ms": res.makespan_us / 1e3, "ops": g.number_of_nodes(), "critical_path": cp["ops"],
             "critical_path_ms_by_kind": cp["by_kind_ms"], "critical_path_top": cp["top"],
             "nodes": {r.node: {k: float(getattr(r, k)) for k in ("compute_ms", "comm_ms", "overlap_ms", "idle_ms")}

@@ -89,11 +89,16 @@ def cli() -> None:
                    "replay once with every op's mean duration.  Default: per iteration (robust to outlier "
                    f"iterations; docs/accuracy.md) unless the trace has more than {PER_ITERATION_MAX_EVENTS:,} "
                    "events.")
+@click.option("--schedule", default="graph", show_default=True,
+              type=click.Choice(["graph", "fifo", "tic", "tac", "random"]),
+              help="Order of the transfers on each link / server: as the graph says (traced: FIFO), or "
+                   "TicTac's TIC / TAC order of a parameter-server job's transfers, or a random one "
+                   "(docs/tictac.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def replay(trace: Path, iterations: int, timeline: Path | None, measured_timeline: Path | None, top: int, bucket_mb: float | None,
            first_bucket_mb: float | None, bandwidth_mbps: float | None, world_size: int | None, no_align: bool,
-           per_iteration: bool | None, as_json: bool, quiet: bool) -> None:
+           per_iteration: bool | None, schedule: str, as_json: bool, quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
     TRACE is a trace directory (with manifest.json) or a graph file written by
@@ -108,6 +113,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
       dpro replay T --world-size 8         more workers
     """
     from .analysis import breakdown, critical_path_summary
+    from .optimize.tictac import scheduling_efficiency
     from .session import Session
     from .timeline import replay_to_chrome, trace_to_chrome, write_chrome
     from .whatif import WhatIf
@@ -120,7 +126,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     if measured_timeline is not None and ts is None:
         raise DproError("--measured-timeline needs a trace directory, not a graph file", path=trace)
     progress.note(f"replaying {g.number_of_nodes()} ops x {iterations} iteration(s)")
-    res = session.replay(iterations)
+    res = session.replay(iterations, schedule=schedule)
     bd = breakdown(res, g)
     cp = critical_path_summary(res, g, top=top)
     if timeline is not None:
@@ -136,6 +142,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
         "nodes": {r.node: {k: getattr(r, k) for k in ("compute_ms", "comm_ms", "overlap_ms", "idle_ms")}
                   for r in bd.itertuples()},
         "device_utilisation": res.utilisation(), "comm_model": g.graph.get("meta", {}).get("comm_model"),
+        "schedule": schedule, "scheduling": scheduling_efficiency(res, g),
     }
     if "measured_iteration_ms" in info:
         out["error_pct"] = 100.0 * (it_ms - info["measured_iteration_ms"]) / info["measured_iteration_ms"]
@@ -176,6 +183,11 @@ def _print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
     echo(click.style(line, bold=True))
     for note in out.get("notes") or []:
         echo(f"note: {note}")
+    sch = out.get("scheduling") or {}
+    if sch.get("E") is not None:
+        echo(f"scheduling efficiency E = {sch['E']:.2f}, speed-up bound S = {sch['S']:.2f} (worker "
+             f"{sch['reference']}, TicTac §3.2)" + (f"; schedule {out['schedule']}" if out.get("schedule") != "graph"
+                                                    else ""))
     echo("")
     echo(f"{'node':<24}{'compute ms':>12}{'comm ms':>12}{'overlap ms':>12}{'idle ms':>12}")
     for r in bd.itertuples():

@@ -307,7 +307,9 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
         ops = [idx[op_key(ref, o)] for o in bt.inputs.get(ref, []) if op_key(ref, o) in idx]
         if ops:
             ready[t] = float(max(res.end[i] for i in ops))
+    from .optimize.tictac import plan_section
     plan = make_plan(base, result, trace=str(trace), info=info, memory_budget=opts.memory_budget, ready_us=ready,
+                     schedule=plan_section(g),
                      options={"seed": seed, "budget_s": budget, "max_steps": max_steps,
                               "base_tensors": info.get("base_tensors", "graph"), "start": start,
                               "durations": info.get("durations", "as in the graph file")})
@@ -335,6 +337,11 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
         click.echo(f"peak memory per worker (estimated, {mb.get('model', 'sum')} model): "
                    f"{mb['peak_bytes'] / 2**20:.2f} MiB -> {ma['peak_bytes'] / 2**20:.2f} MiB"
                    + (f" with {plan['memory']['choices']}" if plan["memory"]["choices"] else ""))
+    sch = plan.get("schedule")
+    if sch:
+        click.echo("transfer order (TicTac): " + ", ".join(f"{o} {v['iteration_ms']:.3f} ms" for o, v in
+                                                          sch["predicted"].items())
+                   + f"; recommended: {sch['recommended']}")
     click.echo(f"plan written to {output}")
 
 

@@ -118,6 +118,7 @@ class Session:
             raise DproError("what-if and --per-iteration need a trace directory, not a graph file", path=self.path)
         self._stages: dict[str, Any] = {}
         self._replays: dict[int, "ReplayResult"] = {}
+        self._scheduled: dict[tuple[int, str], "ReplayResult"] = {}
 
     # ------------------------------------------------------------------ stages
     def _note(self, msg: str) -> None:
@@ -273,14 +274,23 @@ class Session:
         return info
 
     # ------------------------------------------------------------------ replay
-    def replay(self, iterations: int = 1) -> "ReplayResult":
-        """Replay ``graph`` for ``iterations`` back-to-back iterations (cached per count).
+    def replay(self, iterations: int = 1, schedule: str = "graph") -> "ReplayResult":
+        """Replay ``graph`` for ``iterations`` back-to-back iterations (cached per count and schedule).
 
         Parameters
         ----------
         iterations : int, default 1
             Iterations to unroll; the result's ``iteration_time_us`` is the steady-state gap.
+        schedule : str, default "graph"
+            A priority order of :data:`dpro_kit.replay.rules.SCHEDULES` (``tic``, ``tac``,
+            ``random``: TicTac's orders of PS transfers, :mod:`dpro_kit.optimize.tictac`).
         """
+        if schedule != "graph":
+            key = (iterations, schedule)
+            if key not in self._scheduled:
+                from .replay import replay as run_replay
+                self._scheduled[key] = run_replay(self.graph, iterations=iterations, schedule=schedule)
+            return self._scheduled[key]
         if iterations not in self._replays:
             from .replay import replay as run_replay
             g = self.graph

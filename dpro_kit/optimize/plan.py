@@ -60,6 +60,12 @@ PLAN_SCHEMA: dict[str, Any] = {
                            "xla": {"type": "object"}, "torch_compile": {"type": "object"}}},
         "search": {"type": "object"},
         "estimated": _strs,
+        # optional: TicTac orders of a parameter-server job's transfers (dpro_kit.optimize.tictac.plan_section)
+        "schedule": {"type": "object", "required": ["recommended", "predicted", "orders"],
+                     "properties": {"recommended": {"enum": ["default", "tic", "tac"]},
+                                    "predicted": {"type": "object"},
+                                    "orders": {"type": "object", "properties": {o: {"type": "object"} for o in
+                                                                                 ("tic", "tac", "random")}}}},
     },
 }
 
@@ -127,7 +133,21 @@ def _memory_provenance(est: dict[str, Any]) -> dict[str, Any]:
 
 def make_plan(base: BaseJob, r: SearchResult, *, trace: str = "", info: dict[str, Any] | None = None,
               options: dict[str, Any] | None = None, memory_budget: int | None = None,
-              ready_us: dict[str, float] | None = None) -> dict[str, Any]:
+              ready_us: dict[str, float] | None = None, schedule: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan.json document of a search result (validated against :data:`PLAN_SCHEMA`).
+
+    Parameters
+    ----------
+    base : BaseJob
+        The job the search started from.
+    r : SearchResult
+        The search's result (strategy, predicted times, changes).
+    trace, info, options, memory_budget, ready_us
+        Facts for the plan (see ``dpro optimize``).
+    schedule : dict or None
+        ``plan["schedule"]``: TicTac transfer orders of a PS job
+        (:func:`dpro_kit.optimize.tictac.plan_section`); left out when None.
+    """
     s: Strategy = r.strategy
     groups = []
     for grp in s.groups:
@@ -227,5 +247,8 @@ def make_plan(base: BaseJob, r: SearchResult, *, trace: str = "", info: dict[str
                       "communication of re-grouped tensors (comm model: latency + bytes/bandwidth)",
                       "frameworks.horovod.HOROVOD_CYCLE_TIME (heuristic)"],
     }
+    if schedule is not None:
+        plan["schedule"] = schedule
+        plan["estimated"].append("schedule.predicted.* (replay of the plan's DFG with each transfer order)")
     validate_plan(plan)
     return plan

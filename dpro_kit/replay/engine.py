@@ -369,7 +369,8 @@ def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[
     ops : sequence of str or None
         Replay only the subgraph these ops induce (partial replay; networkx graph only).
     schedule : str, default "graph"
-        A priority order of :data:`dpro_kit.replay.rules.SCHEDULES`.
+        A priority order of :data:`dpro_kit.replay.rules.SCHEDULES` (``tic`` / ``tac`` /
+        ``random``: TicTac's orders of PS transfers, :mod:`dpro_kit.optimize.tictac`).
     device_model : str, default "fifo"
         A kernel of :data:`dpro_kit.replay.rules.DEVICE_MODELS`.
 
@@ -381,7 +382,8 @@ def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[
         raise GraphError("partial replay (ops=...) needs the networkx graph, not a compiled one")
     cg = g if isinstance(g, CompiledGraph) else compile_graph(g, ops)
     if schedule != "graph":
-        prio = rules.schedule_priorities(cg, schedule)
+        sub = None if isinstance(g, CompiledGraph) else (g if ops is None else induced_subgraph(g, ops))
+        prio = rules.schedule_priorities(cg, schedule, sub)
         cg = replace(cg, priority=prio)
     u = unroll(cg, iterations)
     start, end, crit, prev, done = run_kernel(u, device_model)

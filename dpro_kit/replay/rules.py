@@ -9,7 +9,11 @@ here, outside the kernel's inner loop:
   one per op, lower runs first).  ``graph`` (the default) uses the vertices'
   ``priority`` attribute as built (all 0 for a traced job: FIFO by ready time);
   ``fifo`` ignores it.  TicTac / ByteScheduler-style orders register a function
-  that computes priorities from the compiled graph.
+  that computes priorities from the compiled graph (``needs_graph=True``: from the
+  compiled graph and the networkx graph it came from, whose op attributes it reads).
+  ``tic``, ``tac`` and ``random`` (TicTac, :mod:`dpro_kit.optimize.tictac`) are
+  registered when that module is imported, which the first lookup of one of
+  their names does (:data:`PLUGINS`).
 * :data:`DEVICE_MODELS` — ``name -> kernel`` with the signature of
   :func:`._kernel.simulate`.  ``fifo`` (the default): each device (compute
   stream, link) runs one op at a time from its queue.  A shared-bandwidth model
@@ -28,10 +32,12 @@ from ..errors import GraphError
 from ._kernel import simulate
 
 if TYPE_CHECKING:  # pragma: no cover
+    import networkx as nx
+
     from .engine import CompiledGraph
 
-__all__ = ["SCHEDULES", "DEVICE_MODELS", "register_schedule", "register_device_model", "schedule_priorities",
-           "device_model"]
+__all__ = ["SCHEDULES", "DEVICE_MODELS", "PLUGINS", "register_schedule", "register_device_model",
+           "schedule_priorities", "device_model"]
 
 
 def _graph_priorities(cg: "CompiledGraph") -> np.ndarray:
@@ -48,10 +54,32 @@ SCHEDULES: dict[str, Callable[["CompiledGraph"], np.ndarray]] = {"graph": _graph
 DEVICE_MODELS: dict[str, Callable[..., tuple]] = {"fifo": simulate}
 """Replay kernels by name (module docstring)."""
 
+#: schedules whose names are known before their module is imported (outside ``dpro_kit.replay``,
+#: which must not import them at start-up): name -> module that registers it when imported
+PLUGINS: dict[str, str] = {"tic": "dpro_kit.optimize.tictac", "tac": "dpro_kit.optimize.tictac",
+                           "random": "dpro_kit.optimize.tictac"}
 
-def register_schedule(name: str, priorities: Callable[["CompiledGraph"], np.ndarray]) -> None:
-    """Add (or replace) a schedule: ``priorities(cg)`` returns one float64 per op of ``cg``, lower first."""
+_NEEDS_GRAPH: set[str] = set()
+
+
+def register_schedule(name: str, priorities: Callable[..., np.ndarray], *, needs_graph: bool = False) -> None:
+    """Add (or replace) a schedule: ``priorities(cg)`` returns one float64 per op of ``cg``, lower first.
+
+    Parameters
+    ----------
+    name : str
+        The name ``replay(..., schedule=name)`` uses.
+    priorities : callable
+        ``f(cg)``, or ``f(cg, g)`` with ``needs_graph=True`` (``g``: the networkx DFG ``cg``
+        was compiled from; such a schedule needs ``replay`` to be given that graph).
+    needs_graph : bool, default False
+        Whether ``priorities`` reads the op attributes of the networkx graph.
+    """
     SCHEDULES[name] = priorities
+    if needs_graph:
+        _NEEDS_GRAPH.add(name)
+    else:
+        _NEEDS_GRAPH.discard(name)
 
 
 def register_device_model(name: str, kernel: Callable[..., tuple]) -> None:
@@ -61,14 +89,30 @@ def register_device_model(name: str, kernel: Callable[..., tuple]) -> None:
 
 def _lookup(table: dict, kind: str, name: str):
     f = table.get(name)
+    if f is None and table is SCHEDULES and name in PLUGINS:
+        import importlib
+        importlib.import_module(PLUGINS[name])
+        f = table.get(name)
     if f is None:
-        raise GraphError(f"unknown {kind} {name!r}", hint="known: " + ", ".join(sorted(table)))
+        known = sorted(set(table) | (set(PLUGINS) if table is SCHEDULES else set()))
+        raise GraphError(f"unknown {kind} {name!r}", hint="known: " + ", ".join(known))
     return f
 
 
-def schedule_priorities(cg: "CompiledGraph", schedule: str) -> np.ndarray:
-    """The priority array of ``schedule`` for ``cg`` (checked: one finite float per op)."""
-    prio = _lookup(SCHEDULES, "schedule", schedule)(cg)
+def schedule_priorities(cg: "CompiledGraph", schedule: str, graph: "nx.DiGraph | None" = None) -> np.ndarray:
+    """The priority array of ``schedule`` for ``cg`` (checked: one finite float per op).
+
+    ``graph`` is the networkx DFG ``cg`` was compiled from; schedules registered with
+    ``needs_graph=True`` read it (a GraphError when it is missing).
+    """
+    f = _lookup(SCHEDULES, "schedule", schedule)
+    if schedule in _NEEDS_GRAPH:
+        if graph is None:
+            raise GraphError(f"schedule {schedule!r} reads op attributes: replay the networkx graph, "
+                             "not a compiled one")
+        prio = f(cg, graph)
+    else:
+        prio = f(cg)
     if prio is cg.priority:
         return prio
     prio = np.ascontiguousarray(prio, dtype=np.float64)

@@ -104,6 +104,11 @@ def render(d: ReportData) -> str:
                   ["comm model", f"{cm.get('origin', '?')}: {cm.get('bandwidth_Mbps', 0):.0f} Mbit/s, "
                                  f"{cm.get('latency_us', 0):.0f} us latency" if cm else "n/a"],
                   ["collected", f"{f.get('created') or '?'} by {f.get('tool_version') or '?'}"]]
+    sch = rs.get("scheduling") or {}
+    if sch.get("E") is not None:
+        facts_rows.append(["scheduling efficiency (TicTac §3.2)",
+                           f"E = {sch['E']:.2f}, speed-up bound S = {sch['S']:.2f} (worker {sch['reference']}; "
+                           "E = 1: as fast as its busiest resource allows, 0: fully serial; docs/tictac.md)"])
     overview = '<div class="cards">' + "".join(cards) + "</div>" + _table(["fact", "value"], facts_rows, left=2)
     overview += "".join(f'<p class="warn">warning: {esc(w)}</p>' for w in f.get("warnings") or [])
     sections.append(("overview", "Overview", overview))
