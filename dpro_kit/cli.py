@@ -350,19 +350,23 @@ def _profile_tf(out: Path, steps: str, host: str | None, as_json: bool, command:
     except ValueError as exc:
         raise DproError(f"--steps {steps!r}: {exc}", hint="use A:B with 1 <= A < B, e.g. 10:15") from None
     out.mkdir(parents=True, exist_ok=True)
+    import time
+    t_launch = time.time() - 1.0   # meta.json newer than this are this launch's (1 s: mtime granularity)
     try:
         code = subprocess.call(cmd, env=env)
     except OSError as exc:
         raise DproError(f"cannot start {cmd[0]!r}: {exc.strerror}", hint="check the command after --") from None
-    mine = [d for _p, d in manifest.find_metas(out) if d.get("run_id") == env["DPRO_RUN_ID"]]
-    have = (out / "manifest.json").exists() or manifest.try_write_manifest(out, run_id=env["DPRO_RUN_ID"])
-    summary = {"out": str(out), "exit_code": code, "tasks_written": len(mine), "manifest": have,
-               "run_id": env["DPRO_RUN_ID"]}
+    # this launcher's tasks (a multi-task job's run id comes from its TF_CONFIG cluster, not DPRO_RUN_ID)
+    mine = [d for p, d in manifest.find_metas(out) if p.stat().st_mtime >= t_launch]
+    run_id = mine[0].get("run_id") if mine else env["DPRO_RUN_ID"]
+    have = (out / "manifest.json").exists() or manifest.try_write_manifest(out, run_id=run_id)
+    summary = {"out": str(out), "exit_code": code, "tasks_written": len(mine), "manifest": have, "run_id": run_id}
     if as_json:
         click.echo(json.dumps(summary))
     else:
-        click.echo(f"dpro: {len(mine)} task trace(s) in {out}" + (f"; next: dpro replay {out}" if have else ""),
-                   err=True)
+        click.echo(f"dpro: {len(mine)} task trace(s) in {out}" + (
+            f"; next: dpro replay {out}" if have else
+            "; the job's other tasks write the rest (one dpro profile per host): replay once all finished"), err=True)
     sys.exit(code if code >= 0 else 128 - code)
 
 

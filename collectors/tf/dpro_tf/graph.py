@@ -6,7 +6,8 @@ one entry per op of the step function's graph *and of every function it calls*
 gives inlined bodies: ``<call op name>/<inner op name>`` (TensorFlow's function inlining).
 Each entry: ``name``, ``type``, ``inputs`` (data producers), ``control`` (control
 predecessors), ``bytes`` (output bytes where the shape is static), ``device``, and for
-collective ops ``collective``: ``{group_key, instance_key, group_size, ...}``; the placeholders that
+collective ops ``collective``: ``{group_key, instance_key, group_size, ...}`` (``"call-time"`` for a key
+fed anew at every call, as MultiWorkerMirroredStrategy does with instance keys); the placeholders that
 capture a variable carry ``variable``: ``{name, bytes, trainable}``.
 
 Edges into an inlined body: the call op's i-th input feeds the body's i-th argument;
@@ -97,7 +98,13 @@ def export(fn) -> dict[str, Any]:
             handles[id(v.handle)] = v
         except Exception:
             continue
+    captured_value: dict[str, Any] = {}
     for ext, internal in getattr(cf.graph, "captures", ()) or ():
+        try:   # captured scalars (e.g. a collective's instance key) keep their value
+            if ext.dtype.is_integer and ext.shape.rank == 0:
+                captured_value[internal.op.name] = int(ext.numpy())
+        except Exception:
+            pass
         v = handles.get(id(ext))
         if v is not None:
             n = v.shape.num_elements()
@@ -111,6 +118,10 @@ def export(fn) -> dict[str, Any]:
                  "bytes": _bytes(op), "device": op.device or ""}
         if op.type in COLLECTIVE_TYPES:
             entry["collective"] = _collective(op)
+            for i, key in ((1, "group_size"), (2, "group_key"), (3, "instance_key")):
+                if entry["collective"].get(key) is None and len(op.inputs) > i:
+                    # MWMS feeds instance keys as call-time values (a new key every call): no static value
+                    entry["collective"][key] = captured_value.get(op.inputs[i].op.name, "call-time")
         if not prefix and op.name in var_of:
             entry["variable"] = var_of[op.name]
         if op.type in CALL_TYPES:

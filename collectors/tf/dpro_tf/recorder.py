@@ -36,6 +36,10 @@ def _writes_variables(op_type: str) -> bool:
         or op_type.startswith("ResourceSparseApply")
 
 
+def _fn_name(fn) -> str:
+    return str(getattr(fn, "__name__", None) or getattr(fn, "_name", None) or type(fn).__name__)
+
+
 def task_of_env() -> tuple[str, int, dict[str, Any]]:
     """``(task type, index, cluster spec)`` from ``TF_CONFIG`` (``("worker", 0, {})`` without it)."""
     try:
@@ -82,6 +86,16 @@ class Recorder:
         self._lock = threading.Lock()
         self.quiet = os.environ.get("DPRO_QUIET") == "1"
 
+    def run_id(self) -> str:
+        """The id the tasks of one job share: with a multi-task ``TF_CONFIG`` it is derived from the
+        cluster spec, which every task gets identical (one ``dpro profile`` per host, each with its own
+        ``DPRO_RUN_ID``, still agree); else ``DPRO_RUN_ID``."""
+        tasks = sum(len(v) for v in self.cluster.values() if isinstance(v, list))
+        if tasks > 1:
+            import hashlib
+            return "tf-" + hashlib.sha1(json.dumps(self.cluster, sort_keys=True).encode()).hexdigest()[:10]
+        return os.environ.get("DPRO_RUN_ID", "")
+
     # -- wiring -------------------------------------------------------------------------------
     def install(self) -> None:
         """Wrap ``Function.__call__`` (the Python object ``@tf.function`` returns)."""
@@ -120,7 +134,7 @@ class Recorder:
             if not self._is_step_function(fn):
                 return result
             self.step_fn = fn
-            self.log(f"step function: {getattr(fn, '__name__', fn)!r}; profiling steps {self.start}..{self.end - 1}")
+            self.log(f"step function: {_fn_name(fn)!r}; profiling steps {self.start}..{self.end - 1}")
         if self.profiling:
             self.window_ns.append((t0, t1))
         else:
@@ -186,11 +200,11 @@ class Recorder:
         meta = {
             "format": META_FORMAT, "version": META_VERSION,
             "job": os.environ.get("DPRO_JOB") or Path(sys.argv[0] or "job").stem,
-            "run_id": os.environ.get("DPRO_RUN_ID", ""),
+            "run_id": self.run_id(),
             "host": self.host, "task_type": self.task_type, "task_index": self.task_index,
             "task": self.task, "cluster": self.cluster,
             "role": "server" if self.task_type == "ps" else "worker",
-            "step_function": getattr(self.step_fn, "__name__", ""),
+            "step_function": _fn_name(self.step_fn),
             "window": {"start": self.start, "end": self.end, "profiled_steps": list(range(self.start, self.end)),
                        "wall_ns": self.window_ns},
             "measured": {"median_unprofiled_us": statistics.median(unprof) / 1e3 if unprof else None,
