@@ -56,7 +56,7 @@ import math
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -912,10 +912,25 @@ def apply_offsets(ts: TraceSet, offsets_us: dict[str, float], *, clip_recv: bool
     SEND (its duration becomes the transfer time, not the time it waited for the sender).
     Coarse collectives keep their durations: a reader may have set them to something other
     than end - start (e.g. an exclusive share), so clipping them is left to the cost model.
+    Memory samples (``ts.memory``, ``dpro profile --memory``) move with their node's events.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The trace, each node on its own clock.
+    offsets_us : dict
+        Node -> its clock's offset from the reference clock (us; subtracted); absent: 0.
+    clip_recv : bool
+        Start each RECV no earlier than its SEND.
     """
-    ev = ts.events.copy()
-    off = ev["node"].astype(str).map(lambda n: float(offsets_us.get(n, 0.0))).to_numpy(float)
-    ev["start"] = ev["start"].to_numpy(float) - off
+    def shift(df: pd.DataFrame, col: str) -> pd.DataFrame:
+        df = df.copy()
+        off = df["node"].astype(str).map(lambda n: float(offsets_us.get(n, 0.0))).to_numpy(float)
+        df[col] = df[col].to_numpy(float) - off
+        return df
+
+    ev = shift(ts.events, "start")
+    memory = shift(ts.memory, "time") if ts.memory is not None else None
     if clip_recv:
         recv = (ev["kind"] == "RECV") & (ev["txn"] != "")
         send = (ev["kind"] == "SEND") & (ev["txn"] != "")
@@ -930,7 +945,7 @@ def apply_offsets(ts: TraceSet, offsets_us: dict[str, float], *, clip_recv: bool
             new_start = r["s_start"].to_numpy(float)
             ev.loc[r["index"].to_numpy(), "start"] = new_start
             ev.loc[r["index"].to_numpy(), "dur"] = np.maximum(0.0, end.to_numpy(float) - new_start)
-    return TraceSet(manifest=ts.manifest, events=ev, edges=ts.edges, collectives=ts.collectives, path=ts.path)
+    return replace(ts, events=ev, memory=memory if memory is not None else ts.memory)
 
 
 def offsets_path(trace_dir: str | os.PathLike) -> Path:

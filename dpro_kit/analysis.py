@@ -13,9 +13,8 @@ import numpy as np
 import pandas as pd
 
 from .replay import ReplayResult
-from .trace import OpKind
+from .trace import COMM_KINDS
 
-_COMM = {OpKind.SEND.value, OpKind.RECV.value, OpKind.COMM.value}
 
 
 def union_length(iv: np.ndarray) -> float:
@@ -71,7 +70,7 @@ def breakdown(res: ReplayResult, g: nx.DiGraph) -> pd.DataFrame:
     s = np.clip(res.start, t0, t1)
     e = np.clip(res.end, t0, t1)
     live = (e > s) & has_dev
-    is_comm = np.isin(kind, list(_COMM))
+    is_comm = np.isin(kind, list(COMM_KINDS))
     out = []
     for nd in sorted({x for x in node if x}):
         mine = live & (node == nd)

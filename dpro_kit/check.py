@@ -33,10 +33,11 @@ from xml.sax.saxutils import quoteattr
 import networkx as nx
 
 from .errors import DproError, atomic_write_text
+from .trace import COMM_KINDS
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 PHASES = ("FW", "BW", "UPDATE", "comm", "other")
-_PHASE_OF = {"FW": "FW", "BW": "BW", "UPDATE": "UPDATE", "COMM": "comm", "SEND": "comm", "RECV": "comm"}
+_PHASE_OF = {"FW": "FW", "BW": "BW", "UPDATE": "UPDATE", **{k: "comm" for k in COMM_KINDS}}
 METRICS = ("predicted", "measured", "both")
 
 

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .schema import Facts
+
 #: Used when the trace has no communication timing at all (stated in results).
 DEFAULT_LATENCY_US = 20.0
 DEFAULT_BANDWIDTH_BPS = 10e9 / 8  # 10 Gbit/s
@@ -64,15 +66,13 @@ class CommModel:
 def fit_from_trace(ts: Any) -> CommModel:
     """The comm model of a TraceSet: :func:`fit_from_events` with the collector's calibrated
     per-collective latency when the manifest has one.  Every caller fits through here."""
-    return fit_from_events(ts.events, ts.manifest.world_size, collective_latency_us(ts.manifest.extra))
+    return fit_from_events(ts.events, ts.manifest.world_size, ts.manifest.facts.collective_latency_us)
 
 
 def collective_latency_us(extra: dict[str, Any] | None) -> float | None:
-    """Per-collective cost measured by the collector (``extra.comm_calibration.median_us``), if any."""
-    cal = (extra or {}).get("comm_calibration") if isinstance(extra, dict) else None
-    if isinstance(cal, dict) and isinstance(cal.get("median_us"), (int, float)) and cal["median_us"] > 0:
-        return float(cal["median_us"])
-    return None
+    """Per-collective cost measured by the collector (``extra.comm_calibration.median_us``), if any
+    (:attr:`dpro_kit.schema.Facts.collective_latency_us`)."""
+    return Facts.from_extra(extra if isinstance(extra, dict) else {}).collective_latency_us
 
 
 def fit_ring_allreduce(sizes: np.ndarray, times_us: np.ndarray, n: int,

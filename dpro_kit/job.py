@@ -9,8 +9,8 @@
   its communication scheme (:mod:`dpro_kit.graph.schemes`), participants
   (ranks), servers, partitions, the local ops it waits for and feeds;
 * the comm cost model, the manifest (ranks, servers, hosts), the measured
-  per-transfer durations (the Middleman) and :class:`JobFacts` (the
-  ``manifest.extra`` keys several modules read, parsed once).
+  per-transfer durations (the Middleman) and its facts (``Job.facts``: the typed
+  ``manifest.extra`` of :class:`dpro_kit.schema.Facts`).
 
 A :class:`Strategy` says how to synchronise and run it (tensor groups,
 partitions, op fusions, memory choices); :func:`identity` is the profiled
@@ -23,7 +23,6 @@ graph``): :meth:`Job.from_graph` recognises each tensor's scheme from its ops.
 """
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -34,56 +33,24 @@ import numpy as np
 import pandas as pd
 
 from .errors import GraphError
-from .trace import COMM_KINDS, Manifest, NodeInfo, OpKind
+from .schema import Facts
+from .trace import COMM_KINDS, LAYER_KINDS, TOPOLOGY_KINDS, Manifest, NodeInfo, OpKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from .costmodel import CommModel
     from .trace import TraceSet
 
 __all__ = ["JobFacts", "Tensor", "Job", "Strategy", "identity", "group_name", "fused_name", "local_name",
-           "COMPUTE_KINDS", "COMM_OP_KINDS", "FUSED_PREFIX"]
+           "FUSED_PREFIX"]
 
-COMM_OP_KINDS = {OpKind.SEND.value, OpKind.RECV.value, OpKind.AGG.value}
-COMPUTE_KINDS = {OpKind.FW.value, OpKind.BW.value}
 FUSED_PREFIX = "FUSED["
 
 
 # --------------------------------------------------------------------------- facts
 
-@dataclass(frozen=True)
-class JobFacts:
-    """The ``manifest.extra`` facts read by several modules, parsed once (absent: None / empty).
-
-    Parameters
-    ----------
-    measured_iteration_ms : float or None
-        Iteration time measured by the collector without profiling (finite, > 0), for
-        comparing a prediction with reality (session, check, report).
-    ddp : dict
-        DDP settings recorded by the collector (``bucket_cap_mb``, ``gradient_as_bucket_view``, ...)
-        (optimizer: plan facts and memory model).
-
-    Keys read by one module only keep their parser there: ``comm_calibration``
-    (:func:`dpro_kit.costmodel.collective_latency_us`), ``cpu_placement``
-    (:mod:`dpro_kit.placement`), ``optimizer`` (:mod:`dpro_kit.optimize.memory`),
-    ``peak_memory_bytes`` and the alignment offsets (:mod:`dpro_kit.report.data`).
-    """
-
-    measured_iteration_ms: float | None = None
-    ddp: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_manifest(cls, manifest: Manifest) -> "JobFacts":
-        """Parse the facts of ``manifest.extra`` (keys of other types are ignored)."""
-        extra = getattr(manifest, "extra", None)
-        extra = extra if isinstance(extra, dict) else {}
-        measured = extra.get("measured_iteration_ms")
-        if isinstance(measured, bool) or not isinstance(measured, (int, float)) or not math.isfinite(measured) \
-                or measured <= 0:
-            measured = None
-        ddp = extra.get("ddp")
-        return cls(measured_iteration_ms=None if measured is None else float(measured),
-                   ddp=dict(ddp) if isinstance(ddp, dict) else {})
+#: The typed ``manifest.extra`` facts (one definition: :class:`dpro_kit.schema.Facts`, also
+#: ``Manifest.facts``); ``Job.facts`` holds them for the job.
+JobFacts = Facts
 
 
 # --------------------------------------------------------------------------- tensors and strategy
@@ -221,7 +188,7 @@ class Job:
         The 10th percentile of the computation ops' positive durations (0 without any).
         """
         durs = np.array([d["dur"] for _, d in self.local.nodes(data=True)
-                         if d["kind"] in COMPUTE_KINDS and d["dur"] > 0])
+                         if d["kind"] in LAYER_KINDS and d["dur"] > 0])
         return float(np.percentile(durs, 10)) if durs.size else 0.0
 
     @cached_property
@@ -277,7 +244,7 @@ class Job:
         ev = ts.events
         model = comm_model or fit_from_trace(ts)
         g = nx.DiGraph()
-        local = ev[~ev["kind"].isin([k.value for k in COMM_KINDS])]
+        local = ev[~ev["kind"].isin(list(COMM_KINDS))]
         stats = _mean_by(local, ["node", "op"])
         for row in stats.itertuples(index=False):
             add_op(g, op_key(row.node, row.op), node=row.node, device=compute_device(row.node, row.stream),
@@ -336,7 +303,7 @@ class Job:
         from .graph.schemes import recognise
         nodes = g.nodes
         is_comm = {k for k, d in g.nodes(data=True)
-                   if d["kind"] in COMM_OP_KINDS or (d["kind"] == OpKind.VIRTUAL.value and d["tensor"])}
+                   if d["kind"] in TOPOLOGY_KINDS or (d["kind"] == OpKind.VIRTUAL.value and d["tensor"])}
         is_end = {k for k, d in g.nodes(data=True) if d["kind"] == OpKind.VIRTUAL.value and not d["tensor"]}
         keep = {k for k in g if k not in is_comm and k not in is_end}
         local = nx.DiGraph()            # in g's order (a subgraph view would follow set order)
@@ -419,7 +386,7 @@ def _measured_comm(ev: pd.DataFrame) -> dict[str, float]:
     its own duration.  (Without alignment the RECV durations still hold the time the receiver
     waited for the sender: the error dPRO's alignment removes.)
     """
-    fine = ev[ev["kind"].isin(["SEND", "RECV", "AGG"])]
+    fine = ev[ev["kind"].isin(list(TOPOLOGY_KINDS))]
     if fine.empty:
         return {}
     key = fine["kind"].astype(str) + " " + fine["txn"].where(fine["txn"] != "", fine["op"]).astype(str)

@@ -28,6 +28,8 @@ from typing import Any
 
 import networkx as nx
 
+from .schema import Facts
+
 __all__ = ["shared_core_groups", "placement_warnings", "world_size_warnings"]
 
 
@@ -42,13 +44,9 @@ class _Rank:
 
 def _ranks(extra: dict[str, Any] | None) -> list[_Rank]:
     """The collector's ``cpu_placement`` entries, read leniently (older traces have none)."""
-    placement = (extra or {}).get("cpu_placement")
-    if not isinstance(placement, dict):
-        return []
+    placement = Facts.from_extra(extra if isinstance(extra, dict) else {}).cpu_placement
     out = []
     for node, p in placement.items():
-        if not isinstance(p, dict):
-            continue
         aff, thr, cnt = p.get("affinity"), p.get("threads"), p.get("count")
         out.append(_Rank(node=str(node), machine=str(p.get("machine") or str(node).split("/", 1)[0]),
                          cpus=frozenset(int(c) for c in aff) if isinstance(aff, list) else frozenset(),

@@ -28,10 +28,11 @@ import numpy as np
 import pandas as pd
 
 from .errors import DproError, TraceFormatError, atomic_write_text
+from .schema import MANIFEST_FORMAT, MANIFEST_VERSION, MANIFEST_VERSIONS, Facts, validate_manifest
 
-FORMAT_NAME = "dpro-trace"
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_NAME = MANIFEST_FORMAT            # one definition: dpro_kit/schema.py
+FORMAT_VERSION = MANIFEST_VERSION
+SUPPORTED_VERSIONS = MANIFEST_VERSIONS
 
 
 class OpKind(str, enum.Enum):
@@ -57,9 +58,43 @@ class OpKind(str, enum.Enum):
                 f"unknown op kind {value!r}", path=path, record=record,
                 hint="use one of " + ", ".join(k.value for k in cls)) from None
 
+    # kind predicates: one definition each (the sets below), used everywhere
+    @property
+    def is_compute(self) -> bool:
+        """Work on the node's own device (:data:`COMPUTE_KINDS`)."""
+        return self.value in COMPUTE_KINDS
 
-COMPUTE_KINDS = frozenset({OpKind.FW, OpKind.BW, OpKind.UPDATE, OpKind.AGG, OpKind.IO, OpKind.OTHER})
-COMM_KINDS = frozenset({OpKind.COMM, OpKind.SEND, OpKind.RECV})
+    @property
+    def is_comm(self) -> bool:
+        """Moves data between nodes (:data:`COMM_KINDS`)."""
+        return self.value in COMM_KINDS
+
+    @property
+    def is_layer(self) -> bool:
+        """Runs a model layer, forward or backward (:data:`LAYER_KINDS`)."""
+        return self.value in LAYER_KINDS
+
+    @property
+    def is_topology(self) -> bool:
+        """Built by a communication scheme between a tensor's In and Out (:data:`TOPOLOGY_KINDS`)."""
+        return self.value in TOPOLOGY_KINDS
+
+
+# The kind predicates: the one definition of "compute", "communication" and the rest.  Sets of
+# the string values (graph attributes and event-table columns hold strings; an OpKind is a str,
+# so ``OpKind.FW in COMPUTE_KINDS`` holds too); the OpKind properties above read them.
+#: work on a node's own device (computation, optimizer update, server aggregation, I/O, other):
+#: what a breakdown counts as computation time
+COMPUTE_KINDS = frozenset({"FW", "BW", "UPDATE", "AGG", "IO", "OTHER"})
+#: moving data between nodes: a whole collective (COMM) or one transfer (SEND/RECV)
+COMM_KINDS = frozenset({"COMM", "SEND", "RECV"})
+#: the model's layers, forward and backward: the ops op fusion merges, gradient accumulation
+#: repeats per micro-batch and recomputation re-runs (the computation ops of dPRO §5.1)
+LAYER_KINDS = frozenset({"FW", "BW"})
+#: what a communication scheme's topology builds between a tensor's In and Out ops
+#: (transfers, and the aggregation on a parameter server)
+TOPOLOGY_KINDS = frozenset({"SEND", "RECV", "AGG"})
+
 
 #: Event-table columns, their dtypes and defaults for optional columns.
 #: ``start``/``dur`` are microseconds on the node's own clock.
@@ -123,42 +158,24 @@ class Manifest:
                       for k, v in self.nodes.items()}
         return d
 
+    @property
+    def facts(self) -> Facts:
+        """The typed job facts of ``extra`` (:class:`dpro_kit.schema.Facts`): what modules read."""
+        return Facts.from_extra(self.extra if isinstance(self.extra, dict) else {})
+
     @classmethod
     def from_json(cls, d: Any, *, path: str) -> "Manifest":
-        if not isinstance(d, dict):
-            raise TraceFormatError("manifest must be a JSON object", path=path)
-        if d.get("format") != FORMAT_NAME:
-            raise TraceFormatError(f"not a dpro trace manifest (format={d.get('format')!r})",
-                                   path=path, hint=f'expected "format": "{FORMAT_NAME}"')
-        version = d.get("version")
-        if version not in SUPPORTED_VERSIONS:
-            raise TraceFormatError(
-                f"unsupported trace format version {version!r}", path=path,
-                hint=f"this dpro reads versions {list(SUPPORTED_VERSIONS)}; upgrade dpro-kit or re-collect")
-        for key in ("job", "framework", "comm_backend", "world_size", "nodes", "iterations"):
-            if key not in d:
-                raise TraceFormatError(f"missing field {key!r}", path=path)
-        if not isinstance(d["nodes"], dict) or not d["nodes"]:
-            raise TraceFormatError("'nodes' must be a non-empty object of node name -> info", path=path)
+        """A manifest from its JSON document, validated (:func:`dpro_kit.schema.validate_manifest`)."""
+        validate_manifest(d, path)
         nodes = {}
         for name, info in d["nodes"].items():
-            if not isinstance(info, dict) or "host" not in info:
-                raise TraceFormatError("node entry needs at least a 'host'", path=path, record=f"nodes.{name}")
-            known = {k: info[k] for k in ("host", "role", "rank", "dir", "format", "file") if k in info}
-            if known.get("role", "worker") not in ("worker", "server"):
-                raise TraceFormatError(f"role must be 'worker' or 'server', got {known['role']!r}",
-                                       path=path, record=f"nodes.{name}")
+            known = {k: info[k] for k in ("host", "role", "rank", "dir", "format", "file") if info.get(k) is not None}
             nodes[str(name)] = NodeInfo(**known)
-        n_workers = sum(1 for n in nodes.values() if n.role == "worker")
-        if int(d["world_size"]) != n_workers:
-            raise TraceFormatError(
-                f"world_size is {d['world_size']} but {n_workers} worker node(s) are listed", path=path,
-                hint="a rank's entry is missing from 'nodes'")
         return cls(job=str(d["job"]), framework=str(d["framework"]), comm_backend=str(d["comm_backend"]),
                    world_size=int(d["world_size"]), nodes=nodes, iterations=[int(i) for i in d["iterations"]],
                    raw_format=str(d.get("raw_format", "dpro-events")), tool_version=str(d.get("tool_version", "")),
                    created=str(d.get("created", "")), extra=dict(d.get("extra", {})),
-                   format=FORMAT_NAME, version=int(version))
+                   format=FORMAT_NAME, version=int(d["version"]))
 
     def workers(self) -> list[str]:
         return sorted((n for n, i in self.nodes.items() if i.role == "worker"), key=lambda n: self.nodes[n].rank)

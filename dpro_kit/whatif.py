@@ -169,7 +169,7 @@ class WhatIf:
 
 def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommModel]:
     """Apply ``w`` to a trace and its fitted comm model (re-bucket, then scale, then re-rate)."""
-    if ts.manifest.extra.get("kineto_plain") and (w.bucket_mb is not None or w.bandwidth_mbps is not None):
+    if ts.manifest.facts.plain_kineto and (w.bucket_mb is not None or w.bandwidth_mbps is not None):
         # plain torch.profiler input (dpro_kit.readers.kineto_plain): no bucket composition, no link model
         what = "--bucket-mb needs DDP's bucket composition and gradient-ready times" if w.bucket_mb is not None \
             else "--bandwidth-mbps needs a comm model calibrated on the job (NCCL kernel times include waiting)"

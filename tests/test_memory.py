@@ -43,3 +43,25 @@ def test_profile_memory_records_allocator_samples(mem_trace: Path, tmp_path: Pat
 def test_report_says_not_available_without_memory(tiny_trace_dir: Path):
     view = report_memory(load_trace(tiny_trace_dir))
     assert not view["available"] and "--memory" in view["reason"]
+
+
+@pytest.mark.slow
+def test_apply_offsets_moves_memory_samples_with_their_node(mem_trace: Path):
+    """align.apply_offsets shifts each node's allocator samples by its clock offset, as its events
+    (it used to drop them: the aligned TraceSet had no memory)."""
+    from dpro_kit.align import apply_offsets
+
+    ts = load_trace(mem_trace)
+    a, b = ts.manifest.workers()
+    out = apply_offsets(ts, {b: 1234.5})
+    assert len(out.memory) == len(ts.memory) > 0
+    for node, off in ((a, 0.0), (b, 1234.5)):
+        before, after = ts.memory[ts.memory["node"] == node], out.memory[out.memory["node"] == node]
+        assert len(before) > 0
+        assert (after["time"].to_numpy() == before["time"].to_numpy() - off).all()
+        assert (after["bytes"].to_numpy() == before["bytes"].to_numpy()).all()
+        ev0, ev1 = ts.events[ts.events["node"] == node], out.events[out.events["node"] == node]
+        # samples keep their place relative to their node's events
+        assert ((after["time"] - ev1["start"].min()).to_numpy() ==
+                pytest.approx((before["time"] - ev0["start"].min()).to_numpy()))
+    assert ts.memory["time"].equals(load_trace(mem_trace).memory["time"])   # the input is not modified

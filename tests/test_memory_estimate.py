@@ -94,6 +94,37 @@ def test_layers_and_segments():
     assert checkpoint_segments(2) == [[0, 1]]          # round(sqrt(2)) = 1: nothing checkpointed
 
 
+def test_layers_come_from_the_module_tree():
+    """The collector reads a parameter's layer from the module tree (the child of the outermost
+    Sequential/ModuleList, what checkpoint_sequential runs); the name rule is only the fallback.
+    Real torch modules: the example's three models (both rules agree, so the recorded traces keep
+    their layers) and a model whose Sequential names its children (they differ; the tree is right)."""
+    torch = pytest.importorskip("torch")
+    from collections import OrderedDict
+
+    import dpro_torch.recorder as R
+    sys.path.insert(0, str(ROOT / "examples" / "ddp"))
+    import train
+    for model in ("mlp", "cnn", "transformer"):
+        net = train.build(model, 2, torch.device("cpu"))[0]
+        names = [n for n, _ in net.named_parameters()]
+        assert R.layer_names(net, names) == {n: layer_of(n) for n in names}
+    nn = torch.nn
+
+    class Named(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(OrderedDict(conv=nn.Linear(4, 4), act=nn.ReLU(), fc=nn.Linear(4, 4)))
+            self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+            self.head = nn.Linear(4, 2)
+    net = Named()
+    names = [n for n, _ in net.named_parameters()]
+    got = R.layer_names(net, names)
+    assert sorted(set(got.values())) == ["blocks.0", "blocks.1", "body.conv", "body.fc", "head"]
+    assert {layer_of(n) for n in names if n.startswith("body.")} == {"body"}       # the name rule's one layer
+    assert all(layer_of(n, got) == got[n] for n in names)                         # the recorded layer wins
+
+
 def test_timeline_model_hand_computed(tmp_path: Path):
     ts = load_trace(save_trace(toy_traceset(), tmp_path / "toy"))   # native round trip keeps the samples
     prof = build_profile(ts)
@@ -199,3 +230,18 @@ def test_budget_below_the_trace_estimate_forces_a_memory_pass(cnn_job: dict, tmp
     r = CliRunner().invoke(optimize, [str(cnn_job["trace"]), "-o", str(out), "-q", "--budget", "5"])
     assert r.exit_code == 0, r.output
     assert json.loads(out.read_text())["memory"]["choices"] == {}
+
+
+@pytest.mark.slow
+def test_recorded_layers_drive_the_memory_model(cnn_job: dict):
+    """A real profiled job's manifest carries each parameter's layer; the memory model's layers are
+    those (a different record gives different layers), not a rule borrowed from the example script."""
+    import dataclasses
+    ts = load_trace(cnn_job["trace"])
+    layers = ts.manifest.facts.layers
+    assert layers and set(layers.values()) == {"conv1", "conv2", "conv3", "fc1", "fc2"}
+    prof = build_profile(ts)
+    assert prof.layers == ["conv1", "conv2", "conv3", "fc1", "fc2"]               # forward order
+    coarse = {n: ("convs" if lay.startswith("conv") else "fcs") for n, lay in layers.items()}
+    man = dataclasses.replace(ts.manifest, extra={**ts.manifest.extra, "layers": coarse})
+    assert build_profile(dataclasses.replace(ts, manifest=man)).layers == ["convs", "fcs"]

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Callable, Iterable
 import networkx as nx
 
 from ..errors import GraphError
-from ..job import COMPUTE_KINDS, Job, Strategy, fused_name, group_name, identity, local_name
-from ..trace import Collective, OpKind, TraceSet
+from ..job import Job, Strategy, fused_name, group_name, identity, local_name
+from ..trace import LAYER_KINDS, Collective, OpKind, TraceSet
 from .model import add_op, op_key, validate
 from .schemes import SCHEMES, TensorGroup, get_scheme
 from .topology import CommContext, Links
@@ -161,7 +161,7 @@ def apply_memory(job: Job, g: nx.DiGraph, strategy: Strategy) -> None:
     if accum > 1:
         # m micro-batches of 1/m the batch: compute time = m x (dur/m + launch overhead), sync once
         for _, d in g.nodes(data=True):
-            if d["kind"] in COMPUTE_KINDS:
+            if d["kind"] in LAYER_KINDS:
                 d["dur"] = d["dur"] + (accum - 1) * min(job.launch_overhead_us, d["dur"])
 
 

@@ -45,9 +45,16 @@ window-relative peak + persistent).  The memory passes transform them:
   micro-batch and, in the later ones, exist twice between the allocation of the
   new gradient and its gradient-ready op (it is added in place, then freed).
 * **recomputation** = ``torch.utils.checkpoint.checkpoint_sequential`` over the
-  L parameterised layers (parameter-name prefixes up to the first numeric
-  component: ``body.0``, ``conv1``, ``blocks.layers.1``) in round(sqrt(L))
-  segments, the last segment not checkpointed (torch's rule).  A layer's saved
+  L parameterised layers in round(sqrt(L)) segments, the last segment not
+  checkpointed (torch's rule).  A parameter's layer is what the trace says
+  (``manifest.extra.layers``, :attr:`dpro_kit.schema.Facts.layers`: the collector
+  reads it from the module tree — the child of the outermost ``nn.Sequential`` /
+  ``nn.ModuleList`` on the parameter's path, the unit ``checkpoint_sequential``
+  runs, else its top-level submodule; ``dpro_torch.recorder.layer_names``); for a
+  trace without it (older recordings, other collectors, graph files) the explicit
+  fallback :func:`layer_of` reads the name (up to the first numeric component:
+  ``body.0``, ``conv1``, ``blocks.layers.1``), which gives the same layers for
+  containers PyTorch numbers and one layer per named ``Sequential``.  A layer's saved
   activations R are what its backward frees (the backward ops between the
   previous layer's last gradient-ready op and its own).  A checkpointed
   segment frees sum R at the end of its forward and keeps only its input; in
@@ -76,13 +83,25 @@ from .state import BaseJob, Strategy
 CUDA_BLOCK = 512
 
 
-def layer_of(param: str) -> str:
-    """A parameter's layer: its name up to the first numeric component (``body.0``), else the first one.
+def layer_of(param: str, layers: dict[str, str] | None = None) -> str:
+    """A parameter's layer: the one the trace recorded, else its name up to the first numeric
+    component (``body.0``), else the name's first component.
 
-    Why this rule: it splits a model into the units one checkpoints (a block of a
-    ModuleList/Sequential, or a named top-level module) without module markers in
-    the trace; ``examples/ddp/train.py --checkpoint`` uses the same layers.
+    The recorded layer (``layers``: :attr:`dpro_kit.schema.Facts.layers`, written by the
+    collector from the module tree) is the unit activation checkpointing takes.  The name
+    rule is the fallback for traces without it: a numbered component is a child of an
+    ``nn.Sequential`` / ``nn.ModuleList`` (PyTorch numbers their children), so it finds the
+    same units unless a container names its children.
+
+    Parameters
+    ----------
+    param : str
+        Parameter name (``named_parameters``).
+    layers : dict, optional
+        Parameter name -> layer, as recorded in the trace.
     """
+    if layers and param in layers:
+        return layers[param]
     parts = param.split(".")
     for i, c in enumerate(parts[:-1]):
         if c.isdigit():
@@ -176,8 +195,8 @@ def _phases(kinds: list[str]) -> list[str]:
 def build_profile(ts: Any, *, optimizer_slots: float | None = None) -> MemoryProfile | None:
     """The memory profile of a TraceSet, or None when it has no allocator samples.
 
-    ``ts`` must not be time-aligned differently from its memory samples (use the
-    trace as loaded: events and samples share each node's clock).
+    ``ts``'s events and memory samples must share each node's clock (as loaded, or
+    aligned with :func:`dpro_kit.align.apply_offsets`, which shifts both).
     ``optimizer_slots`` (parameter sizes of optimizer state per parameter) is
     used only when the trace does not record the optimizer's state size.
     """
@@ -185,7 +204,7 @@ def build_profile(ts: Any, *, optimizer_slots: float | None = None) -> MemoryPro
     if mem is None or mem.empty:
         return None
     from ..job import JobFacts
-    extra = dict(getattr(ts.manifest, "extra", {}) or {})
+    facts = JobFacts.from_manifest(ts.manifest)
     # parameters (per-parameter sizes and gradient-ready ops, from the DDP buckets)
     params: list[ParamInfo] = []
     ready_ids: dict[str, dict[int, str]] = {}
@@ -254,17 +273,17 @@ def build_profile(ts: Any, *, optimizer_slots: float | None = None) -> MemoryPro
     first_ready: dict[str, int] = {}
     ref = timelines[-1]
     for i, p in enumerate(params):
-        lay = layer_of(p.name)
+        lay = layer_of(p.name, facts.layers)
         r = ref.ready_op.get(i)
         if r is not None:
             first_ready[lay] = min(first_ready.get(lay, r), r)
     layers = [lay for lay, _ in sorted(first_ready.items(), key=lambda kv: -kv[1])]
     for p in params:
-        lay = layer_of(p.name)
+        lay = layer_of(p.name, facts.layers)
         p.layer = layers.index(lay) if lay in layers else -1
     # persistent parts
     P = sum(p.bytes for p in params)
-    ddp = JobFacts.from_manifest(ts.manifest).ddp
+    ddp = facts.ddp
     as_view = bool(ddp.get("gradient_as_bucket_view"))
     persistent = {"params": P, "comm_buffers": 0, "optimizer_state": 0, "grads": 0}
     sources = {"params": "trace: bytes of the synchronised parameters (DDP buckets, meta.json)"}
@@ -274,11 +293,10 @@ def build_profile(ts: Any, *, optimizer_slots: float | None = None) -> MemoryPro
                                    f"(gradient_as_bucket_view={str(as_view).lower()})")
     else:
         sources["comm_buffers"] = "not counted (no DDP information in the trace)"
-    opt = extra.get("optimizer") or {}
-    if isinstance(opt, dict) and opt.get("state_bytes") is not None:
-        persistent["optimizer_state"] = int(opt["state_bytes"])
+    if facts.optimizer_state_bytes is not None:
+        persistent["optimizer_state"] = facts.optimizer_state_bytes
         sources["optimizer_state"] = (f"trace: optimizer state recorded by the collector "
-                                      f"({opt.get('class', '?')})")
+                                      f"({facts.optimizer_class or '?'})")
     else:
         slots = 1.0 if optimizer_slots is None else float(optimizer_slots)
         persistent["optimizer_state"] = int(slots * P)

@@ -49,10 +49,10 @@ from ..graph.schemes import TensorGroup, get_scheme
 from ..graph.topology import CommContext, Links
 from ..replay import replay
 from ..replay.engine import compile_graph
-from ..trace import OpKind
+from ..trace import LAYER_KINDS, OpKind
 from .memory import MemoryModel
 from .passes import PASSES, GraphPass, PassRefused
-from .state import (COMPUTE_KINDS, BaseJob, Strategy, build, condensed_graph, contract, fused_duration,
+from .state import (BaseJob, Strategy, build, condensed_graph, contract, fused_duration,
                     fused_name, group_name, initial_strategy, local_name)
 from .theory import theorem2_fuse_tensors, theorem3_joint
 
@@ -261,7 +261,7 @@ class Searcher:
             d = g.nodes[k]
             if d["node"] != ref:
                 continue
-            if d["kind"] not in COMPUTE_KINDS:
+            if d["kind"] not in LAYER_KINDS:
                 cur = []
                 continue
             o = local_name(k, ref)
@@ -407,7 +407,7 @@ class Searcher:
             return state.groups[state.group_of(ts[-1])] if ts else None
 
         # ---- computation segment (Theorems 1 and 3)
-        comp = [k for k in cp if nodes[k]["kind"] in COMPUTE_KINDS]
+        comp = [k for k in cp if nodes[k]["kind"] in LAYER_KINDS]
         if self.o.op_fusion:
             for a, b in zip(comp, comp[1:]):
                 if nodes[a]["node"] != nodes[b]["node"] or nodes[a]["device"] != nodes[b]["device"] \
@@ -452,7 +452,7 @@ class Searcher:
         seq: list[int] = []
         for k in cp:
             t = nodes[k]["tensor"]
-            if nodes[k]["kind"] in COMPUTE_KINDS or not t or nodes[k]["kind"] == OpKind.UPDATE.value:
+            if nodes[k]["kind"] in LAYER_KINDS or not t or nodes[k]["kind"] == OpKind.UPDATE.value:
                 continue
             gi = gname_to_idx.get(t.rsplit("#p", 1)[0])
             if gi is not None and (not seq or seq[-1] != gi):

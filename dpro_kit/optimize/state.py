@@ -32,7 +32,7 @@ import networkx as nx
 from ..graph.build import apply_memory, build, fused_duration, fused_local, group_collectives
 from ..graph.model import op_key
 from ..graph.topology import split_bytes
-from ..job import (COMM_OP_KINDS, COMPUTE_KINDS, FUSED_PREFIX, Job, Strategy, Tensor, fused_name, group_name,
+from ..job import (FUSED_PREFIX, Job, Strategy, Tensor, fused_name, group_name,
                    identity, local_name)
 
 #: the optimizer's names for the job model (kept for callers of the earlier API)
@@ -42,7 +42,7 @@ BaseTensor = Tensor
 __all__ = ["BaseJob", "BaseTensor", "Strategy", "build", "extract_base", "initial_strategy", "fused_duration",
            "fused_local", "apply_memory", "group_collectives", "condensed_graph", "contract",
            "fusion_creates_cycle", "dumps_strategy", "split_bytes", "group_name", "fused_name", "local_name",
-           "COMPUTE_KINDS", "COMM_OP_KINDS", "FUSED_PREFIX"]
+           "FUSED_PREFIX"]
 
 
 def extract_base(g: nx.DiGraph, *, params: dict[str, list[str]] | None = None,

@@ -221,10 +221,10 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
                                hint="profile the job with `dpro profile` and Horovod's DistributedOptimizer")
     tpath = node_dir / str(meta["trace_file"])
     doc = K.load_doc(tpath)
-    opts = (manifest.extra.get("torch_kineto") or {}) if isinstance(manifest.extra, dict) else {}
+    facts = manifest.facts
     extra: dict[str, Any] = {}
-    nt = TK.parse_node(meta, doc, path=tpath, fold_gaps=str(opts.get("host_gaps", "fold")) != "keep",
-                       overhead=str(opts.get("profiler_overhead", "window")), extra=extra)
+    nt = TK.parse_node(meta, doc, path=tpath, fold_gaps=facts.host_gaps != "keep",
+                       overhead=facts.profiler_overhead, extra=extra)
     tl_path = node_dir / str(hv.get("timeline_file") or TIMELINE_FILE)
     resp = responses(load_timeline(tl_path))
     pinfo = _bytes_of(meta)

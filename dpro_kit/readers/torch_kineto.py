@@ -98,16 +98,14 @@ import pandas as pd
 
 from ..errors import TraceFormatError
 from ..trace import Manifest, NodeTrace, OpKind, make_events, read_json
+from .. import schema as S
 from . import kineto as K
 
-META_FORMAT = "dpro-torch-meta"
-META_VERSIONS = (1,)
-
-# collector markers (collectors/torch/dpro_torch/markers.py; also listed in meta.json)
-MARKERS = {"forward": "dpro::forward", "backward": "dpro::backward", "optimizer": "dpro::optimizer_step",
-           "step_end": "dpro::step_end", "clock_sync": "dpro::clock_sync", "grad_ready_prefix": "dpro::grad_ready/",
-           "calibrate": "dpro::calibrate", "comm_wait": "dpro::comm_wait"}
-MARKER_NS = "dpro::"
+# the collector's meta.json format and markers: one definition (dpro_kit/schema.py), shared with the collector
+META_FORMAT = S.TORCH_META_FORMAT
+META_VERSIONS = S.TORCH_META_VERSIONS
+MARKERS = S.MARKERS
+MARKER_NS = S.MARKER_PREFIX
 
 #: operator namespace of c10d collectives as dispatched on the launching thread (gloo and NCCL)
 C10D_NS = "c10d::"
@@ -151,23 +149,7 @@ class _Op:
 
 def _load_meta(node_dir: Path) -> dict[str, Any]:
     path = node_dir / "meta.json"
-    meta = read_json(path, what="dpro_torch meta file")
-    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
-        raise TraceFormatError("not a dpro_torch meta.json", path=path, hint=f'expected "format": "{META_FORMAT}"')
-    if meta.get("version") not in META_VERSIONS:
-        raise TraceFormatError(f"unsupported meta.json version {meta.get('version')!r}", path=path,
-                               hint=f"this reader understands versions {list(META_VERSIONS)}")
-    for key in ("rank", "window", "ddp"):
-        if key not in meta:
-            raise TraceFormatError(f"meta.json lacks {key!r}", path=path)
-    if not meta.get("trace_file"):
-        w = meta.get("window", {})
-        done = len(meta.get("steps", []))
-        raise TraceFormatError(
-            f"no Kineto trace was written (the job ran {done} iteration(s); the profiling window was "
-            f"{w.get('start_step')}:{w.get('stop_step')})", path=path,
-            hint="profile iterations the job actually reaches (DPRO_STEPS)")
-    return meta
+    return S.validate_torch_meta(read_json(path, what="dpro_torch meta file"), path)
 
 
 def _contains(intervals: list[tuple[int, int, Any]], t: int) -> Any:
@@ -198,9 +180,9 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     meta = _load_meta(node_dir)
     tpath = node_dir / str(meta["trace_file"])
     doc = K.load_doc(tpath)
-    opts = (manifest.extra.get("torch_kineto") or {}) if isinstance(manifest.extra, dict) else {}
-    fold_gaps = str(opts.get("host_gaps", "fold")) != "keep"
-    overhead = str(opts.get("profiler_overhead", "window"))
+    facts = manifest.facts
+    fold_gaps = facts.host_gaps != "keep"
+    overhead = facts.profiler_overhead
     if overhead not in OVERHEAD_MODES:
         raise TraceFormatError(f"unknown torch_kineto.profiler_overhead {overhead!r} in the manifest",
                                hint="use one of " + ", ".join(OVERHEAD_MODES))
@@ -236,7 +218,7 @@ def read_op_shapes(node_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 #: how the reader removes the profiler's cost from op durations (manifest extra torch_kineto.profiler_overhead)
-OVERHEAD_MODES = ("window", "calibrated", "keep")
+OVERHEAD_MODES = S.OVERHEAD_MODES
 #: upper bound on the per-event cost the "window" mode may attribute (ns)
 MAX_EVENT_OVERHEAD_NS = 20_000.0
 
@@ -379,8 +361,7 @@ def _iterations(markers: list[K.KEvent], main: list[K.KEvent], meta: dict[str, A
     for it, e in zip(steps, ends):
         spans.append((prev, e.start_ns, it))
         prev = e.end_ns
-    phase_of_marker = {mk["forward"]: OpKind.FW.value, mk["backward"]: OpKind.BW.value,
-                       mk["optimizer"]: OpKind.UPDATE.value}
+    phase_of_marker = {mk[role]: OpKind(kind).value for role, kind in S.PHASE_MARKERS.items()}
     phases = _flatten(sorted((e.start_ns, e.end_ns, phase_of_marker[e.name]) for e in markers
                              if e.name in phase_of_marker))
     return _Window(steps=steps, spans=spans, phases=phases)

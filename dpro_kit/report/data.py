@@ -20,10 +20,9 @@ import pandas as pd
 
 from ..analysis import last_iteration_window, overlap_breakdown, union_length
 from ..errors import DproError
+from ..schema import find_offsets
 from ..trace import COMM_KINDS, COMPUTE_KINDS, TraceSet
 
-_COMPUTE = {k.value for k in COMPUTE_KINDS}
-_COMM = {k.value for k in COMM_KINDS}
 
 
 @dataclass
@@ -138,8 +137,8 @@ def measured_breakdown(ts: TraceSet) -> dict[str, dict[str, float]]:
             s = part["start"].to_numpy(float)
             e = s + part["dur"].to_numpy(float)
             kind = part["kind"].astype(str).to_numpy()
-            comp = np.column_stack([s, e])[np.isin(kind, list(_COMPUTE))]
-            comm = np.column_stack([s, e])[np.isin(kind, list(_COMM))]
+            comp = np.column_stack([s, e])[np.isin(kind, list(COMPUTE_KINDS))]
+            comm = np.column_stack([s, e])[np.isin(kind, list(COMM_KINDS))]
             span = float(e.max() - s.min()) if len(s) else 0.0
             rows.append((*overlap_breakdown(comp, comm, span), span))
         if rows:
@@ -152,7 +151,7 @@ def stragglers(ts: TraceSet) -> dict[str, Any]:
     """Per rank: iteration span and compute time per profiled iteration; spread across ranks."""
     ev = ts.events
     per_node: list[dict[str, Any]] = []
-    per_node_measured = ts.manifest.extra.get("measured_iteration_ms_per_node") or {}
+    per_node_measured = ts.manifest.facts.measured_iteration_ms_per_node
     for node in ts.nodes():
         mine = ev[ev["node"] == node]
         spans, comps, comms = [], [], []
@@ -161,17 +160,17 @@ def stragglers(ts: TraceSet) -> dict[str, Any]:
             e = s + part["dur"].to_numpy(float)
             kind = part["kind"].astype(str).to_numpy()
             spans.append(float(e.max() - s.min()) / 1e3)
-            comps.append(union_length(np.column_stack([s, e])[np.isin(kind, list(_COMPUTE))]) / 1e3)
-            comms.append(union_length(np.column_stack([s, e])[np.isin(kind, list(_COMM))]) / 1e3)
+            comps.append(union_length(np.column_stack([s, e])[np.isin(kind, list(COMPUTE_KINDS))]) / 1e3)
+            comms.append(union_length(np.column_stack([s, e])[np.isin(kind, list(COMM_KINDS))]) / 1e3)
         info = ts.manifest.nodes[node]
         rec = {"node": node, "rank": info.rank, "host": info.host, "role": info.role,
                "span_ms": spans, "compute_ms": comps, "comm_ms": comms,
                "mean_span_ms": float(np.mean(spans)) if spans else 0.0,
                "mean_compute_ms": float(np.mean(comps)) if comps else 0.0,
                "mean_comm_ms": float(np.mean(comms)) if comms else 0.0}
-        v = per_node_measured.get(node) if isinstance(per_node_measured, dict) else None
-        if isinstance(v, (int, float)):
-            rec["unprofiled_iteration_ms"] = float(v)
+        v = per_node_measured.get(node)
+        if v is not None:
+            rec["unprofiled_iteration_ms"] = v
         per_node.append(rec)
     comp = [r["mean_compute_ms"] for r in per_node if r["role"] == "worker"]
     out: dict[str, Any] = {"nodes": per_node}
@@ -188,7 +187,7 @@ def stragglers(ts: TraceSet) -> dict[str, Any]:
 def buckets(ts: TraceSet, res: Any, g: nx.DiGraph) -> list[dict[str, Any]]:
     """Per tensor/bucket: size, measured collective time (mean/min/max), replayed synchronisation span."""
     ev = ts.events
-    comm = ev[ev["kind"].astype(str).isin(list(_COMM)) & (ev["tensor"] != "")]
+    comm = ev[ev["kind"].astype(str).isin(list(COMM_KINDS)) & (ev["tensor"] != "")]
     t0, t1 = last_iteration_window(res)
     last = np.arange((res.iterations - 1) * res.n, res.iterations * res.n)
     span_by_tensor: dict[str, list[float]] = {}
@@ -229,20 +228,6 @@ def buckets(ts: TraceSet, res: Any, g: nx.DiGraph) -> list[dict[str, Any]]:
 
 # ----------------------------------------------------------------------------- optional inputs
 
-def _find_offsets(doc: Any) -> dict[str, float] | None:
-    if not isinstance(doc, dict):
-        return None
-    for key in ("offsets_us", "offsets"):
-        v = doc.get(key)
-        if isinstance(v, dict) and v and all(isinstance(x, (int, float)) for x in v.values()):
-            return {str(k): float(x) for k, x in v.items()}
-    for key in ("alignment", "aligned"):
-        found = _find_offsets(doc.get(key))
-        if found:
-            return found
-    return None
-
-
 def alignment(ts: TraceSet, trace_dir: Path) -> dict[str, Any]:
     """Per-node clock offsets from ``manifest.extra`` or an alignment result next to the traces.
 
@@ -250,7 +235,7 @@ def alignment(ts: TraceSet, trace_dir: Path) -> dict[str, Any]:
     then ``TRACE_DIR/aligned/*.json`` (``dpro align`` writes ``aligned/offsets.json``) and ``TRACE_DIR/alignment.json`` / ``aligned.json`` (an object
     with ``offsets_us``, possibly under ``alignment``).  Absent -> ``available: False``.
     """
-    found = _find_offsets(ts.manifest.extra)
+    found = ts.manifest.facts.offsets_us
     if found:
         return {"available": True, "offsets_us": found, "source": "manifest.json (extra)"}
     candidates = sorted((trace_dir / "aligned").glob("*.json")) if (trace_dir / "aligned").is_dir() else []
@@ -260,7 +245,7 @@ def alignment(ts: TraceSet, trace_dir: Path) -> dict[str, Any]:
             doc = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
-        found = _find_offsets(doc)
+        found = find_offsets(doc)
         if found:
             extra = {k: doc[k] for k in ("reference", "mode", "status", "solver", "solve_time_s", "skipped",
                                          "constraints", "residual", "convention")
@@ -296,11 +281,8 @@ def memory(ts: TraceSet) -> dict[str, Any]:
             series[str(node)] = sorted(zip((m["time"] - t0).astype(float).tolist(),
                                            m["bytes"].astype(float).tolist()))
         peaks = {str(k): float(v) for k, v in mem.groupby("node", observed=True)["bytes"].max().items()}
-    extra = ts.manifest.extra.get("peak_memory_bytes")
-    if isinstance(extra, dict):
-        for k, v in extra.items():
-            if _finite(v):
-                peaks.setdefault(str(k), float(v))
+    for k, v in ts.manifest.facts.peak_memory_bytes.items():
+        peaks.setdefault(k, v)
     if not series and not peaks:
         return {"available": False,
                 "reason": "not available: the trace has no memory data (profile with `dpro profile --memory`)"}

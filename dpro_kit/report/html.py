@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 from .. import __version__
+from ..trace import COMM_KINDS
 from . import svg
 from .data import ReportData
 from .svg import BREAKDOWN_COLORS, CRIT, KIND_COLORS, esc
@@ -93,7 +94,7 @@ def render(d: ReportData) -> str:
         cards.append(_card(f"{f['measured_iteration_ms']:.3f} ms", "measured iteration time (unprofiled median)"))
         cards.append(_card(f"{err:+.1f} %", "prediction error", "good" if abs(err) <= 10 else "bad"))
     cp_total = sum(d.critical_by_kind.values())
-    comm_cp = sum(v for k, v in d.critical_by_kind.items() if k in ("SEND", "RECV", "COMM"))
+    comm_cp = sum(v for k, v in d.critical_by_kind.items() if k in COMM_KINDS)
     cards.append(_card(f"{100 * comm_cp / cp_total:.0f} %" if cp_total else "n/a", "of the critical path is communication"))
     cards.append(_card(str(f["world_size"]), f"workers on {f['hosts']} host(s)"))
     cm = f.get("comm_model") or {}

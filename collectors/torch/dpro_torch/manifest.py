@@ -20,10 +20,9 @@ from typing import Any
 
 from . import markers as M
 from dpro_kit.errors import atomic_write_text as _atomic_write  # one atomic writer for the distribution
+from dpro_kit.schema import MANIFEST_FORMAT, MANIFEST_VERSION, TORCH_RAW_FORMAT  # one definition, shared with readers
 
-MANIFEST_FORMAT = "dpro-trace"
-MANIFEST_VERSION = 1
-RAW_FORMAT = "torch-kineto"
+RAW_FORMAT = TORCH_RAW_FORMAT
 HOROVOD_RAW_FORMAT = "horovod-torch"   # a Horovod rank: Kineto + the rank's Horovod timeline
 HOROVOD_DEFAULTS = {"fusion_threshold_bytes": 128 * 1024 * 1024, "cycle_time_ms": 1.0}   # Horovod 0.28.1
 
@@ -99,6 +98,8 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
                   "profiled_iteration_ms": round(max(known_prof) / 1e3, 4) if known_prof else None,
                   # class and state size of rank 0's optimizer (peak-memory model)
                   "optimizer": d0.get("optimizer"),
+                  # parameter -> its layer, from the module tree (recorder.layer_names; peak-memory model)
+                  "layers": {str(p["name"]): str(p["layer"]) for p in (ddp0.get("params") or []) if p.get("layer")},
                   # per-collective cost: the slowest rank's median time of a one-element allreduce
                   "comm_calibration": _slowest_calibration([by_rank[r][1] for r in range(world)]),
                   # CPU set, machine and torch threads of every rank (dpro_kit.placement)

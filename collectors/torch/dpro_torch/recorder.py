@@ -206,6 +206,34 @@ def patch_backward() -> None:
 
 # --------------------------------------------------------------------------- the recorder
 
+def layer_names(module: Any, names: list[str]) -> dict[str, str]:
+    """Parameter name -> its layer: the unit activation checkpointing takes.
+
+    The child of the outermost ``nn.Sequential`` / ``nn.ModuleList`` on the parameter's path
+    (what ``torch.utils.checkpoint.checkpoint_sequential`` runs as one function), else its
+    top-level submodule.  Read from the module tree while the job runs, recorded in
+    ``meta.json`` (``ddp[].params[].layer``) and ``manifest.extra.layers``, so the memory model
+    (``dpro_kit.optimize.memory``) need not infer layers from parameter names.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The DDP-wrapped module.
+    names : list of str
+        Its parameter names (``named_parameters``).
+    """
+    containers = {n for n, m in module.named_modules() if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList))}
+    out = {}
+    for name in names:
+        parts = name.split(".")
+        out[name] = parts[0]
+        for i in range(len(parts) - 2):   # a container's child is a module, not the parameter itself
+            if ".".join(parts[: i + 1]) in containers:
+                out[name] = ".".join(parts[: i + 2])
+                break
+    return out
+
+
 class Recorder:
     """Profile iterations ``steps[0] .. steps[1]-1`` (0-based) of a training job.
 
@@ -388,13 +416,14 @@ class Recorder:
             if p.requires_grad and name not in ignore:
                 names.append(name)
                 params.append(p)
+        layer = layer_names(ddp.module, names)
         info = {
             "ref": weakref.ref(ddp),
             "index": len(self._ddps),
             "rank": dist.get_rank(pg), "world_size": dist.get_world_size(pg),
             "backend": str(dist.get_backend(pg)),
             "params": [{"index": i, "name": n, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
-                        "numel": int(p.numel()), "bytes": int(p.numel() * p.element_size())}
+                        "numel": int(p.numel()), "bytes": int(p.numel() * p.element_size()), "layer": layer[n]}
                        for i, (n, p) in enumerate(zip(names, params))],
             "param_refs": [weakref.ref(p) for p in params],
             "bucket_cap_bytes": int(getattr(ddp, "bucket_bytes_cap", 0)),
