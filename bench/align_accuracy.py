@@ -186,12 +186,12 @@ def evaluate(trace: Path, seeds: list[int], work: Path, max_offset_us: float = 5
     nodes = ts.nodes()
     ref = nodes[0]
     hosts = sorted({ts.manifest.nodes[n].host for n in nodes})
-    measured = ts.manifest.extra.get("measured_iteration_ms")
+    measured = ts.manifest.facts.measured_iteration_ms
     base = align(ts)
     zero = {n: 0.0 for n in nodes}
     # the original trace on its true clocks (all namespaces share one clock: offsets 0), RECVs clipped
     out = {"trace": str(trace), "nodes": len(nodes), "hosts": len(hosts), "measured_ms": measured,
-           "profiled_ms": ts.manifest.extra.get("profiled_iteration_ms"),
+           "profiled_ms": ts.manifest.facts.profiled_iteration_ms,
            "replay_original_ms": replay_ms(apply_offsets(ts, zero)),
            "unshifted_offsets_us": base.offsets_us, "seeds": []}
     for seed in seeds:
