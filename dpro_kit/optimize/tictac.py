@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import networkx as nx
 import numpy as np
 
-from ..trace import OpKind
+from ..trace import LAYER_KINDS, OpKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..replay.engine import CompiledGraph, ReplayResult
@@ -454,7 +454,7 @@ def scheduling_efficiency(res: "ReplayResult", g: nx.DiGraph) -> dict[str, Any]:
     prev_end = res.end[(it - 1) * n:it * n] if it > 0 else None
     dur = end - start
     workers = sorted({d["node"] for _, d in g.nodes(data=True)
-                      if d.get("kind") in (OpKind.FW.value, OpKind.BW.value) and d.get("node")})
+                      if d.get("kind") in LAYER_KINDS and d.get("node")})
     wset = set(workers)
     rows: dict[str, list[int]] = {w: [] for w in workers}
     own: dict[str, list[int]] = {w: [] for w in workers}
