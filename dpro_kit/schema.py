@@ -31,7 +31,7 @@ from .errors import TraceFormatError
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "MANIFEST_VERSIONS", "TORCH_META_FORMAT", "TORCH_META_VERSION",
            "TORCH_META_VERSIONS", "TORCH_RAW_FORMAT", "MARKER_PREFIX", "MARKERS", "PHASE_MARKERS", "Field",
-           "MANIFEST_FIELDS", "NODE_FIELDS", "TORCH_META_FIELDS", "EXTRA_FIELDS", "OVERHEAD_MODES",
+           "MANIFEST_FIELDS", "NODE_FIELDS", "TORCH_META_FIELDS", "TORCH_PARAM_FIELDS", "EXTRA_FIELDS", "OVERHEAD_MODES",
            "HOST_GAP_MODES", "Facts", "find_offsets", "validate_manifest", "validate_torch_meta"]
 
 # --------------------------------------------------------------------------- formats and versions
@@ -137,6 +137,29 @@ TORCH_META_FIELDS = (
     Field("measured", (dict,), False, "median_unprofiled_us, median_profiled_us"),
     Field("profiler_overhead", (dict,), False, "calibration loop: plain_ns, profiled_ns, calls, marker"),
     Field("run_id", (str,), False, "id the ranks of one run agree on"),
+    Field("job", (str,), False, "job name (the script's stem)"),
+    Field("backend", (str,), False, "process group backend (gloo, nccl)"),
+    Field("pid", (int,), False, "process id of the rank"),
+    Field("torch_version", (str,), False, "torch.__version__"),
+    Field("collector", (str,), False, 'always "dpro_torch"'),
+    Field("argv", (list,), False, "the job's command line"),
+    Field("threads", (int,), False, "torch.get_num_threads() of the rank"),
+    Field("cpu", (dict,), False, "CPU affinity, machine id, CPU count (manifest extra.cpu_placement)"),
+    Field("grad_ready_markers", (bool,), False, "whether dpro::grad_ready/<i> markers were recorded"),
+    Field("optimizer", (dict,), False, "optimizer class and state_bytes (manifest extra.optimizer)"),
+    Field("comm_calibration", (dict,), False, "one-element allreduce times (manifest extra.comm_calibration)"),
+    Field("horovod", (dict,), False, "Horovod jobs: DistributedOptimizer parameters, timeline file, settings"),
+)
+#: per DDP parameter (``ddp[].params[]``): index, name, shape, dtype, numel, bytes, and ``layer`` (the
+#: unit activation checkpointing takes, read from the module tree; manifest ``extra.layers``)
+TORCH_PARAM_FIELDS = (
+    Field("index", (int,), True, "position in the DDP parameter list"),
+    Field("name", (str,), True, "named_parameters() name"),
+    Field("bytes", (int,), True, "size in bytes"),
+    Field("shape", (list,), False, "tensor shape"),
+    Field("dtype", (str,), False, "dtype without 'torch.'"),
+    Field("numel", (int,), False, "number of elements"),
+    Field("layer", (str,), False, "its layer (dpro_torch.recorder.layer_names)"),
 )
 #: ``manifest.extra``: the job facts collectors record and modules read, each parsed once into
 #: :class:`Facts` (name, types, meaning)
@@ -251,10 +274,11 @@ def validate_torch_meta(doc: Any, path: Any = None) -> dict[str, Any]:
             raise TraceFormatError("DDP entry must be an object", path=path, record=rec, hint=_FIX_META)
         known = set()
         for k, p in enumerate(d.get("params") or []):
-            if not (isinstance(p, dict) and isinstance(p.get("index"), int) and isinstance(p.get("name"), str)
-                    and isinstance(p.get("bytes"), int)):
-                raise TraceFormatError("parameter entry needs integer 'index', string 'name', integer 'bytes'",
-                                       path=path, record=f"{rec}.params[{k}]", hint=_FIX_META)
+            if not isinstance(p, dict):
+                raise TraceFormatError("parameter entry must be an object", path=path, record=f"{rec}.params[{k}]",
+                                       hint=_FIX_META)
+            for f in TORCH_PARAM_FIELDS:
+                f.check(p, path=path, record=f"{rec}.params[{k}]", hint=_FIX_META)
             known.add(p["index"])
         for b, bucket in enumerate(d.get("buckets") or []):
             idx = bucket.get("params") if isinstance(bucket, dict) else None

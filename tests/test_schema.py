@@ -105,7 +105,8 @@ def test_bad_manifest_one_line_names_file_record_and_fix(tmp_path: Path, capsys,
 
 
 @pytest.mark.parametrize("change, record, what", [
-    (lambda d: d["ddp"][0]["params"][1].pop("bytes"), "ddp[0].params[1]", "'bytes'"),
+    (lambda d: d["ddp"][0]["params"][1].pop("bytes"), "ddp[0].params[1]", "missing field 'bytes'"),
+    (lambda d: d["ddp"][0]["params"][0].update(layer=3), "ddp[0].params[0].layer", "must be a string"),
     (lambda d: d["ddp"][0]["buckets"][0]["params"].append(999), "ddp[0].buckets[0]", "missing from meta.json"),
     (lambda d: d.update(window=[15, 20]), "window", "must be an object"),
     (lambda d: d.update(version=7), "", "unsupported meta.json version 7"),
