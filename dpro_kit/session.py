@@ -52,7 +52,7 @@ DURATIONS_PER_ITERATION = "per iteration: the median of one replay per profiled 
 
 
 class Progress(Protocol):
-    """What a session reports progress to (the CLI's ``_Progress`` is one)."""
+    """What a session reports progress to (:class:`dpro_kit.cli._common.Progress` is one)."""
 
     def step(self, label: str) -> Callable[[int, int], None] | None:
         """A ``(done, total)`` callback for a long step named ``label``, or None."""

@@ -170,7 +170,7 @@ def test_cli_align_json(tmp_path):
     import click
     from click.testing import CliRunner
 
-    from dpro_kit.cli_align import align as align_cmd
+    from dpro_kit.cli.align import align as align_cmd
     ts, truth = align_speed.synthetic_fine_trace(4, noise=0.0, seed=5)
     d = tmp_path / "t"
     save_trace(ts, d)
@@ -252,7 +252,7 @@ def test_cli_reports_undetermined_with_its_interval(tmp_path):
 
     from click.testing import CliRunner
 
-    from dpro_kit.cli_align import align as align_cmd
+    from dpro_kit.cli.align import align as align_cmd
     d = _two_host_copy(tmp_path / "t")
     r = CliRunner().invoke(align_cmd, [str(d)])
     assert r.exit_code == 0, r.output

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dpro_kit.async_ps import StepOp, StepTemplate, simulate
-from dpro_kit.cli_async import parse_range, saturation
+from dpro_kit.cli.async_predict import parse_range, saturation
 
 MB = 1e6
 

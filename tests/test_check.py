@@ -10,7 +10,8 @@ import pytest
 from conftest import tiny_traceset
 from dpro_kit.check import parse_percent, phase_of
 from dpro_kit.cli import cli, main
-from dpro_kit.cli_report import check, report
+from dpro_kit.cli.check import check
+from dpro_kit.cli.report import report
 from dpro_kit.errors import DproError
 from dpro_kit.trace import save_trace
 

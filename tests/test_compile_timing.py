@@ -115,12 +115,14 @@ def test_timed_fusion_replaces_the_model_and_slower_groups_are_dropped(shapes_tr
     kept only if the replay is not slower with it."""
     from dataclasses import replace
 
-    from dpro_kit.cli_optimize import _time_op_fusions, load_base
     from dpro_kit.graph.model import op_key
+    from dpro_kit.optimize.driver import time_op_fusions
+    from dpro_kit.optimize.load import load_base
+    from dpro_kit.session import Session
     from dpro_kit.optimize.search import SearchOptions, Searcher
     from dpro_kit.optimize.state import initial_strategy
 
-    base, initial, _ = load_base(shapes_trace)
+    base, initial, _ = load_base(Session(shapes_trace))
     chain = ("aten::linear#0", "aten::relu#0", "aten::linear#1", "aten::relu#1")
     searcher = Searcher(base, SearchOptions(budget_s=30, op_fusion=False))
     result = searcher.run(initial_strategy(base, initial))
@@ -128,8 +130,8 @@ def test_timed_fusion_replaces_the_model_and_slower_groups_are_dropped(shapes_tr
     with_model = searcher.evaluate(result.strategy)[0]
     without = searcher.evaluate(replace(result.strategy, fusions=()))[0]
     result.after_us = with_model
-    result, info = _time_op_fusions(shapes_trace, base, searcher, result, "compile", deadline=float("inf"),
-                                    progress=None)
+    result, info = time_op_fusions(shapes_trace, base, searcher, result, "compile", deadline=float("inf"),
+                                   progress=None)
     (g,) = info["groups"]
     assert g["source"] == "torch.compile" and g["ratio"] > 0 and info["timed"] == 1
     ratio = base.fusion_ratios[chain]

@@ -32,7 +32,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import profile_ddp
-from dpro_kit.cli_optimize import optimize
+from dpro_kit.cli.optimize import optimize
 from dpro_kit.optimize.memory import MemoryModel, build_profile, checkpoint_segments, layer_of
 from dpro_kit.optimize.state import Strategy
 from dpro_kit.trace import Collective, Manifest, NodeInfo, TraceSet, load_trace, make_events, save_trace

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dpro_kit.cli_optimize import optimize
+from dpro_kit.cli.optimize import optimize
 from dpro_kit.errors import DproError
 from dpro_kit.optimize import Searcher, extract_base
 from dpro_kit.optimize.examples import tiny_dfg

@@ -22,7 +22,8 @@ import pytest
 
 from conftest import tiny_traceset
 from dpro_kit.cli import cli, main
-from dpro_kit.cli_report import check, report
+from dpro_kit.cli.check import check
+from dpro_kit.cli.report import report
 from dpro_kit.report import build_report
 from dpro_kit.trace import MEMORY_COLUMNS, save_trace
 from test_timeline_format import validate_trace_events
@@ -166,8 +167,7 @@ def test_report_cli_json_quiet_and_bad_input(tiny_trace_dir, tmp_path, capsys):
     # the report aligns the clocks as `dpro replay` does (the tiny trace's workers are on two hosts): aligned.json too
     assert summary["alignment"] == "available" and len(summary["timelines"]) == 3
     # piped (not a terminal): no progress even without --quiet
-    r = subprocess.run([sys.executable, "-c", "import sys; from dpro_kit.cli import cli, main; "
-                        "from dpro_kit.cli_report import report; cli.add_command(report); sys.exit(main())",
+    r = subprocess.run([sys.executable, "-c", "import sys; from dpro_kit.cli import main; sys.exit(main())",
                         "report", str(tiny_trace_dir), "-o", str(tmp_path / "p.html")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stderr == "" and "wrote" in r.stdout

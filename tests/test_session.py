@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from dpro_kit.cli import cli, main
-from dpro_kit.cli_report import check, report
+from dpro_kit.cli.check import check
+from dpro_kit.cli.report import report
 from dpro_kit.errors import DproError
 from dpro_kit.session import DURATIONS_MEAN, DURATIONS_PER_ITERATION, Session
 from dpro_kit.whatif import WhatIf

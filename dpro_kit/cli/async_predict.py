@@ -1,6 +1,6 @@
 """``dpro async-predict TRACE``: steps/s of asynchronous PS training for W = 1..N workers.
 
-Registered on the ``dpro`` group in :mod:`dpro_kit.cli`. The model is
+The model is
 :mod:`dpro_kit.async_ps` (Li et al., ICPE'20; formulas in docs/async.md).
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .errors import DproError
+from ..errors import DproError
 
 __all__ = ["async_predict", "parse_range", "saturation"]
 
@@ -77,7 +77,7 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     the PS link equally (discrete-event simulation, Li et al. ICPE'20). Prints steps/s per W and
     the saturation point (the W after which one more worker adds < 5 %).
     """
-    from .async_ps import calibrate, predict, template_from_trace
+    from ..async_ps import calibrate, predict, template_from_trace
 
     ws = parse_range(workers)
     tpl = template_from_trace(trace_dir, num_ps=num_ps)

@@ -1,20 +1,26 @@
 """``dpro align TRACE_DIR``: estimate per-node clock offsets (dPRO §4.2) and cache them.
 
-Registered on the ``dpro`` group in :mod:`dpro_kit.cli` (``cli.add_command(align)``).
 Writes ``TRACE_DIR/aligned/offsets.json`` (atomically; raw traces are never touched),
 which ``dpro replay`` then applies (see :func:`dpro_kit.align.aligned_traceset`).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from .errors import DproError
+from ..errors import DproError
+from ._common import echo_json, output_options
+
+EPILOG = """\b
+Examples:
+  dpro align trace                 offsets, residuals, error bounds; stored for `dpro replay`
+  dpro align trace --json --no-write
+  dpro align trace --family paper --statistic mean     dPRO's objective as published
+"""
 
 
-@click.command(short_help="Align the clocks of a job's nodes (dPRO trace time alignment).")
+@click.command(short_help="Align the clocks of a job's nodes (dPRO trace time alignment).", epilog=EPILOG)
 @click.argument("trace_dir", type=click.Path(path_type=Path))
 @click.option("--alpha", default=1.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Weight of the RECV-family variance term.")
@@ -30,8 +36,7 @@ from .errors import DproError
               metavar="US", help="Collective-level traces: an offset whose ~95 % error bound exceeds this is "
                                  "reported UNDETERMINED (with the interval the dependencies prove) instead of a number.")
 @click.option("--no-write", is_flag=True, help="Do not store TRACE_DIR/aligned/offsets.json.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@output_options()
 def align(trace_dir: Path, alpha: float, beta: float, family: str, statistic: str, max_unc: float, no_write: bool,
           as_json: bool, quiet: bool) -> None:
     """Estimate every node's clock offset against the reference node and store the result.
@@ -48,9 +53,9 @@ def align(trace_dir: Path, alpha: float, beta: float, family: str, statistic: st
     (+- us), the proven interval, binding constraints and the solve time.  `dpro replay`
     applies the stored offsets automatically.  Details: docs/alignment.md.
     """
-    from .align import align as run_align
-    from .align import format_report, save_result
-    from .trace import load_trace
+    from ..align import align as run_align
+    from ..align import format_report, save_result
+    from ..trace import load_trace
 
     ts = load_trace(trace_dir)
     res = run_align(ts, alpha=alpha, beta=beta, family=family, statistic=statistic, undetermined_us=max_unc)
@@ -63,8 +68,11 @@ def align(trace_dir: Path, alpha: float, beta: float, family: str, statistic: st
             raise DproError(f"cannot write the alignment result: {exc.strerror}", path=trace_dir,
                             hint="use --no-write for a read-only trace directory") from None
     if as_json:
-        click.echo(json.dumps(out, indent=2))
+        echo_json(out)
         return
     click.echo(format_report(res))
     if out.get("written") and not quiet:
         click.echo(f"written to {out['written']}")
+
+
+__all__ = ["align"]

@@ -8,10 +8,15 @@ from pathlib import Path
 
 import click
 
-from .errors import DproError
+from ..errors import DproError
 
 
-@click.command(short_help="Copy the per-host folders of one multi-host `dpro profile` run into one folder.")
+@click.command(short_help="Copy the per-host folders of one multi-host `dpro profile` run into one folder.",
+               epilog="""\b
+Examples:
+  dpro merge hostA/ hostB/ -o run/ && dpro replay run/
+  dpro merge /mnt/host*/trace -o run/ --json
+""")
 @click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--out", required=True, type=click.Path(path_type=Path),
               help="New folder to write (refused if it exists and is not empty).")
@@ -60,3 +65,6 @@ def merge(sources: tuple[Path, ...], out: Path, as_json: bool) -> None:
         click.echo(f"dpro merge: {len(plan)} rank folder(s) into {out}, run {summary['run_id']}, world size "
                    f"{doc['world_size']}; next: dpro replay {out}", err=True)
     sys.stdout.flush()
+
+
+__all__ = ["merge"]

@@ -1,0 +1,170 @@
+"""What every ``dpro`` command shares: progress, the Session options, output and exit codes.
+
+Conventions (each command module follows them through these helpers):
+
+* ``--json`` prints one JSON object on stdout (:func:`json_option`, :func:`echo_json`);
+  ``--quiet`` / a pipe / ``--json`` silence the progress on stderr (:class:`Progress`).
+* A user mistake is a :class:`~dpro_kit.errors.DproError`: :func:`dpro_kit.cli.main`
+  prints it as one line on stderr and exits with :data:`EXIT_BAD_INPUT` (2).
+* The options that say how a trace becomes a prediction are the arguments of
+  :class:`~dpro_kit.session.Session`; they come from :func:`session_options` (``--no-align``,
+  ``--per-iteration/--mean-durations``) and :func:`whatif_options` (``--bucket-mb``,
+  ``--first-bucket-mb``, ``--bandwidth-mbps``, ``--world-size``), and :func:`open_session`
+  turns the parsed values into the Session, so every command reads a trace the same way.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import click
+
+from ..session import PER_ITERATION_MAX_EVENTS
+
+#: exit code of a user mistake (bad input, bad option): one line on stderr says what and where
+EXIT_BAD_INPUT = 2
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: click settings of every command (``-h`` as ``--help``, wide help)
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class Progress:
+    """Progress on stderr for long steps; silent when piped, with ``--quiet`` or ``--json``.
+
+    Implements :class:`dpro_kit.session.Progress`.
+
+    Parameters
+    ----------
+    enabled : bool
+        False for ``--quiet`` / ``--json``; progress is also off when stderr is not a terminal.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+
+    def step(self, label: str) -> Callable[[int, int], None] | None:
+        """A ``(done, total)`` callback printing ``label: done/total``, or None when silent."""
+        if not self.enabled:
+            return None
+
+        def report(done: int, total: int) -> None:
+            end = "\n" if done >= total else ""
+            click.echo(f"\r{label}: {done}/{total}", err=True, nl=False)
+            if end:
+                click.echo("", err=True)
+        return report
+
+    def note(self, msg: str) -> None:
+        """One line on stderr about what happens next (when enabled)."""
+        if self.enabled:
+            click.echo(msg, err=True)
+
+
+def _apply(options: list[Callable[[F], F]], f: F) -> F:
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+def output_options(what: str = "Print one JSON object instead of text.") -> Callable[[F], F]:
+    """``--json`` (as ``as_json``) and ``--quiet/-q``, the options every command has.
+
+    Parameters
+    ----------
+    what : str
+        Help text of ``--json``.
+    """
+    def deco(f: F) -> F:
+        return _apply([click.option("--json", "as_json", is_flag=True, help=what),
+                       click.option("--quiet", "-q", is_flag=True, help="No progress output.")], f)
+    return deco
+
+
+def session_options(per_iteration_help: str | None = None, align_help: str | None = None) -> Callable[[F], F]:
+    """``--no-align`` and ``--per-iteration/--mean-durations``: how a trace becomes the replayed graph.
+
+    The values are :class:`~dpro_kit.session.Session`'s ``align`` (negated) and
+    ``per_iteration`` (None: the Session's default); pass them to :func:`open_session`.
+
+    Parameters
+    ----------
+    per_iteration_help, align_help : str or None
+        Help texts when a command wants to say more (default: the ``dpro replay`` texts).
+    """
+    per_help = per_iteration_help or (
+        "Replay each profiled iteration with its own op durations and report the median one, or replay once "
+        "with every op's mean duration.  Default: per iteration (robust to outlier iterations; "
+        f"docs/accuracy.md) unless the trace has more than {PER_ITERATION_MAX_EVENTS:,} events.")
+
+    def deco(f: F) -> F:
+        return _apply([
+            click.option("--no-align", is_flag=True,
+                         help=align_help or "Do not apply the trace time alignment (`dpro align`)."),
+            click.option("--per-iteration/--mean-durations", default=None, help=per_help),
+        ], f)
+    return deco
+
+
+def whatif_options(bucket_help: str | None = None, first_bucket_help: str | None = None) -> Callable[[F], F]:
+    """``--bucket-mb``, ``--first-bucket-mb``, ``--bandwidth-mbps``, ``--world-size``: a :class:`~dpro_kit.whatif.WhatIf`.
+
+    Parameters
+    ----------
+    bucket_help, first_bucket_help : str or None
+        Help texts of the bucket options when the command uses them differently
+        (``dpro optimize`` starts its search from those buckets).
+    """
+    def deco(f: F) -> F:
+        return _apply([
+            click.option("--bucket-mb", type=float, default=None,
+                         help=bucket_help or "What if: re-group gradients into DDP buckets of this size "
+                                             "(MiB, like bucket_cap_mb)."),
+            click.option("--first-bucket-mb", type=float, default=None,
+                         help=first_bucket_help or "What if: size cap of the first bucket (default: the "
+                         "--bucket-mb value, as DDP does when bucket_cap_mb is given; give 1 for DDP's default "
+                         "bucketing, bucket_cap_mb=None)."),
+            click.option("--bandwidth-mbps", type=float, default=None,
+                         help="What if: every network link at this line rate (Mbit/s; TCP goodput ~95.6 % of it)."),
+            click.option("--world-size", type=click.IntRange(1), default=None,
+                         help="What if: this many workers (profiled ranks replicated, ring re-formed)."),
+        ], f)
+    return deco
+
+
+def make_whatif(bucket_mb: float | None = None, first_bucket_mb: float | None = None,
+                bandwidth_mbps: float | None = None, world_size: int | None = None) -> Any:
+    """The :class:`~dpro_kit.whatif.WhatIf` of the :func:`whatif_options` values."""
+    from ..whatif import WhatIf
+    return WhatIf(bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, bandwidth_mbps=bandwidth_mbps,
+                  world_size=world_size)
+
+
+def open_session(trace: Path, *, no_align: bool = False, per_iteration: bool | None = None,
+                 whatif: Any = None, progress: Progress | None = None) -> Any:
+    """The :class:`~dpro_kit.session.Session` of a command's TRACE and its shared options.
+
+    Parameters
+    ----------
+    trace : Path
+        A trace directory or a graph file.
+    no_align, per_iteration
+        The values of :func:`session_options`.
+    whatif : dpro_kit.whatif.WhatIf or None
+        From :func:`make_whatif`.
+    progress : Progress or None
+    """
+    from ..session import Session
+    return Session(trace, align=not no_align, whatif=whatif, per_iteration=per_iteration, progress=progress)
+
+
+def echo_json(obj: Any, indent: int | None = 2) -> None:
+    """Print ``obj`` as the command's one JSON object on stdout."""
+    click.echo(json.dumps(obj, indent=indent))
+
+
+__all__ = ["CONTEXT_SETTINGS", "EXIT_BAD_INPUT", "Progress", "echo_json", "make_whatif", "open_session",
+           "output_options", "session_options", "whatif_options"]

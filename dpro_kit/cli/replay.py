@@ -1,0 +1,154 @@
+"""``dpro replay``: predict the iteration time of a trace (or graph file) and show its critical path."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import DproError
+from ._common import Progress, echo_json, make_whatif, open_session, output_options, session_options, whatif_options
+
+EPILOG = """\b
+Examples:
+  dpro replay trace                          predicted vs measured, per-node breakdown
+  dpro replay trace --json > base.json       a baseline for `dpro check`
+  dpro replay trace -n 3 --timeline t.json   3 iterations; open t.json in ui.perfetto.dev
+  dpro replay trace --bucket-mb 1            what if: smaller DDP buckets
+  dpro replay trace --bandwidth-mbps 200     what if: slower network
+  dpro replay trace --world-size 8           what if: more workers
+  dpro replay ps-trace --schedule tac        TicTac's transfer order (docs/tictac.md)
+  dpro replay dfg.json                       a graph file written by `dpro graph`
+"""
+
+
+@click.command(short_help="Predict the iteration time and show the critical path.", epilog=EPILOG)
+@click.argument("trace", type=click.Path(path_type=Path))
+@click.option("--iterations", "-n", default=1, show_default=True, type=click.IntRange(1, 1000),
+              help="Replay this many iterations back to back; the iteration time is the steady-state gap.")
+@click.option("--timeline", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the simulated timeline as Chrome/Perfetto trace JSON to this file.")
+@click.option("--measured-timeline", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the measured (aligned, when alignment applies) trace as Chrome/Perfetto JSON.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(0, 10000),
+              help="How many of the longest critical-path ops to list.")
+@whatif_options()
+@session_options()
+@click.option("--schedule", default="graph", show_default=True,
+              type=click.Choice(["graph", "fifo", "tic", "tac", "random"]),
+              help="Order of the transfers on each link / server: as the graph says (traced: FIFO), or "
+                   "TicTac's TIC / TAC order of a parameter-server job's transfers, or a random one "
+                   "(docs/tictac.md).")
+@output_options()
+def replay(trace: Path, iterations: int, timeline: Path | None, measured_timeline: Path | None, top: int,
+           bucket_mb: float | None, first_bucket_mb: float | None, bandwidth_mbps: float | None,
+           world_size: int | None, no_align: bool, per_iteration: bool | None, schedule: str, as_json: bool,
+           quiet: bool) -> None:
+    """Predict the iteration time of a job by replaying its global DFG.
+
+    TRACE is a trace directory (with manifest.json) or a graph file written by
+    `dpro graph`.  Prints the predicted iteration time, the computation /
+    communication / overlap / idle time of every node, and the longest ops on
+    the critical path.  The what-if options predict a configuration you did
+    not profile.
+    """
+    from ..analysis import breakdown, critical_path_summary
+    from ..optimize.tictac import scheduling_efficiency
+    from ..timeline import replay_to_chrome, trace_to_chrome, write_chrome
+
+    progress = Progress(not (quiet or as_json))
+    wi = make_whatif(bucket_mb, first_bucket_mb, bandwidth_mbps, world_size)
+    session = open_session(trace, no_align=no_align, per_iteration=per_iteration, whatif=wi, progress=progress)
+    g, info, ts = session.graph, session.info, session.profiled
+    if measured_timeline is not None and ts is None:
+        raise DproError("--measured-timeline needs a trace directory, not a graph file", path=trace)
+    progress.note(f"replaying {g.number_of_nodes()} ops x {iterations} iteration(s)")
+    res = session.replay(iterations, schedule=schedule)
+    bd = breakdown(res, g)
+    cp = critical_path_summary(res, g, top=top)
+    if timeline is not None:
+        write_chrome(replay_to_chrome(res, g), timeline)
+    if measured_timeline is not None:
+        # the TraceSet is already aligned when alignment applied, so no offsets are passed again
+        write_chrome(trace_to_chrome(ts, critical_ops=cp["ops"], label="measured"), measured_timeline)
+    it_ms = res.iteration_time_us / 1e3
+    out: dict[str, Any] = {
+        "trace": str(trace), **info, "iterations_replayed": iterations, "iteration_time_ms": it_ms,
+        "makespan_ms": res.makespan_us / 1e3, "ops": g.number_of_nodes(), "edges": g.number_of_edges(),
+        "critical_path": cp["ops"], "critical_path_ms_by_kind": cp["by_kind_ms"], "critical_path_top": cp["top"],
+        "nodes": {r.node: {k: getattr(r, k) for k in ("compute_ms", "comm_ms", "overlap_ms", "idle_ms")}
+                  for r in bd.itertuples()},
+        "device_utilisation": res.utilisation(), "comm_model": g.graph.get("meta", {}).get("comm_model"),
+        "schedule": schedule, "scheduling": scheduling_efficiency(res, g),
+    }
+    if "measured_iteration_ms" in info:
+        out["error_pct"] = 100.0 * (it_ms - info["measured_iteration_ms"]) / info["measured_iteration_ms"]
+    if ts is not None:
+        from ..placement import placement_warnings, world_size_warnings
+        # one line each about what the input is and cannot tell (e.g. plain torch.profiler folders)
+        out["notes"] = [str(x) for x in (ts.manifest.extra.get("notes") or [])]
+        out["warnings"] = placement_warnings(ts.manifest.extra)
+        if world_size is not None:
+            out["warnings"] += world_size_warnings(ts.manifest.extra, world_size)
+    if timeline is not None:
+        out["timeline"] = str(timeline)
+    if measured_timeline is not None:
+        out["measured_timeline"] = str(measured_timeline)
+    if as_json:
+        echo_json(out)
+        return
+    print_replay(out, bd, cp)
+
+
+def print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
+    """The text form of ``dpro replay``'s result.
+
+    Parameters
+    ----------
+    out : dict
+        The ``--json`` object.
+    bd : pandas.DataFrame
+        :func:`dpro_kit.analysis.breakdown` of the replay.
+    cp : dict
+        :func:`dpro_kit.analysis.critical_path_summary` of the replay.
+    """
+    echo = click.echo
+    if "job" in out:
+        echo(f"job {out['job']}: {out['framework']} + {out['comm_backend']}, {out['world_size']} worker(s)")
+    cm = out.get("comm_model") or {}
+    echo(f"replayed {out['ops']} ops x {out['iterations_replayed']} iteration(s)"
+         + (f"; comm model {cm.get('origin')}: {cm.get('bandwidth_Mbps', 0):.0f} Mbit/s, "
+            f"{cm.get('latency_us', 0):.0f} us latency" if cm else ""))
+    if out.get("whatif"):
+        echo("what if: " + ", ".join(f"{k.replace('_', ' ')} = {v}" for k, v in out["whatif"].items()))
+    if out.get("per_iteration_ms"):
+        v = sorted(out["per_iteration_ms"].values())
+        echo(f"replayed each of {len(v)} profiled iterations: {v[0]:.3f} .. {v[-1]:.3f} ms; the median one "
+             f"(iteration {out['median_iteration']}) is shown (--mean-durations: one replay of mean durations)")
+    line = f"predicted iteration time: {out['iteration_time_ms']:.3f} ms"
+    if "measured_iteration_ms" in out:
+        line += f"   (measured {out['measured_iteration_ms']:.3f} ms, error {out['error_pct']:+.1f} %)"
+    echo(click.style(line, bold=True))
+    for note in out.get("notes") or []:
+        echo(f"note: {note}")
+    sch = out.get("scheduling") or {}
+    if sch.get("E") is not None:
+        echo(f"scheduling efficiency E = {sch['E']:.2f}, speed-up bound S = {sch['S']:.2f} (worker "
+             f"{sch['reference']}, TicTac §3.2)" + (f"; schedule {out['schedule']}" if out.get("schedule") != "graph"
+                                                    else ""))
+    echo("")
+    echo(f"{'node':<24}{'compute ms':>12}{'comm ms':>12}{'overlap ms':>12}{'idle ms':>12}")
+    for r in bd.itertuples():
+        echo(f"{r.node:<24}{r.compute_ms:>12.3f}{r.comm_ms:>12.3f}{r.overlap_ms:>12.3f}{r.idle_ms:>12.3f}")
+    echo("")
+    kinds = ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(cp["by_kind_ms"].items(), key=lambda kv: -kv[1]))
+    echo(f"critical path: {len(cp['ops'])} ops ({kinds})")
+    for t in cp["top"]:
+        echo(f"  {t['start_ms']:>10.3f} ms  {t['dur_ms']:>9.3f} ms  {t['kind']:<7} {t['device']:<28} {t['name']}")
+    for w in out.get("warnings") or []:
+        echo(click.style("warning: ", fg="yellow") + w, err=True)
+    if out.get("timeline"):
+        echo(f"\ntimeline written to {out['timeline']} (open in https://ui.perfetto.dev)")
+
+
+__all__ = ["print_replay", "replay"]
