@@ -59,8 +59,8 @@ class Cluster:
     """Runs one 2-host job (1 rank per host) per call through :func:`dpro_kit.jobs.run_job`: a fresh
     emulated cluster each time."""
 
-    def __init__(self, work: Path, hosts: int = 2, timeout: float = 600.0) -> None:
-        self.work, self.hosts, self.timeout = work, hosts, timeout
+    def __init__(self, work: Path, hosts: int = 2, timeout: float = 600.0, cpus_per_host: float | None = None) -> None:
+        self.work, self.hosts, self.timeout, self.cpus = work, hosts, timeout, cpus_per_host
         self.n = 0
         self.log = open(work / "jobs.log", "a")
 
@@ -74,7 +74,7 @@ class Cluster:
         cmd = [PY, str(TRAIN), *train_args, "--threads", "1", "--pin", "rank", "--backend", "gloo",
                "--quiet", "--json-out", str(times)]
         job = run_job(cmd, hosts=self.hosts, rate_mbit=rate, profile=profile, steps=steps, env=env, log=self.log,
-                      timeout=self.timeout, prefix="dpab")
+                      timeout=self.timeout, prefix="dpab", cpus_per_host=self.cpus)
         if not times.exists():
             raise RuntimeError(f"job {tag} failed (exit codes {job.codes}); see {self.work / 'jobs.log'}")
         doc = json.loads(times.read_text())
@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cpus-per-host", type=float, default=None,
+                    help="CPU budget of every emulated host (cgroup cpu quota, dpro_kit.jobs.CpuBudget; root)")
     ap.add_argument("--iters", type=int, default=20, help="timed iterations per measured job")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--prof-steps", type=int, default=10)
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         print("needs root (network namespaces for the emulated cluster)", file=sys.stderr)
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
-    cl = Cluster(args.work)
+    cl = Cluster(args.work, cpus_per_host=args.cpus_per_host)
     rows = []
     t0 = time.time()
     for name in args.configs:
