@@ -10,7 +10,9 @@ evidence), then transformed — see :func:`apply`.
   records);
 * :func:`scale_world` — replicate workers to another world size and re-form
   the ring (one more host per added rank, like the profiled placement);
-* :func:`with_bandwidth` — links of another line rate.
+* :func:`with_bandwidth` — links of another line rate;
+* :func:`horovod_knobs` — a Horovod job (``readers/horovod.py``) with another fusion
+  threshold (``HOROVOD_FUSION_THRESHOLD``) and/or cycle time (``HOROVOD_CYCLE_TIME``).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import pandas as pd
 
 from .costmodel import CommModel, LinkModel
 from .errors import DproError
-from .trace import Collective, NodeInfo, TraceSet
+from .trace import Collective, NodeInfo, TraceSet, make_events
 
 #: PyTorch DDP's cap for the first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
@@ -148,6 +150,137 @@ def with_bandwidth(model: CommModel, mbps: float, efficiency: float = TCP_EFFICI
                      origin=f"what-if {mbps:g} Mbit/s (latency {model.origin})")
 
 
+HVD = "hvd:"   # op-id prefix of the Horovod background-thread ops (dpro_kit.readers.horovod)
+
+
+def _hvd_batches(colls: list[Collective], threshold: int) -> list[list[int]]:
+    """Indices of ``colls`` (Horovod fusion groups in execution order) that ran in one cycle.
+
+    Horovod fuses the tensors of one cycle's response list in order while the buffer stays
+    within the threshold, so group ``k`` and group ``k+1`` were cut by the threshold (same
+    cycle) exactly when ``k``'s bytes plus ``k+1``'s first tensor exceed it.
+    """
+    batches: list[list[int]] = []
+    for k, c in enumerate(colls):
+        if batches and sum(colls[batches[-1][-1]].param_bytes) + c.param_bytes[0] > threshold:
+            batches[-1].append(k)
+        else:
+            batches.append([k])
+    return batches
+
+
+def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
+                  cycle_time_ms: float | None = None) -> TraceSet:
+    """The same Horovod job with another fusion threshold and/or cycle time.
+
+    Model (Horovod 0.28's background loop, :mod:`dpro_kit.readers.horovod` for the ops):
+
+    * **fusion** - the tensors that ran in one cycle (:func:`_hvd_batches`) are re-packed in
+      order into buffers of at most ``fusion_threshold_bytes`` (a larger tensor alone);
+      cycles are kept as profiled (which tensors are ready at the same tick does not change
+      with the threshold);
+    * **negotiation** - a cycle's first group waits, after its last gradient is ready, for
+      the next cycle tick and the negotiation among the ranks: ``L + C/2`` with ``C`` the
+      cycle time (a tick falls uniformly in the cycle) and ``L`` the node's median
+      profiled wait minus ``C_profiled/2`` (floored at 0).  The other groups of a cycle
+      follow without waiting (Horovod runs them back to back);
+    * **fusion-buffer copies** - ``bytes x`` the node's measured copy time per byte (groups of
+      one tensor are not copied, as in Horovod);
+    * the allreduce itself is the ring scheme's, timed by the comm model.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        A trace read by :mod:`dpro_kit.readers.horovod` (``manifest.extra["horovod"]``).
+    fusion_threshold_bytes : int or None
+        ``HOROVOD_FUSION_THRESHOLD``; None keeps the profiled one.
+    cycle_time_ms : float or None
+        ``HOROVOD_CYCLE_TIME`` in ms; None keeps the profiled one.
+
+    Raises
+    ------
+    DproError
+        The trace is not a Horovod trace, or a value is not positive.
+    """
+    hv = ts.manifest.extra.get("horovod") if isinstance(ts.manifest.extra, dict) else None
+    colls = [c for c in ts.collectives if c.tensor.startswith("hvd") and c.inputs and
+             all(o.startswith(HVD) for os_ in c.inputs.values() for o in os_)]
+    if not isinstance(hv, dict) or not colls:
+        raise DproError("--fusion-threshold-mb/--cycle-time-ms need a Horovod trace", path=ts.path,
+                        hint="profile a Horovod job with `dpro profile` (docs/horovod.md)")
+    t_old = int(hv.get("fusion_threshold_bytes", 128 << 20))
+    c_old = float(hv.get("cycle_time_ms", 1.0))
+    t_new = t_old if fusion_threshold_bytes is None else int(fusion_threshold_bytes)
+    c_new = c_old if cycle_time_ms is None else float(cycle_time_ms)
+    if t_new <= 0 or c_new < 0:
+        raise DproError(f"fusion threshold must be > 0 bytes and cycle time >= 0 ms, got {t_new} / {c_new}")
+    nodes = colls[0].participants
+    ev = ts.events
+    hvd_ops = ev["op"].astype(str).str.startswith(HVD)
+    old = ev[hvd_ops & ev["node"].isin(nodes)]
+    mean = old.groupby(["node", "op"], observed=True)["dur"].mean()
+    # per node: negotiation beyond half a cycle, and the copy time per byte
+    lat, per_byte = {}, {}
+    for n in nodes:
+        negs = [mean.get((n, f"{HVD}negotiate:{c.tensor}"), 0.0) for c in colls]
+        lat[n] = max(0.0, float(pd.Series(negs).median()) - c_old * 1e3 / 2)
+        fused = [c for c in colls if len(c.params) > 1]
+        copied = sum(mean.get((n, f"{HVD}memcpy_{d}:{c.tensor}"), 0.0) for c in fused for d in ("in", "out"))
+        per_byte[n] = copied / (2 * sum(c.bytes for c in fused)) if fused else 0.0
+    # re-pack each profiled cycle's tensors into buffers of the new threshold
+    params = [(p, b, {n: c.param_ready[n][i] for n in nodes}) for c in colls
+              for i, (p, b) in enumerate(zip(c.params, c.param_bytes))]
+    first_param = {c.tensor: sum(len(x.params) for x in colls[:k]) for k, c in enumerate(colls)}
+    groups: list[tuple[list[int], bool]] = []     # (param indices, first group of its cycle)
+    for batch in _hvd_batches(colls, t_old):
+        idx = [first_param[colls[k].tensor] + i for k in batch for i in range(len(colls[k].params))]
+        cur: list[int] = []
+        for i in idx:
+            if cur and sum(params[j][1] for j in cur) + params[i][1] > t_new:
+                groups.append((cur, not groups or groups[-1][0][-1] not in idx))
+                cur = []
+            cur.append(i)
+        groups.append((cur, not groups or groups[-1][0][-1] not in idx))
+    outputs = {n: list(dict.fromkeys(o for c in colls for o in c.outputs.get(n, []))) for n in nodes}
+    waits = {n: [v for u, v in ts.edges.get(n, []) if u.startswith(f"{HVD}memcpy_out:") and not v.startswith(HVD)]
+             for n in nodes}
+    rows, new_colls = [], []
+    edges = {n: [(u, v) for u, v in e if not (u.startswith(HVD) or v.startswith(HVD))] for n, e in ts.edges.items()}
+    iters = sorted(ev["iteration"].unique())
+    for k, (idx, first) in enumerate(groups):
+        g = f"hvd{k}"
+        nbytes = sum(params[i][1] for i in idx)
+        for n in nodes:
+            durs = {"negotiate": lat[n] + c_new * 1e3 / 2 if first else 0.0,
+                    "memcpy_in": per_byte[n] * nbytes if len(idx) > 1 else 0.0}
+            durs["memcpy_out"] = durs["memcpy_in"]
+            for what, d in durs.items():
+                rows += [{"node": n, "host": ts.manifest.nodes[n].host, "op": f"{HVD}{what}:{g}",
+                          "name": f"HOROVOD_{what.upper()}", "kind": "OTHER", "stream": "hvd", "iteration": int(it),
+                          "start": 0.0, "dur": float(d), "tensor": g, "bytes": nbytes} for it in iters]
+            e = edges.setdefault(n, [])
+            e += [(params[i][2][n], f"{HVD}negotiate:{g}") for i in idx]
+            e.append((f"{HVD}negotiate:{g}", f"{HVD}memcpy_in:{g}"))
+            e += [(f"{HVD}memcpy_out:{g}", w) for w in dict.fromkeys(waits[n])]
+            if k:
+                e.append((f"{HVD}memcpy_out:hvd{k - 1}", f"{HVD}negotiate:{g}"))
+        new_colls.append(Collective(
+            tensor=g, op="allreduce", algorithm=colls[0].algorithm, bytes=nbytes, participants=list(nodes),
+            params=[params[i][0] for i in idx], param_bytes=[params[i][1] for i in idx],
+            param_ready={n: [params[i][2][n] for i in idx] for n in nodes},
+            inputs={n: [f"{HVD}memcpy_in:{g}"] for n in nodes}, outputs={n: [f"{HVD}memcpy_out:{g}"] for n in nodes}))
+    keep = ev[~(hvd_ops | ((ev["kind"] == "COMM") & ev["tensor"].isin([c.tensor for c in colls])))]
+    events = pd.concat([keep, make_events(rows, path=ts.path)], ignore_index=True)
+    for col in ev.columns:
+        events[col] = events[col].astype(ev[col].dtype)
+    others = [c for c in ts.collectives if c not in colls]
+    extra = dict(ts.manifest.extra)
+    extra["horovod"] = {**hv, "fusion_threshold_bytes": t_new, "cycle_time_ms": c_new}
+    extra = {k: v for k, v in extra.items() if not k.startswith("measured_")}
+    return replace(ts, manifest=replace(ts.manifest, extra=extra), events=events, edges=edges,
+                   collectives=new_colls + others)
+
+
 @dataclass
 class WhatIf:
     """A set of what-if changes, as the CLI takes them."""
@@ -158,9 +291,13 @@ class WhatIf:
     first_bucket_mb: float | None = None
     bandwidth_mbps: float | None = None
     world_size: int | None = None
+    #: Horovod: HOROVOD_FUSION_THRESHOLD (MiB) and HOROVOD_CYCLE_TIME (ms) (:func:`horovod_knobs`)
+    fusion_threshold_mb: float | None = None
+    cycle_time_ms: float | None = None
 
     def any(self) -> bool:
-        return self.bucket_mb is not None or self.bandwidth_mbps is not None or self.world_size is not None
+        return self.bucket_mb is not None or self.bandwidth_mbps is not None or self.world_size is not None \
+            or self.fusion_threshold_mb is not None or self.cycle_time_ms is not None
 
     def describe(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None and (k != "first_bucket_mb" or
@@ -180,6 +317,11 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
             raise DproError(f"bucket size must be > 0 MB, got {w.bucket_mb}")
         first = w.bucket_mb if w.first_bucket_mb is None else w.first_bucket_mb
         ts = rebucket(ts, int(w.bucket_mb * 2**20), int(first * 2**20))
+    if w.fusion_threshold_mb is not None or w.cycle_time_ms is not None:
+        if w.fusion_threshold_mb is not None and not w.fusion_threshold_mb > 0:
+            raise DproError(f"fusion threshold must be > 0 MB, got {w.fusion_threshold_mb}")
+        ts = horovod_knobs(ts, None if w.fusion_threshold_mb is None else int(w.fusion_threshold_mb * 2**20),
+                           w.cycle_time_ms)
     if w.world_size is not None:
         ts = scale_world(ts, w.world_size)
     if w.bandwidth_mbps is not None:

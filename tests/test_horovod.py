@@ -119,3 +119,63 @@ def test_horovod_timeline_errors(hvd_trace, tmp_path):
     with pytest.raises(TraceFormatError, match="start_time_since_epoch"):
         load_timeline(bad)
     assert src.read_text() == text
+
+
+@pytest.mark.slow
+def test_horovod_whatif_knobs(hvd_trace):
+    """--fusion-threshold-mb re-packs the profiled cycles' tensors; --cycle-time-ms lengthens the waits."""
+    from dpro_kit.errors import DproError
+    from dpro_kit.session import Session
+    from dpro_kit.whatif import WhatIf, horovod_knobs
+    ts = Session(hvd_trace).profiled
+    same = horovod_knobs(ts)                                   # the profiled knobs: the profiled groups
+    assert [c.params for c in same.collectives] == [c.params for c in ts.collectives]
+    small = horovod_knobs(ts, fusion_threshold_bytes=300_000)
+    assert len(small.collectives) > len(ts.collectives)
+    assert all(c.bytes <= 300_000 or len(c.params) == 1 for c in small.collectives)
+    assert sorted(p for c in small.collectives for p in c.params) == sorted(p for c in ts.collectives for p in c.params)
+    base = Session(hvd_trace, whatif=WhatIf(cycle_time_ms=1.0)).iteration_time_ms()
+    slow = Session(hvd_trace, whatif=WhatIf(cycle_time_ms=20.0)).iteration_time_ms()
+    assert slow > base + 5.0            # at least one cycle's first group waits ~C/2 = 10 ms more
+    with pytest.raises(DproError, match="need a Horovod trace"):
+        from conftest import tiny_traceset
+        horovod_knobs(tiny_traceset())
+
+
+@pytest.mark.slow
+def test_bare_timeline_summary(hvd_trace, tmp_path):
+    """A Horovod timeline alone: groups, times, and a plain statement of what it cannot tell."""
+    from dpro_kit.readers.horovod import summarize
+    tl = next(hvd_trace.glob("*/0/horovod_timeline.json"))
+    s = summarize(tl)
+    assert {t for g in s["groups"] for t in g["tensors"]} == {f"allreduce.{p}" for p in
+                                                               ["body.0.weight", "body.0.bias", "body.1.weight",
+                                                                "body.1.bias", "body.2.weight", "body.2.bias",
+                                                                "head.weight", "head.bias"]}
+    assert s["median_us"]["allreduce"] > 0 and "no replay" in s["limits"]
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "horovod_timeline.py"), str(tmp_path / "missing.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing.json" in r.stderr
+
+
+@pytest.mark.slow
+def test_horovod_on_two_emulated_hosts_profiled(tmp_path):
+    """One Horovod rank per emulated host (dpro_torch.hvd_launch: gloo rendezvous without ssh, the
+    patch's HOROVOD_GLOO_IFACE fix), each host under its own `dpro profile`; the folder replays."""
+    from conftest import netns_unusable_reason
+    why = netns_unusable_reason()
+    if why:
+        pytest.skip(why)
+    _need_horovod()
+    from dpro_kit.jobs import run_job
+    from dpro_kit.session import Session
+    argv = [sys.executable, "-m", "dpro_torch.hvd_launch", "--", sys.executable, str(TRAIN), "--quiet",
+            "--threads", "1", "--warmup", "3", "--iters", "6"]
+    with open(tmp_path / "log", "w") as log:
+        r = run_job(argv, hosts=2, ranks_per_host=None, rate_mbit=1000, profile=tmp_path / "T", steps="4:7",
+                    log=log, timeout=240, prefix="horovod")
+    assert r.ok, (tmp_path / "log").read_text()[-3000:]
+    s = Session(tmp_path / "T")
+    assert sorted(s.raw.manifest.nodes) == ["host0/0", "host1/1"]
+    assert s.raw.manifest.raw_format == "horovod-torch" and s.raw.collectives
+    assert s.iteration_time_ms() > 0

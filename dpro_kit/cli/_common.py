@@ -135,12 +135,25 @@ def whatif_options(bucket_help: str | None = None, first_bucket_help: str | None
     return deco
 
 
+def horovod_options() -> Callable[[F], F]:
+    """``--fusion-threshold-mb``, ``--cycle-time-ms``: Horovod's knobs, what if (docs/horovod.md)."""
+    def deco(f: F) -> F:
+        return _apply([
+            click.option("--fusion-threshold-mb", type=float, default=None,
+                         help="What if (Horovod): HOROVOD_FUSION_THRESHOLD of this many MiB (docs/horovod.md)."),
+            click.option("--cycle-time-ms", type=float, default=None,
+                         help="What if (Horovod): HOROVOD_CYCLE_TIME of this many ms (docs/horovod.md)."),
+        ], f)
+    return deco
+
+
 def make_whatif(bucket_mb: float | None = None, first_bucket_mb: float | None = None,
-                bandwidth_mbps: float | None = None, world_size: int | None = None) -> Any:
-    """The :class:`~dpro_kit.whatif.WhatIf` of the :func:`whatif_options` values."""
+                bandwidth_mbps: float | None = None, world_size: int | None = None,
+                fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None) -> Any:
+    """The :class:`~dpro_kit.whatif.WhatIf` of the :func:`whatif_options` (and :func:`horovod_options`) values."""
     from ..whatif import WhatIf
     return WhatIf(bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, bandwidth_mbps=bandwidth_mbps,
-                  world_size=world_size)
+                  world_size=world_size, fusion_threshold_mb=fusion_threshold_mb, cycle_time_ms=cycle_time_ms)
 
 
 def open_session(trace: Path, *, no_align: bool = False, per_iteration: bool | None = None,

@@ -7,7 +7,8 @@ from typing import Any
 import click
 
 from ..errors import DproError
-from ._common import Progress, echo_json, make_whatif, open_session, output_options, session_options, whatif_options
+from ._common import (Progress, echo_json, horovod_options, make_whatif, open_session, output_options,
+                      session_options, whatif_options)
 
 EPILOG = """\b
 Examples:
@@ -17,6 +18,7 @@ Examples:
   dpro replay trace --bucket-mb 1            what if: smaller DDP buckets
   dpro replay trace --bandwidth-mbps 200     what if: slower network
   dpro replay trace --world-size 8           what if: more workers
+  dpro replay hvd-trace --fusion-threshold-mb 1 --cycle-time-ms 5   Horovod's knobs (docs/horovod.md)
   dpro replay ps-trace --schedule tac        TicTac's transfer order (docs/tictac.md)
   dpro replay dfg.json                       a graph file written by `dpro graph`
 """
@@ -33,6 +35,7 @@ Examples:
 @click.option("--top", default=10, show_default=True, type=click.IntRange(0, 10000),
               help="How many of the longest critical-path ops to list.")
 @whatif_options()
+@horovod_options()
 @session_options()
 @click.option("--schedule", default="graph", show_default=True,
               type=click.Choice(["graph", "fifo", "tic", "tac", "random"]),
@@ -42,8 +45,8 @@ Examples:
 @output_options()
 def replay(trace: Path, iterations: int, timeline: Path | None, measured_timeline: Path | None, top: int,
            bucket_mb: float | None, first_bucket_mb: float | None, bandwidth_mbps: float | None,
-           world_size: int | None, no_align: bool, per_iteration: bool | None, schedule: str, as_json: bool,
-           quiet: bool) -> None:
+           world_size: int | None, fusion_threshold_mb: float | None, cycle_time_ms: float | None,
+           no_align: bool, per_iteration: bool | None, schedule: str, as_json: bool, quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
     TRACE is a trace directory (with manifest.json) or a graph file written by
@@ -57,7 +60,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     from ..timeline import replay_to_chrome, trace_to_chrome, write_chrome
 
     progress = Progress(not (quiet or as_json))
-    wi = make_whatif(bucket_mb, first_bucket_mb, bandwidth_mbps, world_size)
+    wi = make_whatif(bucket_mb, first_bucket_mb, bandwidth_mbps, world_size, fusion_threshold_mb, cycle_time_ms)
     session = open_session(trace, no_align=no_align, per_iteration=per_iteration, whatif=wi, progress=progress)
     g, info, ts = session.graph, session.info, session.profiled
     if measured_timeline is not None and ts is None:

@@ -51,7 +51,7 @@ from ..trace import Manifest, NodeTrace, OpKind, make_events
 from . import kineto as K
 from . import torch_kineto as TK
 
-__all__ = ["FORMAT", "read_node", "load_timeline", "responses", "TensorRecord", "Response"]
+__all__ = ["FORMAT", "read_node", "load_timeline", "responses", "summarize", "TensorRecord", "Response"]
 
 FORMAT = "horovod-torch"
 TIMELINE_FILE = "horovod_timeline.json"
@@ -307,3 +307,49 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     hvd_events = make_events(rows, path=str(tl_path))
     events = pd.concat([nt.events, hvd_events], ignore_index=True)
     return NodeTrace(events=events, edges=edges, collectives=collectives, memory=nt.memory)
+
+
+#: what a Horovod timeline alone cannot tell (printed by :func:`summarize`)
+BARE_LIMITS = ("without the ranks' compute traces (`dpro profile`) a timeline cannot tell when each gradient "
+               "was produced, which ops wait for the reduced tensors, or how long an iteration is: "
+               "no replay, no critical path, no what-if; stock Horovod writes rank 0's timeline only "
+               "(patches/horovod writes every rank's)")
+
+
+def summarize(path: str | Path) -> dict[str, Any]:
+    """What one bare Horovod timeline says: fusion groups, per-tensor negotiation, copy and allreduce times.
+
+    Parameters
+    ----------
+    path : str or Path
+        A file ``HOROVOD_TIMELINE`` wrote (stock Horovod: rank 0's; patched: any rank's).
+
+    Returns
+    -------
+    dict
+        ``responses`` (allreduce responses), ``groups`` (distinct fusion groups and how often
+        each ran), ``median_us`` (negotiation, memcpy in/out, allreduce per response),
+        ``last_ready_rank`` (how often each rank was the last to be ready in a negotiation:
+        the straggler, when the file holds negotiations), ``limits`` (what it cannot tell).
+    """
+    import statistics
+    recs = load_timeline(path)
+    resp = responses(recs)
+    if not resp:
+        raise TraceFormatError("no allreduce in the Horovod timeline", path=path,
+                               hint="record a training run with hvd.DistributedOptimizer")
+
+    def med(xs: list[float]) -> float | None:
+        return round(statistics.median(xs), 1) if xs else None
+
+    last = Counter(max(r.ready_ranks, key=lambda x: x[1])[0] for r in recs
+                   if r.kind == NEGOTIATE and len(r.ready_ranks) > 1)
+    return {"file": str(path), "responses": len(resp),
+            "groups": [{"tensors": list(g), "count": n} for g, n in Counter(r.tensors for r in resp).most_common()],
+            "median_us": {"negotiate": med([r.end - r.start for r in recs if r.kind == NEGOTIATE]),
+                          "memcpy_in": med([r.memcpy_in[1] - r.memcpy_in[0] for r in resp if r.memcpy_in]),
+                          "allreduce": med([r.allreduce[1] - r.allreduce[0] for r in resp]),
+                          "memcpy_out": med([r.memcpy_out[1] - r.memcpy_out[0] for r in resp if r.memcpy_out])},
+            "last_ready_rank": {str(k): v for k, v in sorted(last.items())},
+            "limits": BARE_LIMITS}
+

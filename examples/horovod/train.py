@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.json_out:
             doc = {"model": args.model, "world_size": world, "backend": "horovod-gloo",
                    "batch_size": args.batch_size, "warmup": args.warmup, "iters": args.iters,
-                   "params": n_params, "torch": torch.__version__, "horovod": hvd.__version__,
+                   "params": n_params, "torch": torch.__version__, "horovod": __import__("horovod").__version__,
                    "threads_per_rank": torch.get_num_threads(), "host": socket.gethostname(),
                    "horovod_env": {k: v for k, v in os.environ.items()
                                    if k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE")},
