@@ -68,7 +68,6 @@ from .trace import TraceSet
 
 ALIGN_VERSION = 3
 ALIGNED_DIR = "aligned"
-OFFSETS_FILE = "offsets.json"
 SOLVERS = ("CLARABEL", "OSQP", "SCS")
 
 #: statistic of fine-grained records (see :func:`align`)
@@ -948,20 +947,64 @@ def apply_offsets(ts: TraceSet, offsets_us: dict[str, float], *, clip_recv: bool
     return replace(ts, events=ev, memory=memory if memory is not None else ts.memory)
 
 
-def offsets_path(trace_dir: str | os.PathLike) -> Path:
-    return Path(trace_dir) / ALIGNED_DIR / OFFSETS_FILE
+def cache_dir() -> Path:
+    """Where alignment results are cached: ``$DPRO_CACHE/aligned`` (default ``~/.cache/dpro-kit/aligned``).
+
+    ``DPRO_CACHE`` is the cache root every dpro-kit cache uses (``patches/horovod/build.sh``
+    keeps its wheels under it too).  Nothing is ever written into a trace folder: trace
+    folders may be read-only (a shared store) or under version control (``examples/traces``).
+    """
+    root = os.environ.get("DPRO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dpro-kit")
+    return Path(root) / ALIGNED_DIR
 
 
-def save_result(result: AlignResult, trace_dir: str | os.PathLike) -> Path:
-    """Write ``TRACE_DIR/aligned/offsets.json`` atomically (never touches the raw traces)."""
-    p = offsets_path(trace_dir)
-    atomic_write_text(p, json.dumps(result.to_json(), indent=1))
+def offsets_path(trace_dir: str | os.PathLike, ts: TraceSet | None = None, *, fp: str | None = None) -> Path:
+    """The cache file of the alignment of the trace in ``trace_dir``.
+
+    Parameters
+    ----------
+    trace_dir : str or PathLike
+        The trace folder (its resolved path is part of the key, so copies of one trace are
+        cached separately, as ``dpro align`` results with other options would be).
+    ts : TraceSet or None
+        The loaded trace; its content :func:`fingerprint` is the other part of the key, so a
+        changed trace never gets an old result.  Loaded from ``trace_dir`` when None.
+    fp : str or None
+        ``fingerprint(ts)`` when the caller has it (it costs a pass over the events).
+    """
+    if fp is None:
+        if ts is None:
+            from .trace import load_trace
+            ts = load_trace(trace_dir)
+        fp = fingerprint(ts)
+    key = hashlib.sha256(f"{Path(trace_dir).resolve()}\0{fp}".encode()).hexdigest()[:24]
+    return cache_dir() / f"{key}.json"
+
+
+def save_result(result: AlignResult, trace_dir: str | os.PathLike, ts: TraceSet | None = None) -> Path:
+    """Cache ``result`` for the trace in ``trace_dir`` (atomic write under :func:`cache_dir`; returns the file).
+
+    Parameters
+    ----------
+    result : AlignResult
+        Offsets computed from the trace (``dpro align`` with any options); commands that
+        align (``dpro replay`` ...) apply the cached result of a trace instead of solving.
+    trace_dir : str or PathLike
+        The trace folder (never written to).
+    ts : TraceSet or None
+        The loaded trace (saves reading it again).
+    """
+    p = offsets_path(trace_dir, ts, fp=result.fingerprint or None)
+    doc = result.to_json()
+    doc["trace_dir"] = str(Path(trace_dir).resolve())   # for a human looking at the cache
+    atomic_write_text(p, json.dumps(doc, indent=1))
     return p
 
 
 def load_cached(ts: TraceSet, trace_dir: str | os.PathLike) -> AlignResult | None:
-    """The cached result if it was computed from exactly this trace content, else None."""
-    p = offsets_path(trace_dir)
+    """The cached result if it was computed from exactly this trace content in this folder, else None."""
+    fp = fingerprint(ts)
+    p = offsets_path(trace_dir, fp=fp)
     if not p.exists():
         return None
     try:
@@ -969,7 +1012,7 @@ def load_cached(ts: TraceSet, trace_dir: str | os.PathLike) -> AlignResult | Non
         res = AlignResult.from_json(d)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if d.get("version") != ALIGN_VERSION or res.fingerprint != fingerprint(ts):
+    if d.get("version") != ALIGN_VERSION or res.fingerprint != fp:
         return None
     if set(res.offsets_us) != set(ts.nodes()):
         return None
@@ -978,7 +1021,21 @@ def load_cached(ts: TraceSet, trace_dir: str | os.PathLike) -> AlignResult | Non
 
 def align_cached(ts: TraceSet, trace_dir: str | os.PathLike | None = None, *, recompute: bool = False,
                  write: bool = True, **kw: Any) -> AlignResult:
-    """Cached offsets of ``trace_dir`` when valid, else solve and (if possible) store them."""
+    """Cached offsets of ``trace_dir`` when valid, else solve and (if possible) cache them.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The trace as loaded (not aligned).
+    trace_dir : str or PathLike or None
+        Its folder (default ``ts.path``); None: no cache.
+    recompute : bool
+        Solve even when a cached result is valid.
+    write : bool
+        Cache a freshly solved result (skipped jobs are free to recompute and are not cached).
+    **kw
+        Options of :func:`align`.
+    """
     trace_dir = trace_dir if trace_dir is not None else ts.path
     if trace_dir is not None and not recompute:
         cached = load_cached(ts, trace_dir)
@@ -987,26 +1044,49 @@ def align_cached(ts: TraceSet, trace_dir: str | os.PathLike | None = None, *, re
     res = align(ts, **kw)
     if trace_dir is not None and write and res.mode != "skipped":   # skipping is free to recompute
         try:
-            save_result(res, trace_dir)
+            save_result(res, trace_dir, ts)   # (keyed by res.fingerprint: no second pass over the events)
         except OSError:
-            pass  # a read-only trace directory: the offsets are still used, just not cached
+            pass  # an unwritable cache: the offsets are still used, just not cached
     return res
 
 
-def aligned_traceset(ts: TraceSet, trace_dir: str | os.PathLike | None = None, *, recompute: bool = False,
-                     **kw: Any) -> TraceSet:
-    """``ts`` on one clock: cached (or freshly solved) offsets applied, RECVs clipped by their SENDs.
+def align_trace(ts: TraceSet, trace_dir: str | os.PathLike | None = None, *, recompute: bool = False,
+                **kw: Any) -> tuple[TraceSet, AlignResult | None]:
+    """``ts`` on one clock, and the alignment result applied (None when none was).
 
-    A job whose nodes never communicate is returned unchanged; contradictory dependencies
-    (a broken trace) raise :class:`DproError`.
+    Cached (or freshly solved, :func:`align_cached`) offsets applied, RECVs clipped by their
+    SENDs.  A job whose nodes never communicate is returned unchanged, as is a skipped one
+    (one node, one machine) without fine-grained RECVs; contradictory dependencies (a broken
+    trace) raise :class:`DproError`.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The trace as loaded.
+    trace_dir : str or PathLike or None
+        Its folder, the cache key (default ``ts.path``).
+    recompute : bool
+        Solve even when a cached result is valid.
+    **kw
+        Options of :func:`align`.
+
+    References
+    ----------
+    .. [1] Hu et al., "dPRO", MLSys 2022, §4.2 (trace time alignment).
     """
     try:
         res = align_cached(ts, trace_dir, recompute=recompute, **kw)
     except NoCommunicationError:
-        return ts
+        return ts, None
     if res.mode == "skipped" and not ((ts.events["kind"] == "RECV") & (ts.events["txn"] != "")).any():
-        return ts
-    return apply_offsets(ts, res.offsets_us)
+        return ts, None
+    return apply_offsets(ts, res.offsets_us), res
+
+
+def aligned_traceset(ts: TraceSet, trace_dir: str | os.PathLike | None = None, *, recompute: bool = False,
+                     **kw: Any) -> TraceSet:
+    """``ts`` on one clock (the TraceSet of :func:`align_trace`)."""
+    return align_trace(ts, trace_dir, recompute=recompute, **kw)[0]
 
 
 def shift_trace(ts: TraceSet, shifts_us: dict[str, float]) -> TraceSet:
@@ -1068,7 +1148,7 @@ def _interval(b: list[float | None] | None) -> str:
     return f"[{'-inf' if lo is None else f'{lo:.1f}'}, {'+inf' if hi is None else f'{hi:.1f}'}] us"
 
 
-__all__ = ["AlignResult", "NoCommunicationError", "align", "align_cached", "aligned_traceset", "apply_offsets",
+__all__ = ["AlignResult", "NoCommunicationError", "align", "align_cached", "align_trace", "aligned_traceset", "cache_dir", "apply_offsets",
            "build_records",
            "fingerprint", "format_report", "load_cached", "offsets_path", "save_result", "shift_trace",
            "shift_trace_dir"]

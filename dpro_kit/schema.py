@@ -304,7 +304,7 @@ def find_offsets(doc: Any) -> dict[str, float] | None:
     Parameters
     ----------
     doc : any
-        ``manifest.extra``, or an alignment result (``dpro align`` writes ``aligned/offsets.json``).
+        ``manifest.extra``, or an alignment result (``TRACE_DIR/alignment.json``, :meth:`dpro_kit.align.AlignResult.to_json`).
     """
     if not isinstance(doc, dict):
         return None

@@ -11,7 +11,7 @@ number of replayed iterations is the argument of :meth:`Session.replay`.
 Stages (each computed once, on first use; docs/architecture.md)::
 
     raw      = load_trace(path)                       # as recorded (memory samples, measured views)
-    profiled = aligned_traceset(raw, path)            # one clock (dpro_kit.align; cached in TRACE_DIR/aligned/)
+    profiled = align_trace(raw, path)                 # one clock (dpro_kit.align; cached in $DPRO_CACHE/aligned/)
     trace, comm_model = whatif.apply(profiled, fit_from_trace(profiled), whatif)
     job      = Job.from_trace(trace or its median iteration, comm_model)   # dpro_kit.job
     graph    = build(job, identity(job))              # dpro_kit.graph.build: the one graph builder
@@ -37,6 +37,7 @@ from .errors import DproError
 if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
 
+    from .align import AlignResult
     from .costmodel import CommModel
     from .job import Job
     from .replay.engine import ReplayResult
@@ -82,8 +83,8 @@ class Session:
         A trace directory (``load_trace`` accepts it, with or without ``manifest.json``)
         or a graph file written by ``dpro graph``.
     align : bool, default True
-        Apply the clock alignment of :func:`dpro_kit.align.aligned_traceset` (cached in
-        ``TRACE_DIR/aligned/``) before fitting and building.
+        Apply the clock alignment of :func:`dpro_kit.align.align_trace` (cached outside the
+        trace folder, :func:`dpro_kit.align.cache_dir`) before fitting and building.
     whatif : dpro_kit.whatif.WhatIf or None
         A configuration to predict instead of the profiled one (re-bucketing, bandwidth,
         world size); None or an empty spec keeps the profiled job.
@@ -140,12 +141,19 @@ class Session:
     def profiled(self) -> "TraceSet | None":
         """The profiled job on one clock (``raw`` when alignment is off or does not apply)."""
         if "profiled" not in self._stages:
-            ts = self.raw
+            ts, result = self.raw, None
             if ts is not None and self.align:
-                from .align import aligned_traceset
-                ts = aligned_traceset(ts, self.path)  # cached in TRACE_DIR/aligned/offsets.json
+                from .align import align_trace
+                ts, result = align_trace(ts, self.path)  # cached in $DPRO_CACHE/aligned/ (dpro_kit.align.cache_dir)
             self._stages["profiled"] = ts
+            self._stages["alignment"] = result
         return self._stages["profiled"]
+
+    @property
+    def alignment(self) -> "AlignResult | None":
+        """The clock alignment applied to ``profiled`` (None: alignment off, not needed or not possible)."""
+        self.profiled  # noqa: B018  (aligns)
+        return self._stages["alignment"]
 
     def _job(self) -> tuple["TraceSet | None", "CommModel | None"]:
         if "predicted" not in self._stages:

@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import align_speed  # noqa: E402
-from dpro_kit.align import (align, align_cached, aligned_traceset, apply_offsets, offsets_path,  # noqa: E402
+from dpro_kit.align import (align, align_cached, aligned_traceset, apply_offsets, cache_dir, load_cached, offsets_path,  # noqa: E402
                             shift_trace, shift_trace_dir)
 from dpro_kit.errors import DproError  # noqa: E402
 from dpro_kit.trace import Manifest, NodeInfo, TraceSet, load_trace, make_events, save_trace  # noqa: E402
@@ -146,7 +146,8 @@ def test_coarse_collectives_are_shift_equivariant():
         assert abs((b.offsets_us[n] - a.offsets_us[n]) - shifts[n]) < 0.5
 
 
-def test_cache_next_to_raw_traces(tmp_path):
+def test_cache_outside_the_trace_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPRO_CACHE", str(tmp_path / "cache"))
     ts, truth = align_speed.synthetic_fine_trace(4, noise=0.0, seed=2)
     d = tmp_path / "trace"
     save_trace(ts, d)
@@ -154,8 +155,8 @@ def test_cache_next_to_raw_traces(tmp_path):
     loaded = load_trace(d)
     al = aligned_traceset(loaded, d)
     p = offsets_path(d)
-    assert p.exists() and p.parent.name == "aligned"
-    assert {q: q.stat().st_mtime_ns for q in before} == before          # raw traces untouched
+    assert p.exists() and p.parent == cache_dir() and d not in p.parents   # cached outside the trace folder
+    assert {q: q.stat().st_mtime_ns for q in d.rglob("*") if q.is_file()} == before   # trace folder untouched
     m = p.stat().st_mtime_ns
     res = align_cached(load_trace(d), d)                                  # cache hit: not rewritten
     assert p.stat().st_mtime_ns == m
@@ -174,6 +175,7 @@ def test_cli_align_json(tmp_path):
     ts, truth = align_speed.synthetic_fine_trace(4, noise=0.0, seed=5)
     d = tmp_path / "t"
     save_trace(ts, d)
+    files = sorted(d.rglob("*"))
     r = CliRunner().invoke(align_cmd, [str(d), "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
@@ -181,6 +183,9 @@ def test_cli_align_json(tmp_path):
     assert all(abs(out["offsets_us"][n] - truth[n]) < 0.05 for n in truth)
     assert out["solve_time_s"] >= 0 and "binding" in out and "violated" in out and out["written"]
     assert isinstance(align_cmd, click.Command)
+    # cached outside the trace folder, and found there by the other commands
+    assert sorted(d.rglob("*")) == files and Path(out["written"]).parent == cache_dir()
+    assert load_cached(load_trace(d), d).offsets_us == out["offsets_us"]
 
 
 # --------------------------------------------------------------------------- recorded collective-level traces
@@ -264,12 +269,11 @@ def test_cli_reports_undetermined_with_its_interval(tmp_path):
 
 
 def test_report_shows_undetermined_not_a_number(tmp_path):
-    from dpro_kit.align import save_result
     from dpro_kit.report.data import alignment
     d = _two_host_copy(tmp_path / "t")
     ts = load_trace(d)
-    save_result(align(ts), d)
-    al = alignment(ts, d)
+    res = align(ts)
+    al = alignment(ts, d, res)
     assert al["available"] and al["undetermined"] == ["host0/1"] and al["offsets_us"]["host0/1"] == 0.0
     from dpro_kit.report.html import _undetermined_cell
     assert _undetermined_cell(al["bounds_us"]["host0/1"]).startswith("UNDETERMINED, in [-")

@@ -63,14 +63,13 @@ def extras_dir(tmp_path: Path) -> tuple[Path, Path]:
     rows += [("w1", it, t0["w1"] + t, "cpu", int(b)) for t, b in [(0, 1e8), (700, 4e8), (1800, 1.5e8)]]
     ts.memory = pd.DataFrame(rows, columns=list(MEMORY_COLUMNS)).astype(MEMORY_COLUMNS)
     d = save_trace(ts, tmp_path / "trace")
-    (d / "aligned").mkdir()
-    from dpro_kit.align import ALIGN_VERSION, fingerprint
+    from dpro_kit.align import ALIGN_VERSION, AlignResult, fingerprint, save_result
     from dpro_kit.trace import load_trace
-    (d / "aligned" / "offsets.json").write_text(json.dumps(  # the shape `dpro align` writes, valid for this trace
+    save_result(AlignResult.from_json(  # a result as `dpro align` caches it, valid for this trace
         {"version": ALIGN_VERSION, "fingerprint": fingerprint(load_trace(d)),  # (else replay re-solves it)
          "offsets_us": {"w0": 0.0, "w1": -120.5, "w2": 300.0}, "reference": "w0", "mode": "coarse",
          "status": "optimal", "solver": "CLARABEL", "solve_time_s": 0.02, "residuals": {"max_us": 3.5},
-         "binding": [], "convention": "aligned = raw - offset"}))
+         "binding": [], "convention": "aligned = raw - offset"}), d)
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"predicted": {"iteration_ms_before": 2.3, "iteration_ms_after": 1.9},
                                 "strategies": [{"pass": "tensor_fusion", "buckets": [[0, 1]]}],
@@ -127,7 +126,7 @@ def test_report_with_alignment_memory_and_plan(extras_dir, tmp_path):
     rep = build_report(trace, plan=plan, iterations=2)
     html = rep.html
     _offline(html)
-    assert 'id="alignment-chart"' in html and "aligned/offsets.json" in html and "-120.500" in html
+    assert 'id="alignment-chart"' in html and "dpro align (applied by the replay)" in html and "-120.500" in html
     assert "CLARABEL" in html and "residuals.max_us" in html
     assert "aligned" in rep.data.measured_tl.note      # the measured panel uses aligned clocks (raw - offset)
     first = {ln.group: min(b.start for b in ln.bars) for ln in rep.data.measured_tl.lanes if ln.label == "compute"}

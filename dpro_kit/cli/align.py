@@ -1,7 +1,8 @@
 """``dpro align TRACE_DIR``: estimate per-node clock offsets (dPRO §4.2) and cache them.
 
-Writes ``TRACE_DIR/aligned/offsets.json`` (atomically; raw traces are never touched),
-which ``dpro replay`` then applies (see :func:`dpro_kit.align.aligned_traceset`).
+Caches the result outside the trace folder (``$DPRO_CACHE/aligned/``,
+:func:`dpro_kit.align.cache_dir`; atomic writes; trace folders are never written), where
+``dpro replay`` and the other commands find it (:func:`dpro_kit.align.align_trace`).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ Examples:
 @click.option("--max-uncertainty", "max_unc", default=100.0, show_default=True, type=click.FloatRange(min=0.0),
               metavar="US", help="Collective-level traces: an offset whose ~95 % error bound exceeds this is "
                                  "reported UNDETERMINED (with the interval the dependencies prove) instead of a number.")
-@click.option("--no-write", is_flag=True, help="Do not store TRACE_DIR/aligned/offsets.json.")
+@click.option("--no-write", is_flag=True,
+              help="Do not cache the result for the other commands (they then solve with the default options).")
 @output_options()
 def align(trace_dir: Path, alpha: float, beta: float, family: str, statistic: str, max_unc: float, no_write: bool,
           as_json: bool, quiet: bool) -> None:
@@ -63,10 +65,10 @@ def align(trace_dir: Path, alpha: float, beta: float, family: str, statistic: st
     out["trace"] = str(trace_dir)
     if not no_write:
         try:
-            out["written"] = str(save_result(res, trace_dir))
+            out["written"] = str(save_result(res, trace_dir, ts))
         except OSError as exc:
-            raise DproError(f"cannot write the alignment result: {exc.strerror}", path=trace_dir,
-                            hint="use --no-write for a read-only trace directory") from None
+            raise DproError(f"cannot write the alignment cache: {exc.strerror}", path=exc.filename or trace_dir,
+                            hint="set DPRO_CACHE to a writable folder, or use --no-write") from None
     if as_json:
         echo_json(out)
         return

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ._common import Progress, echo_json, output_options
+from ._common import Progress, echo_json, output_options, session_options
 
 EPILOG = """\b
 Examples:
@@ -26,9 +26,10 @@ Examples:
 @click.option("--timeline-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also write measured.json, replayed.json (and aligned.json when offsets exist) "
                    "as Chrome/Perfetto trace JSON into this folder.")
+@session_options()
 @output_options("Print a JSON summary instead of text.")
 def report(trace_dir: Path, output: Path, plan: Path | None, iterations: int, timeline_dir: Path | None,
-           as_json: bool, quiet: bool) -> None:
+           no_align: bool, per_iteration: bool | None, as_json: bool, quiet: bool) -> None:
     """Write one HTML file about the job in TRACE_DIR that works offline.
 
     \b
@@ -43,7 +44,8 @@ def report(trace_dir: Path, output: Path, plan: Path | None, iterations: int, ti
 
     progress = Progress(not (quiet or as_json))
     t0 = time.perf_counter()
-    rep = build_report(trace_dir, plan=plan, iterations=iterations, progress=progress)
+    rep = build_report(trace_dir, plan=plan, iterations=iterations, progress=progress, align=not no_align,
+                       per_iteration=per_iteration)
     atomic_write_text(output, rep.html)
     written = [str(output)]
     if timeline_dir is not None:

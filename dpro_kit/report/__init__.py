@@ -54,9 +54,23 @@ class Report:
 
 
 def build_report(trace_dir: str | Path, *, plan: str | Path | None = None, iterations: int = 3,
-                 progress: Any = None) -> Report:
-    """Collect the data of ``trace_dir`` (and ``plan``) and render the HTML page."""
-    data = collect(trace_dir, plan=plan, iterations=iterations, progress=progress)
+                 progress: Any = None, align: bool = True, per_iteration: bool | None = None) -> Report:
+    """Collect the data of ``trace_dir`` (and ``plan``) and render the HTML page.
+
+    Parameters
+    ----------
+    trace_dir : str or Path
+        A trace directory.
+    plan : str or Path or None
+        An optimizer plan (``dpro optimize``) to show with its predicted gain.
+    iterations : int
+        Iterations to replay; the report shows the last (steady state).
+    progress : dpro_kit.session.Progress or None
+    align, per_iteration
+        As :class:`~dpro_kit.session.Session` (defaults: as ``dpro replay``).
+    """
+    data = collect(trace_dir, plan=plan, iterations=iterations, progress=progress, align=align,
+                   per_iteration=per_iteration)
     return Report(data=data, html=render(data))
 
 

@@ -228,36 +228,59 @@ def buckets(ts: TraceSet, res: Any, g: nx.DiGraph) -> list[dict[str, Any]]:
 
 # ----------------------------------------------------------------------------- optional inputs
 
-def alignment(ts: TraceSet, trace_dir: Path) -> dict[str, Any]:
-    """Per-node clock offsets from ``manifest.extra`` or an alignment result next to the traces.
+def _alignment_facts(doc: dict[str, Any]) -> dict[str, Any]:
+    extra = {k: doc[k] for k in ("reference", "mode", "status", "solver", "solve_time_s", "skipped",
+                                 "constraints", "residual", "convention")
+             if doc.get(k) is not None and not isinstance(doc[k], (dict, list))}
+    if doc.get("undetermined"):   # dpro align: offsets the data cannot pin
+        extra["undetermined"] = [str(x) for x in doc["undetermined"]]
+        extra["bounds_us"] = {str(k): v for k, v in (doc.get("bounds_us") or {}).items()}
+    res = doc.get("residuals")
+    if isinstance(res, dict):
+        extra.update({f"residuals.{k}": v for k, v in res.items() if _finite(v) or isinstance(v, str)})
+    return extra
+
+
+def alignment(ts: TraceSet, trace_dir: Path, result: Any = None, *, applied: bool = True) -> dict[str, Any]:
+    """Per-node clock offsets: from ``manifest.extra``, the alignment the replay applied, or a file.
 
     Looked for, in order: ``manifest.extra.alignment.offsets_us`` / ``manifest.extra.offsets_us``,
-    then ``TRACE_DIR/aligned/*.json`` (``dpro align`` writes ``aligned/offsets.json``) and ``TRACE_DIR/alignment.json`` / ``aligned.json`` (an object
-    with ``offsets_us``, possibly under ``alignment``).  Absent -> ``available: False``.
+    then ``result`` (the :class:`~dpro_kit.align.AlignResult` the Session applied,
+    ``Session.alignment``; cached by ``dpro align`` / the replay outside the trace folder),
+    then ``TRACE_DIR/alignment.json`` / ``aligned.json`` (an object with ``offsets_us``,
+    possibly under ``alignment``: offsets from elsewhere, e.g. PTP).  Absent -> ``available: False``.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The trace as recorded.
+    trace_dir : Path
+        Its folder.
+    result : dpro_kit.align.AlignResult or None
+        The alignment applied to the replayed trace (a skipped one counts as none).
+    applied : bool
+        False when alignment was switched off (``--no-align``): said in the reason.
     """
     found = ts.manifest.facts.offsets_us
     if found:
         return {"available": True, "offsets_us": found, "source": "manifest.json (extra)"}
-    candidates = sorted((trace_dir / "aligned").glob("*.json")) if (trace_dir / "aligned").is_dir() else []
-    candidates += [trace_dir / n for n in ("alignment.json", "aligned.json") if (trace_dir / n).is_file()]
-    for p in candidates:
+    if result is not None and result.mode != "skipped":
+        doc = result.to_json()
+        return {"available": True, "offsets_us": dict(result.offsets_us),
+                "source": "dpro align (applied by the replay)", **_alignment_facts(doc)}
+    for p in [trace_dir / n for n in ("alignment.json", "aligned.json") if (trace_dir / n).is_file()]:
         try:
             doc = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
         found = find_offsets(doc)
         if found:
-            extra = {k: doc[k] for k in ("reference", "mode", "status", "solver", "solve_time_s", "skipped",
-                                         "constraints", "residual", "convention")
-                     if isinstance(doc, dict) and doc.get(k) is not None and not isinstance(doc[k], (dict, list))}
-            if isinstance(doc, dict) and doc.get("undetermined"):   # dpro align: offsets the data cannot pin
-                extra["undetermined"] = [str(x) for x in doc["undetermined"]]
-                extra["bounds_us"] = {str(k): v for k, v in (doc.get("bounds_us") or {}).items()}
-            res = doc.get("residuals") if isinstance(doc, dict) else None
-            if isinstance(res, dict):
-                extra.update({f"residuals.{k}": v for k, v in res.items() if _finite(v) or isinstance(v, str)})
+            extra = _alignment_facts(doc) if isinstance(doc, dict) else {}
             return {"available": True, "offsets_us": found, "source": str(p.relative_to(trace_dir)), **extra}
-    return {"available": False, "reason": "not computed (no offsets in manifest.extra or TRACE_DIR/aligned/)"}
+    if not applied:
+        return {"available": False, "reason": "not applied (--no-align)"}
+    return {"available": False, "reason": "not computed (no offsets in manifest.extra, no cross-host alignment "
+                                          "applies, no TRACE_DIR/alignment.json)"}
 
 
 def memory(ts: TraceSet) -> dict[str, Any]:
@@ -337,7 +360,21 @@ def _before_after(doc: dict[str, Any]) -> tuple[tuple[str, float] | None, tuple[
 # ----------------------------------------------------------------------------- everything
 
 def collect(trace_dir: str | Path, *, plan: str | Path | None = None, iterations: int = 3,
-            progress: Any = None) -> ReportData:
+            progress: Any = None, align: bool = True, per_iteration: bool | None = None) -> ReportData:
+    """Everything the report shows about ``trace_dir``.
+
+    Parameters
+    ----------
+    trace_dir : str or Path
+        A trace directory.
+    plan : str or Path or None
+        An optimizer plan (``dpro optimize``) to show.
+    iterations : int
+        Iterations to replay (the report shows the last).
+    progress : dpro_kit.session.Progress or None
+    align, per_iteration
+        As :class:`~dpro_kit.session.Session` (defaults: as ``dpro replay``).
+    """
     from ..check import replay_summary
     from ..session import Session
 
@@ -346,7 +383,7 @@ def collect(trace_dir: str | Path, *, plan: str | Path | None = None, iterations
     plan_data = load_plan(Path(plan)) if plan is not None else None  # bad plan: fail before the slow part
     # the replayed side is what `dpro replay` replays; the measured views use the recorded clocks
     # (``alignment()`` below shows the offsets and the measured timeline applies them)
-    session = Session(trace_dir, progress=progress)
+    session = Session(trace_dir, align=align, per_iteration=per_iteration, progress=progress)
     if session.is_graph_file:
         raise DproError("the report needs a trace directory, not a graph file", path=trace_dir)
     ts, g = session.raw, session.graph
@@ -371,7 +408,7 @@ def collect(trace_dir: str | Path, *, plan: str | Path | None = None, iterations
     crit_rows = res.critical_path()
     crit_keys = {res.key(r) for r in crit_rows}
     it = representative_iteration(ts.events)
-    al = alignment(ts, trace_dir)
+    al = alignment(ts, trace_dir, session.alignment, applied=align)
     meas = measured_timeline(ts, it, crit_keys, al.get("offsets_us") if al.get("available") else None)
     rep_tl = replayed_timeline(res, g, set(crit_rows))
     mb = measured_breakdown(ts)
