@@ -59,7 +59,8 @@ def rebucket(ts: TraceSet, bucket_bytes: int, first_bucket_bytes: int = DDP_FIRS
     and it is launched after the buckets before it (``inputs`` accumulate).
     Every bucket is waited for by the ops that waited for the old ones.
     """
-    ar = [c for c in ts.collectives if c.op == "allreduce"]
+    from .graph.schemes import is_allreduce
+    ar = [c for c in ts.collectives if is_allreduce(c)]
     if not ar:
         raise DproError("the trace has no allreduce to re-bucket", path=ts.path)
     for c in ar:
@@ -77,12 +78,12 @@ def rebucket(ts: TraceSet, bucket_bytes: int, first_bucket_bytes: int = DDP_FIRS
     for j, idx in enumerate(groups):
         upto = [i for g in groups[:j + 1] for i in g]
         new.append(Collective(
-            tensor=f"bucket{j}", op="allreduce", algorithm=ar[0].algorithm, bytes=sum(sizes[i] for i in idx),
+            tensor=f"bucket{j}", op=ar[0].op, algorithm=ar[0].algorithm, bytes=sum(sizes[i] for i in idx),
             participants=list(nodes), params=[params[i] for i in idx], param_bytes=[sizes[i] for i in idx],
             param_ready={n: [ready[n][i] for i in idx] for n in nodes},
             inputs={n: list(dict.fromkeys(ready[n][i] for i in upto)) for n in nodes},
             outputs={n: list(outputs[n]) for n in nodes}))
-    others = [c for c in ts.collectives if c.op != "allreduce"]
+    others = [c for c in ts.collectives if not is_allreduce(c)]
     return replace(ts, collectives=new + others)
 
 
@@ -265,7 +266,7 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
             if k:
                 e.append((f"{HVD}memcpy_out:hvd{k - 1}", f"{HVD}negotiate:{g}"))
         new_colls.append(Collective(
-            tensor=g, op="allreduce", algorithm=colls[0].algorithm, bytes=nbytes, participants=list(nodes),
+            tensor=g, op=colls[0].op, algorithm=colls[0].algorithm, bytes=nbytes, participants=list(nodes),
             params=[params[i][0] for i in idx], param_bytes=[params[i][1] for i in idx],
             param_ready={n: [params[i][2][n] for i in idx] for n in nodes},
             inputs={n: [f"{HVD}memcpy_in:{g}"] for n in nodes}, outputs={n: [f"{HVD}memcpy_out:{g}"] for n in nodes}))

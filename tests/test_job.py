@@ -211,3 +211,24 @@ def test_recognise_may_leave_out_partitions():
             {("test-2tuple", ("w0", "w1"), ())}
     finally:
         del SCHEMES["test-2tuple"]
+
+
+def test_is_allreduce_asks_the_scheme_registry():
+    """What-ifs and the memory model pick gradient buckets by the scheme's `allreduce` flag, not by op name."""
+    from dataclasses import replace
+
+    from dpro_kit.graph.schemes import SCHEMES, CommScheme, is_allreduce, register_scheme
+    from dpro_kit.trace import Collective
+    ring = Collective(tensor="b0", op="allreduce", bytes=8, participants=["w0", "w1"])
+    ps = Collective(tensor="p0", op="push_pull", bytes=8, participants=["w0"], algorithm="ps")
+    other = Collective(tensor="x", op="broadcast", bytes=8, participants=["w0", "w1"], algorithm="bcast")
+    assert is_allreduce(ring) and not is_allreduce(ps) and not is_allreduce(other)
+    tree = Collective(tensor="t0", op="allreduce_tree", bytes=8, participants=["w0", "w1"], algorithm="tree")
+    assert not is_allreduce(tree)                       # unknown scheme: not a bucket
+    register_scheme(CommScheme(name="tree", op="allreduce_tree", build=SCHEMES["ring"].build,
+                               collectives=SCHEMES["ring"].collectives, recognise=lambda g, i: None,
+                               allreduce=True))
+    try:
+        assert is_allreduce(tree) and is_allreduce(replace(tree, algorithm=""))   # by name, or by its op
+    finally:
+        del SCHEMES["tree"]

@@ -19,7 +19,10 @@ about one way of synchronising tensors, so that no module branches on
   the first registered scheme (``ring``) is the fallback;
 * ``uses_servers`` — whether the scheme's ops run on server nodes; then
   ``servers_of(coll, servers)`` gives the servers of a traced collective (one per
-  partition) given the job's server nodes.
+  partition) given the job's server nodes;
+* ``allreduce`` — whether it is an AllReduce among the workers (every participant ends
+  with the reduced tensor): its collectives are the gradient buckets that what-ifs
+  re-bucket and the memory model counts (:func:`is_allreduce`).
 
 Built in: ``ring`` (ring AllReduce) and ``ps`` (parameter-server push/pull).
 Adding one (tree, hierarchical, Horovod fusion, BytePS partitions): write its
@@ -39,7 +42,7 @@ from ..trace import Collective, OpKind
 from .topology import CommContext, ps_push_pull, ring_allreduce, split_bytes
 
 __all__ = ["CommScheme", "TensorGroup", "SCHEMES", "register_scheme", "get_scheme", "scheme_for_op",
-           "recognise", "ps_server_of"]
+           "is_allreduce", "recognise", "ps_server_of"]
 
 
 @dataclass
@@ -85,6 +88,7 @@ class CommScheme:
     recognise: Callable[[nx.DiGraph, dict[str, str]], "tuple[list[str], list[str], list[dict]] | None"]
     uses_servers: bool = False
     servers_of: Callable[[Collective, list[str]], list[str]] | None = None
+    allreduce: bool = False
 
 
 SCHEMES: dict[str, CommScheme] = {}
@@ -112,6 +116,23 @@ def scheme_for_op(op: str) -> str:
         if s.op == op:
             return s.name
     return "ps"
+
+
+def is_allreduce(coll: Collective) -> bool:
+    """Whether ``coll`` is an AllReduce among workers (a gradient bucket), by its registered scheme.
+
+    The scheme is the one named by ``coll.algorithm``, else the one registered for
+    ``coll.op`` (:func:`scheme_for_op`); its ``allreduce`` flag answers.  Ring (and any
+    tree / hierarchical / fused AllReduce registered with ``allreduce=True``) yes, PS
+    push/pull and barriers no.
+
+    Parameters
+    ----------
+    coll : dpro_kit.trace.Collective
+        A traced (or what-if) collective.
+    """
+    s = SCHEMES.get(coll.algorithm) or SCHEMES.get(scheme_for_op(coll.op))
+    return bool(s is not None and s.allreduce)
 
 
 def recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[str, list[str], list[str], list[dict]]:
@@ -188,6 +209,6 @@ def _ps_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], lis
 
 
 register_scheme(CommScheme(name="ring", op="allreduce", build=ring_allreduce, collectives=_ring_collectives,
-                           recognise=_ring_recognise))
+                           recognise=_ring_recognise, allreduce=True))
 register_scheme(CommScheme(name="ps", op="push_pull", build=ps_push_pull, collectives=_ps_collectives,
                            recognise=_ps_recognise, uses_servers=True, servers_of=_ps_servers_of))

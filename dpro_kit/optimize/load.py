@@ -56,7 +56,8 @@ def load_base(session: "Session", *, per_param: bool = True) -> tuple["Job", lis
         info["whatif"] = session.whatif.describe()
     # the job replay stands for: mean durations, or the median profiled iteration
     job_ts = session.graph_trace
-    groups_by_param = [list(c.params) for c in job_ts.collectives if c.op == "allreduce"]
+    from ..graph.schemes import is_allreduce
+    groups_by_param = [list(c.params) for c in job_ts.collectives if is_allreduce(c)]
     fine = None
     if per_param:
         try:

@@ -209,8 +209,9 @@ def build_profile(ts: Any, *, optimizer_slots: float | None = None) -> MemoryPro
     params: list[ParamInfo] = []
     ready_ids: dict[str, dict[int, str]] = {}
     bucket_bytes = 0
+    from ..graph.schemes import is_allreduce
     for c in ts.collectives:
-        if c.op != "allreduce" or not c.params:
+        if not is_allreduce(c) or not c.params:
             continue
         bucket_bytes += int(c.bytes)
         sizes = list(c.param_bytes) if len(c.param_bytes) == len(c.params) else []
