@@ -78,7 +78,7 @@ Missing pieces raise :class:`~dpro_kit.errors.DproError` saying what to do.
 
 To run a whole job on it -- one launcher per host, rank variables, one ``dpro profile`` per
 host, a CPU budget per host -- use :func:`dpro_kit.jobs.run_job` (what the benches, the demo
-and ``tools/emucluster.py`` use); this module only builds and removes the hosts.
+and ``dpro cluster`` use); this module only builds and removes the hosts.
 
 Example::
 

@@ -297,11 +297,11 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
             master, port, iface = "127.0.0.1", _free_port(), "lo"
         k = ranks_per_host
         world = hosts * (k or 1)
-        # TODO(issue 11 item 1): drop once the ranks agree on one run through the job's rendezvous
-        run_id = {"DPRO_RUN_ID": f"{prefix}{os.getpid()}-{next(_COUNTER)}"} if profile is not None else {}
         for i in range(hosts):
             e = dict(os.environ)
-            e.update({"DPRO_HOST": f"host{i}", "HOST_RANK": str(i), "NHOSTS": str(hosts), **run_id})
+            # no shared DPRO_RUN_ID: each host's `dpro profile` is a launcher as a user would start it
+            # (its ranks agree on the run id through the job's own rendezvous: c10d store, TF_CONFIG)
+            e.update({"DPRO_HOST": f"host{i}", "HOST_RANK": str(i), "NHOSTS": str(hosts)})
             if k is not None or hosts > 1:
                 e.update({"MASTER_ADDR": master, "MASTER_PORT": str(port)})
             if use_cluster or hosts > 1:

@@ -350,3 +350,22 @@ def test_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
                         ({"rate_mbit": 0}, "rate_mbit"), ({"prefix": "a-b"}, "prefix")]:
         with pytest.raises(DproError, match=msg):
             EmulatedCluster(**kwargs)
+
+
+@needs_netns
+def test_dpro_cluster_runs_one_command_per_host_and_passes_exit_codes(tmp_path):
+    """`dpro cluster` (the one command line of the emulated cluster): per-host variables and {i}
+    substitution, the first failing host's exit code, namespaces removed afterwards."""
+    prefix = "dpclitst"
+    code = ("import os, sys; open(sys.argv[1] + '/h' + os.environ['HOST_RANK'], 'w').write("
+            "os.environ['DPRO_HOST'] + ' ' + os.environ['RANK'] + ' ' + os.environ['WORLD_SIZE']); "
+            "sys.exit(int(sys.argv[2]))")
+    r = subprocess.run([sys.executable, "-m", "dpro_kit", "cluster", "--hosts", "2", "--rate-mbit", "100",
+                        "--prefix", prefix, "--", sys.executable, "-c", code, str(tmp_path), "{i}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "host1 exited with 1" in r.stderr, r.stderr
+    assert (tmp_path / "h0").read_text() == "host0 0 2" and (tmp_path / "h1").read_text() == "host1 1 2"
+    assert not [n for n in list_namespaces() if n.startswith(prefix)]
+    r = subprocess.run([sys.executable, "-m", "dpro_kit", "cluster", "--prefix", prefix],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("dpro: error: no command given")

@@ -10,6 +10,7 @@
 ``check``          :mod:`dpro_kit.cli.check` (:mod:`dpro_kit.check`)
 ``merge``          :mod:`dpro_kit.cli.merge`
 ``async-predict``  :mod:`dpro_kit.cli.async_predict` (:mod:`dpro_kit.async_ps`)
+``cluster``        :mod:`dpro_kit.cli.cluster` (:mod:`dpro_kit.jobs`, :mod:`dpro_kit.cluster`)
 =================  ==========================================================
 
 Conventions (:mod:`dpro_kit.cli._common`): every command has ``--json`` (one JSON
@@ -27,7 +28,7 @@ import click
 
 from .. import __version__
 from ..errors import DproError
-from . import align, async_predict, check, graph, merge, optimize, profile, replay, report
+from . import align, async_predict, check, cluster, graph, merge, optimize, profile, replay, report
 from ._common import CONTEXT_SETTINGS, EXIT_BAD_INPUT, Progress
 
 
@@ -46,13 +47,15 @@ def cli() -> None:
       dpro optimize TRACE -o plan.json  search fusion / partition / memory strategies
       dpro report TRACE_DIR -o r.html   one HTML page: timelines, breakdown, stragglers
       dpro check -b base.json -c TRACE  CI gate: exit 1 if slower (docs/ci.md)
+      dpro merge A/ B/ -o T             per-host folders of one multi-host run into one
+      dpro cluster --hosts 2 -- CMD     run CMD on emulated hosts (netns + shaped links; root)
 
     Exit codes: 0 success, 1 check failed (dpro check), 2 bad input (one line on stderr says what and where).
     """
 
 
 for _command in (profile.profile, replay.replay, graph.graph, align.align, optimize.optimize, report.report,
-                 check.check, merge.merge, async_predict.async_predict):
+                 check.check, merge.merge, async_predict.async_predict, cluster.cluster):
     cli.add_command(_command)
 
 
