@@ -99,3 +99,6 @@ def critical_path_summary(res: ReplayResult, g: nx.DiGraph, top: int = 10) -> di
     gaps = float(res.end[path[-1]] - res.start[path[0]] - sum(durs)) / 1e3 if path else 0.0
     return {"ops": keys, "rows": [int(r) for r in path], "length_ms": sum(durs) / 1e3, "by_kind_ms": by_kind,
             "top": top_ops, "gaps_ms": gaps}
+
+
+__all__ = ["breakdown", "critical_path_summary", "last_iteration_window", "overlap_breakdown", "union_length"]

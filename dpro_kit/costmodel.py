@@ -131,3 +131,7 @@ def fit_from_events(events: pd.DataFrame, world_size: int, collective_latency_us
                             collective_latency_us)
     origin = "fitted" if collective_latency_us is None else "fitted (latency calibrated)"
     return CommModel(default=lm, origin=origin) if lm is not None else CommModel()
+
+
+__all__ = ["DEFAULT_BANDWIDTH_BPS", "DEFAULT_LATENCY_US", "LATENCY_SHARE_MAX", "collective_latency_us", "CommModel",
+           "fit_from_events", "fit_from_trace", "fit_ring_allreduce", "LinkModel"]

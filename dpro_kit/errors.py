@@ -64,3 +64,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+__all__ = ["atomic_write_text", "DproError", "GraphError", "TraceFormatError"]

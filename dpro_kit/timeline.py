@@ -240,3 +240,6 @@ def trace_to_chrome(ts: Any, *, iterations: Iterable[int] | None = None,
 
 def write_chrome(obj: dict[str, Any], path: str | os.PathLike) -> None:
     atomic_write_text(path, json.dumps(obj, separators=(",", ":")))
+
+
+__all__ = ["CLIP_US", "CRITICAL_PID", "assign_lanes", "replay_to_chrome", "trace_to_chrome", "write_chrome"]

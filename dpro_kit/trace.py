@@ -515,3 +515,10 @@ def save_trace(ts: TraceSet, out_dir: str | os.PathLike) -> Path:
                    tool_version=m.tool_version, created=m.created, extra=dict(m.extra))
     atomic_write_text(out / "manifest.json", json.dumps(man.to_json(), indent=2))
     return out
+
+
+__all__ = ["COMM_KINDS", "COMPUTE_KINDS", "EVENT_COLUMNS", "FORMAT_NAME", "FORMAT_VERSION", "LAYER_KINDS",
+           "MEMORY_COLUMNS", "REQUIRED_EVENT_FIELDS", "SUPPORTED_VERSIONS", "TOPOLOGY_KINDS", "Collective",
+           "empty_events", "empty_memory", "events_to_records", "load_manifest", "load_trace", "make_events",
+           "Manifest", "merge_collectives", "NodeInfo", "NodeTrace", "OpKind", "read_json", "save_trace",
+           "select_iterations", "TraceSet"]

@@ -328,3 +328,7 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
     if w.bandwidth_mbps is not None:
         model = with_bandwidth(model, w.bandwidth_mbps)
     return ts, model
+
+
+__all__ = ["DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "ddp_bucket_assignment", "horovod_knobs",
+           "rebucket", "scale_world", "WhatIf", "with_bandwidth"]

@@ -137,3 +137,7 @@ def load_graph(path: str | os.PathLike) -> nx.DiGraph:
                 g.nodes[key].setdefault(a, v)
         return g
     return from_json(read_json(path, what="graph file"), path=str(path))
+
+
+__all__ = ["GRAPH_FORMAT", "GRAPH_VERSION", "NODE_DEFAULTS", "add_op", "compute_device", "from_json", "load_graph",
+           "op_key", "save_graph", "to_json", "validate"]

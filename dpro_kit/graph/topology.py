@@ -171,3 +171,6 @@ def ps_push_pull(ctx: CommContext, coll: Collective) -> None:
             ks, kr = ctx.transfer(coll, phase="pull", step=1, chunk=p, src=server, dst=w, nbytes=nbytes)
             ctx.graph.add_edge(kagg, ks)
             ctx.graph.add_edge(kr, io[w][1])
+
+
+__all__ = ["CommContext", "Links", "ps_push_pull", "ring_allreduce", "split_bytes", "txn_id"]

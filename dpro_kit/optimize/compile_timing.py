@@ -360,3 +360,7 @@ def time_fusions(groups: Iterable[tuple[str, ...]], shapes: dict[str, dict[str, 
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             ft.reason = f"torch.compile failed: {type(exc).__name__}: {first[:200]}"
     return out
+
+
+__all__ = ["SOURCE", "FusionTiming", "load_shapes", "parse_concrete", "RecordedOp", "Region", "RegionError",
+           "time_fusions", "time_region"]

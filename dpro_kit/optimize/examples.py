@@ -46,3 +46,6 @@ def tiny_dfg(*, ranks: int = 2, sync_bn: bool = False, latency_us: float = 10.0,
     g.graph["meta"] = {"job": "tiny", "world_size": ranks, "comm_model": model.describe(),
                        "hosts": {n: i.host for n, i in nodes.items()}}
     return g
+
+
+__all__ = ["tiny_dfg"]

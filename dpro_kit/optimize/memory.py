@@ -625,3 +625,7 @@ def parse_size(text: str | int | None) -> int | None:
         if s.endswith(u):
             return int(float(s[: -len(u)]) * f)
     return int(float(s))
+
+
+__all__ = ["CUDA_BLOCK", "build_profile", "checkpoint_segments", "IterationTimeline", "layer_of", "MemoryModel",
+           "MemoryProfile", "ParamInfo", "parse_size", "simulate", "Step"]

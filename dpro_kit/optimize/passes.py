@@ -182,3 +182,7 @@ class GradientAccumulation(GraphPass):
         if steps < 1:
             raise PassRefused("accumulation steps must be >= 1")
         return state.with_memory(accum_steps=int(steps))
+
+
+__all__ = ["PASSES", "Change", "GradientAccumulation", "GraphPass", "load_entry_point_passes", "load_pass",
+           "OpFusion", "PassRefused", "Recomputation", "register_pass", "TensorFusion", "TensorPartition"]

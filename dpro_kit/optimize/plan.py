@@ -252,3 +252,6 @@ def make_plan(base: BaseJob, r: SearchResult, *, trace: str = "", info: dict[str
         plan["estimated"].append("schedule.predicted.* (replay of the plan's DFG with each transfer order)")
     validate_plan(plan)
     return plan
+
+
+__all__ = ["PLAN_FORMAT", "PLAN_SCHEMA", "PLAN_VERSION", "make_plan", "validate_plan"]

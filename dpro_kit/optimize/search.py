@@ -583,3 +583,7 @@ class _Cand:
             new = p.apply(state, searcher.base, **self.args)
         searcher.condensed_moved(state, new)
         return new
+
+
+__all__ = ["CHECKPOINT_FORMAT", "group_participants", "load_checkpoint", "Searcher", "SearchOptions",
+           "SearchResult", "terminal_progress"]

@@ -95,3 +95,6 @@ def theorem3_joint(p0: float, q0: float, t1: float, t2: float, tf: float, T1: fl
     Returns ``none``, ``op_fusion``, ``tensor_fusion`` or ``both``.
     """
     return end_times(p0, q0, t1, t2, tf, T1, T2, T12).best()
+
+
+__all__ = ["end_times", "Ends", "theorem1_fuse_ops", "theorem2_fuse_tensors", "theorem3_joint"]

@@ -91,3 +91,7 @@ from . import tf as _tf  # noqa: E402  (imports no TensorFlow)
 register_reader(_tf.FORMAT, _tf.read_node)
 register_discoverer("dpro_tf", _tf.discover)
 register_discoverer(kineto_plain.FORMAT, kineto_plain.discover)
+
+
+__all__ = ["available", "discover_manifest", "Discoverer", "get_reader", "Reader", "register_discoverer",
+           "register_reader"]

@@ -34,3 +34,6 @@ def discover(trace_dir: Path) -> Manifest | None:
     if err:
         raise DproError(err, path=trace_dir)
     return Manifest.from_json(doc, path=str(Path(trace_dir) / "manifest.json (built from meta.json)"))
+
+
+__all__ = ["FORMAT", "discover"]

@@ -65,3 +65,6 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
         except (ValueError, TypeError) as exc:
             raise TraceFormatError(f"bad memory rows: {exc}", path=mem_path) from None
     return NodeTrace(events=events, edges=edges, collectives=colls, memory=memory)
+
+
+__all__ = ["SUPPORTED", "read_node"]

@@ -888,3 +888,8 @@ def _edges(ops: list[_Op], steps: list[int]) -> list[tuple[str, str]]:
                 if src:
                     edges.append((src, o.op))
     return list(dict.fromkeys(edges))
+
+
+__all__ = ["C10D_COLLECTIVES", "C10D_NS", "GLOO_WORKER", "MARKER_NS", "MARKERS", "MAX_EVENT_OVERHEAD_NS",
+           "META_FORMAT", "META_VERSIONS", "OVERHEAD_MODES", "RING_COLUMNS", "RING_FORMAT", "parse_node",
+           "profiler_overhead_ns", "read_node", "read_op_shapes", "window_overhead_ns"]

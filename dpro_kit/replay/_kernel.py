@@ -267,3 +267,6 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
                 _ev_push(ev_t, ev_k, ne, F[v, 2], v)
                 ne += 1
     return (OUT_T[:, 0].copy(), OUT_T[:, 1].copy(), OUT_P[:, 0].copy(), OUT_P[:, 1].copy(), n_done)
+
+
+__all__ = ["simulate"]

@@ -391,3 +391,7 @@ def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[
         raise GraphError(f"only {done} of {u.dur.size} ops could run: the iteration edges form a cycle",
                          hint="an op of iteration i+1 must not precede its own iteration's ops")
     return ReplayResult(graph=cg, iterations=iterations, start=start, end=end, crit_pred=crit, dev_prev=prev)
+
+
+__all__ = ["compile_graph", "CompiledGraph", "csr_from_edges", "induced_subgraph", "locality_order", "renumber",
+           "replay", "ReplayResult", "run_kernel", "unroll"]

@@ -481,3 +481,8 @@ def replayed_timeline(res: Any, g: nx.DiGraph, crit_rows: set[int]) -> TimelineP
     title = (f"replayed: iteration {res.iterations} of {res.iterations} (steady state)" if res.iterations > 1
              else "replayed: one iteration")
     return TimelinePanel(title, t1 - t0, [crit_lane] + ordered)
+
+
+__all__ = ["alignment", "Bar", "buckets", "collect", "critical_in_last_iteration", "Lane", "load_plan",
+           "measured_breakdown", "measured_timeline", "memory", "replayed_timeline", "ReportData",
+           "representative_iteration", "stragglers", "TimelinePanel"]

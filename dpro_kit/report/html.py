@@ -290,3 +290,6 @@ def _undetermined_cell(b: Any) -> str:
     lo, hi = (list(b) + [None, None])[:2] if isinstance(b, (list, tuple)) else (None, None)
     f = lambda x, inf: inf if x is None else f"{float(x):.1f}"  # noqa: E731
     return f"UNDETERMINED, in [{f(lo, '-inf')}, {f(hi, '+inf')}]"
+
+
+__all__ = ["CSS", "JS", "render", "section_ids"]

@@ -284,3 +284,7 @@ def lines(series: dict[str, Sequence[tuple[float, float]]], *, width: int = 900,
                     f'</polyline>')
         body.append(f'<text x="{left + pw + 10}" y="{top + 14 + 16 * i}" fill="{c}">{esc(name)}</text>')
     return _svg(width, height, body, "chart", title)
+
+
+__all__ = ["BREAKDOWN_COLORS", "CRIT", "FONT", "KIND_COLORS", "dots", "esc", "fmt", "grouped_bars", "legend",
+           "lines", "nice_step", "stacked_bars", "timeline"]
