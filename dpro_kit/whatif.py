@@ -206,6 +206,7 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
     hv = ts.manifest.extra.get("horovod") if isinstance(ts.manifest.extra, dict) else None
     colls = [c for c in ts.collectives if c.tensor.startswith("hvd") and c.inputs and
              all(o.startswith(HVD) for os_ in c.inputs.values() for o in os_)]
+    negotiations = [c for c in ts.collectives if c.tensor.startswith("hvd") and c.tensor.endswith("-negotiate")]
     if not isinstance(hv, dict) or not colls:
         raise DproError("--fusion-threshold-mb/--cycle-time-ms need a Horovod trace", path=ts.path,
                         hint="profile a Horovod job with `dpro profile` (docs/horovod.md)")
@@ -260,11 +261,15 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
                           "name": f"HOROVOD_{what.upper()}", "kind": "OTHER", "stream": "hvd", "iteration": int(it),
                           "start": 0.0, "dur": float(d), "tensor": g, "bytes": nbytes} for it in iters]
             e = edges.setdefault(n, [])
-            e += [(params[i][2][n], f"{HVD}negotiate:{g}") for i in idx]
             e.append((f"{HVD}negotiate:{g}", f"{HVD}memcpy_in:{g}"))
             e += [(f"{HVD}memcpy_out:{g}", w) for w in dict.fromkeys(waits[n])]
             if k:
                 e.append((f"{HVD}memcpy_out:hvd{k - 1}", f"{HVD}negotiate:{g}"))
+        new_colls.append(Collective(   # negotiation: all ranks have the group's gradients (readers/horovod.py)
+            tensor=f"{g}-negotiate", op="allreduce", algorithm=colls[0].algorithm,
+            bytes=negotiations[0].bytes if negotiations else 8, participants=list(nodes),
+            inputs={n: list(dict.fromkeys(params[i][2][n] for i in idx)) for n in nodes},
+            outputs={n: [f"{HVD}negotiate:{g}"] for n in nodes}))
         new_colls.append(Collective(
             tensor=g, op=colls[0].op, algorithm=colls[0].algorithm, bytes=nbytes, participants=list(nodes),
             params=[params[i][0] for i in idx], param_bytes=[params[i][1] for i in idx],
@@ -274,7 +279,7 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
     events = pd.concat([keep, make_events(rows, path=ts.path)], ignore_index=True)
     for col in ev.columns:
         events[col] = events[col].astype(ev[col].dtype)
-    others = [c for c in ts.collectives if c not in colls]
+    others = [c for c in ts.collectives if c not in colls and c not in negotiations]
     extra = dict(ts.manifest.extra)
     extra["horovod"] = {**hv, "fusion_threshold_bytes": t_new, "cycle_time_ms": c_new}
     extra = {k: v for k, v in extra.items() if not k.startswith("measured_")}

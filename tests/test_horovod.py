@@ -95,10 +95,15 @@ def test_dpro_profile_horovod_job_replays(hvd_trace):
     assert sorted(params) == sorted(p["name"] for p in meta["horovod"]["params"])
     assert all(c.bytes <= (1 << 20) or len(c.params) == 1 for c in ts.collectives)
     g = s.graph
+    groups = [c for c in ts.collectives if not c.tensor.endswith("-negotiate")]
+    # every group has its negotiation collective (all ranks ready) feeding its negotiate op
+    assert sorted(c.tensor for c in ts.collectives if c.tensor.endswith("-negotiate")) == \
+        sorted(f"{c.tensor}-negotiate" for c in groups)
     for n in man["nodes"]:
-        for c in ts.collectives:
+        for c in groups:
             for op in ("negotiate", "memcpy_in", "memcpy_out"):
                 assert f"{n}|hvd:{op}:{c.tensor}" in g
+            assert g.has_edge(f"{n}|Out {c.tensor}-negotiate", f"{n}|hvd:negotiate:{c.tensor}")
     res = s.replay(1)
     assert 0 < res.iteration_time_us < 10e6
 
@@ -130,6 +135,7 @@ def test_horovod_whatif_knobs(hvd_trace):
     ts = Session(hvd_trace).profiled
     same = horovod_knobs(ts)                                   # the profiled knobs: the profiled groups
     assert [c.params for c in same.collectives] == [c.params for c in ts.collectives]
+    assert [c.tensor for c in same.collectives] == [c.tensor for c in ts.collectives]
     small = horovod_knobs(ts, fusion_threshold_bytes=300_000)
     assert len(small.collectives) > len(ts.collectives)
     assert all(c.bytes <= 300_000 or len(c.params) == 1 for c in small.collectives)

@@ -21,14 +21,17 @@ writes one with the project's Horovod patch, ``patches/horovod``; stock Horovod 
   were fused into one buffer.  Horovod decides this every cycle, so it can differ between
   iterations; the grouping seen in most profiled iterations is the job's (``hvd<k>`` in
   execution order), and only those iterations' Horovod events are used;
-* **per group, on each rank** - local ops on the node's ``hvd`` stream (Horovod's
-  background thread), in this order: ``hvd:negotiate:<g>`` (from the moment the group's
-  last gradient was ready, or the previous group finished, to the start of its
-  fusion-buffer copy: the wait for the next cycle plus negotiation among the ranks),
+* **per group, on each rank** - a negotiation collective ``hvd<k>-negotiate`` (8 bytes over
+  the ring, from the op in which the group's last gradient was ready: every rank waits
+  for all ranks, as Horovod's negotiation does), then local ops on the node's ``hvd``
+  stream (Horovod's background thread), in this order: ``hvd:negotiate:<g>`` (the wait
+  after every rank is ready - the cycle tick and the last messages: the smallest, over
+  the profiled iterations, time from the later of (last gradient ready, previous group
+  finished) to the start of the fusion-buffer copy),
   ``hvd:memcpy_in:<g>``, then the allreduce (the ``ring`` scheme's SEND/RECV steps
   between In and Out, timed by the comm model fitted to the ``GLOO_ALLREDUCE`` durations,
   which are the group's COMM events), then ``hvd:memcpy_out:<g>``.  Edges: the op in which
-  the group's last gradient became ready -> negotiate -> memcpy_in -> In; Out ->
+  the group's last gradient became ready -> negotiation collective -> negotiate -> memcpy_in -> In; Out ->
   memcpy_out -> the waiting op; and memcpy_out of group g -> negotiate of group g+1 (one
   background thread runs the groups one after another).
 
@@ -61,6 +64,8 @@ MEMCPY_OUT = "MEMCPY_OUT_FUSION_BUFFER"
 ALLREDUCE_ACTIVITY = "GLOO_ALLREDUCE"
 NEGOTIATE = "NEGOTIATE_ALLREDUCE"
 TOP_ALLREDUCE = "ALLREDUCE"
+NEGOTIATION_SUFFIX = "-negotiate"   # the negotiation collective of group hvd<k>: hvd<k>-negotiate
+NEGOTIATION_BYTES = 8               # what it moves per rank (a few bits per cached tensor)
 
 
 @dataclass
@@ -204,6 +209,29 @@ def responses(records: list[TensorRecord]) -> list[Response]:
     return out
 
 
+def _job_grouping(meta: dict[str, Any], resp: list[Response], per_it: dict[int, list[Response]]
+                  ) -> tuple[list[tuple[str, ...]], set[int]]:
+    """The job's fusion groups and the profiled iterations that ran exactly them.
+
+    Horovod fuses what is ready in the same cycle, so the profiler - which slows the
+    iterations it records - can change the groups.  The timeline covers the whole run, and
+    ``meta.json`` has every iteration's wall-clock end and duration: the groups are those of
+    most *unprofiled* iterations (the first two, start-up, left out), else of most profiled ones.
+    """
+    spans = [(float(s["end_time_ns"]) / 1e3 - float(s["dur_us"]), float(s["end_time_ns"]) / 1e3)
+             for s in meta.get("steps") or [] if not s.get("profiled") and int(s.get("step", 0)) >= 2]
+    sigs: dict[tuple[float, float], list[tuple[str, ...]]] = defaultdict(list)
+    for r in resp:
+        sp = next((sp for sp in spans if sp[0] <= r.start <= sp[1]), None)
+        if sp is not None:
+            sigs[sp].append(r.tensors)
+    window = Counter(tuple(r.tensors for r in rs) for rs in per_it.values())
+    everything = set(t for rs in per_it.values() for r in rs for t in r.tensors)
+    unprof = Counter(tuple(v) for v in sigs.values() if set(t for g in v for t in g) == everything)
+    groups = list((unprof or window).most_common(1)[0][0])
+    return groups, {it for it, rs in per_it.items() if tuple(r.tensors for r in rs) == tuple(groups)} or set(per_it)
+
+
 def _bytes_of(meta: dict[str, Any]) -> dict[str, tuple[int, int, str]]:
     """Horovod tensor name -> (parameter index, bytes, parameter name) from ``meta.json["horovod"]``."""
     hv = meta.get("horovod") or {}
@@ -248,9 +276,7 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
         raise TraceFormatError("no Horovod allreduce inside the profiled iterations", path=tl_path,
                                hint="the timeline and the Kineto trace are not of the same run, or the "
                                     "optimizer is not hvd.DistributedOptimizer")
-    signature = {it: tuple(r.tensors for r in rs) for it, rs in per_it.items()}
-    groups = Counter(signature.values()).most_common(1)[0][0]
-    used = sorted(it for it, s in signature.items() if s == groups)
+    groups, used = _job_grouping(meta, resp, per_it)
 
     ready: dict[int, list[tuple[int, str, float]]] = extra["grad_ready"]   # param index -> (it, op, us)
     wait_op = extra["wait_op"]
@@ -258,48 +284,65 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     edges = list(nt.edges)
     collectives = []
     names = [f"hvd{k}" for k in range(len(groups))]
+    # fusion-buffer copy time per byte on this rank (responses of several tensors; one tensor is not copied)
+    fused = [r for rs in per_it.values() for r in rs if len(r.tensors) > 1 and r.memcpy_in and r.memcpy_out]
+    nb = sum(sum(pinfo[t][1] for t in r.tensors) for r in fused)
+    per_byte_in = sum(r.memcpy_in[1] - r.memcpy_in[0] for r in fused) / nb if nb else 0.0
+    per_byte_out = sum(r.memcpy_out[1] - r.memcpy_out[0] for r in fused) / nb if nb else 0.0
+    first_of = {g[0]: k for k, g in enumerate(groups)}
     for k, (g, tensors) in enumerate(zip(names, groups)):
         idx = [pinfo[t][0] for t in tensors]
         nbytes = sum(pinfo[t][1] for t in tensors)
         neg, mci, mco = f"hvd:negotiate:{g}", f"hvd:memcpy_in:{g}", f"hvd:memcpy_out:{g}"
-        last_ready_op = []
-        timed: dict[int, tuple[float, float, tuple[float, float], tuple[float, float], tuple[float, float]]] = {}
-        for it in used:
-            r = per_it[it][k]
+        last_ready_op, resid = [], []
+        for it in sorted(per_it):
             rs = [x for i in idx for x in ready.get(i, []) if x[0] == it]
-            t_ready = max((x[2] for x in rs), default=None)
             if rs:
                 last_ready_op.append(max(rs, key=lambda x: x[2])[1])
-            prev_end = per_it[it][k - 1].end if k else None
-            t0 = max([t for t in (t_ready, prev_end) if t is not None], default=r.start)
-            mi = r.memcpy_in or (r.allreduce[0], r.allreduce[0])
-            mo = r.memcpy_out or (r.allreduce[1], r.allreduce[1])
-            timed[it] = (min(t0, mi[0]), mi[0], mi, r.allreduce, mo)
-        typical = sorted(timed.values(), key=lambda v: v[4][1] - v[0])[len(timed) // 2]
+            if it not in used:
+                continue
+            # the wait after every rank is ready: from the later of (last gradient ready, previous group
+            # done) to the copy of the response that starts with this group's first tensor
+            r = next((r for r in per_it[it] if r.tensors[0] == tensors[0]), None)
+            if r is None:
+                resid.append(0.0)       # the group starts inside a response: same cycle, no wait
+                continue
+            prev = next((x for x in per_it[it] if k and groups[k - 1][-1] in x.tensors), None)
+            t0 = max([t for t in (max((x[2] for x in rs), default=None), prev.end if prev else None)
+                      if t is not None], default=r.start)
+            resid.append(max(0.0, r.start - t0))
+        # the smallest over the profiled iterations - in some the rank was itself the last to be ready; the
+        # wait for the others is the negotiation collective's (below), not this op's
+        wait = min(resid) if resid else 0.0
         for it in sorted(per_it):
             common = {"iteration": it, "stream": STREAM, "kind": OpKind.OTHER.value, "tensor": g, "bytes": nbytes}
-            if it in timed:
-                t0, _, mi, ar, mo = timed[it]
-            else:  # Horovod fused differently in this iteration: the typical iteration's durations
-                at = min(r.start for r in per_it[it] if set(r.tensors) & set(tensors))
-                shift = at - typical[1]
-                t0, mi, ar, mo = typical[0] + shift, tuple(x + shift for x in typical[2]), None, \
-                    tuple(x + shift for x in typical[4])
-            rows.append({**common, "op": neg, "name": "HOROVOD_NEGOTIATE", "start": t0, "dur": mi[0] - t0})
+            same = next((r for r in per_it[it] if r.tensors == tensors), None)
+            if same is not None:    # Horovod ran exactly this group in this iteration: its own times
+                mi = same.memcpy_in or (same.allreduce[0], same.allreduce[0])
+                mo = same.memcpy_out or (same.allreduce[1], same.allreduce[1])
+                rows.append({**common, "op": f"allreduce:{g}", "name": ALLREDUCE_ACTIVITY,
+                             "kind": OpKind.COMM.value, "stream": "comm", "start": same.allreduce[0],
+                             "dur": same.allreduce[1] - same.allreduce[0]})
+            else:                   # fused differently here: copies at this rank's time per byte
+                at = min((r.start for r in per_it[it] if set(r.tensors) & set(tensors)), default=spans[0][0])
+                d_in, d_out = (per_byte_in * nbytes, per_byte_out * nbytes) if len(tensors) > 1 else (0.0, 0.0)
+                mi, mo = (at, at + d_in), (at + d_in, at + d_in + d_out)
+            rows.append({**common, "op": neg, "name": "HOROVOD_NEGOTIATE", "start": mi[0] - wait, "dur": wait})
             rows.append({**common, "op": mci, "name": MEMCPY_IN, "start": mi[0], "dur": mi[1] - mi[0]})
             rows.append({**common, "op": mco, "name": MEMCPY_OUT, "start": mo[0], "dur": mo[1] - mo[0]})
-            if ar is not None:  # the allreduce itself: a COMM event (feeds the comm model)
-                rows.append({**common, "op": f"allreduce:{g}", "name": ALLREDUCE_ACTIVITY,
-                             "kind": OpKind.COMM.value, "stream": "comm", "start": ar[0], "dur": ar[1] - ar[0]})
         src = Counter(last_ready_op).most_common(1)[0][0] if last_ready_op else None
-        if src:
-            edges.append((src, neg))
+        # negotiation: every rank waits until all have the group ready - a tiny collective among the
+        # ranks (Horovod's cached negotiation is a bit-vector allreduce) from the last gradient to the
+        # negotiate op
+        collectives.append({"tensor": f"{g}{NEGOTIATION_SUFFIX}", "op": "allreduce", "algorithm": "ring",
+                            "bytes": NEGOTIATION_BYTES, "params": [], "inputs": [src] if src else [],
+                            "outputs": [neg]})
         edges.append((neg, mci))
         if wait_op:
             edges.append((mco, wait_op))
         if k:
             edges.append((f"hvd:memcpy_out:{names[k - 1]}", neg))
-        param_ready = [TK._mode([op for it2, op, _t in ready.get(i, []) if it2 in used]) for i in idx]
+        param_ready = [TK._mode([op for it2, op, _t in ready.get(i, [])]) for i in idx]
         collectives.append({"tensor": g, "op": "allreduce", "algorithm": "ring", "bytes": int(nbytes),
                             "params": [pinfo[t][2] for t in tensors], "inputs": [mci], "outputs": [mco],
                             "param_bytes": [pinfo[t][1] for t in tensors],
