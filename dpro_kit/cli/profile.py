@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from ..collectors import FRAMEWORKS
 from ..errors import DproError
 
 EPILOG = """\b
@@ -42,8 +43,9 @@ Examples:
 @click.option("--shapes", is_flag=True,
               help="Record op input shapes in one extra iteration after the window (kineto_shapes.json); "
                    "`dpro optimize` rebuilds op-fusion candidates from them and times them with torch.compile.")
-@click.option("--framework", type=click.Choice(["torch", "tensorflow"]), default="torch", show_default=True,
-              help="Which collector to enable (tensorflow: collectors/tf, tf.profiler on every task).")
+@click.option("--framework", type=click.Choice(list(FRAMEWORKS)), default="torch", show_default=True,
+              help="Which collector to enable (dpro_kit/collectors.py; tensorflow: collectors/tf, tf.profiler on "
+                   "every task).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary after the job ends.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, shapes: bool, framework: str,
@@ -59,8 +61,8 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, s
     import signal
     import subprocess
 
-    if framework == "tensorflow":
-        return _profile_tf(out, steps, host, as_json, command)
+    if framework != "torch":   # the other collectors: launch.profile_env + manifest (dpro_kit/collectors.py)
+        return _profile_collector(framework, out, steps, host, as_json, command)
     from dpro_torch.launch import profile_env
     from dpro_torch.recorder import parse_steps
 
@@ -116,13 +118,18 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, s
     sys.exit(code if code >= 0 else 128 - code)
 
 
-def _profile_tf(out: Path, steps: str, host: str | None, as_json: bool, command: tuple[str, ...]) -> None:
-    """`dpro profile --framework tensorflow`: run the command with collectors/tf enabled."""
+def _profile_collector(framework: str, out: Path, steps: str, host: str | None, as_json: bool,
+                       command: tuple[str, ...]) -> None:
+    """`dpro profile --framework NAME` (not torch): run the command with that collector enabled.
+
+    The collector package (:data:`dpro_kit.collectors.FRAMEWORKS`) provides
+    ``launch.profile_env(out, steps, host)`` and ``manifest.find_metas`` / ``try_write_manifest``.
+    """
     import subprocess
 
     from ..collectors import import_collector
 
-    launch, manifest = import_collector("tensorflow", "launch"), import_collector("tensorflow", "manifest")
+    launch, manifest = import_collector(framework, "launch"), import_collector(framework, "manifest")
     cmd = list(command[1:] if command[:1] == ("--",) else command)
     if not cmd:
         raise DproError("no command given", hint="put the training command after --")

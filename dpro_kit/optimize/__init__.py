@@ -1,10 +1,35 @@
-"""dpro optimize: critical-path strategy search (dPRO §5). See docs/optimizer.md."""
-from .driver import OptimizeOptions, Optimized, optimize
-from .passes import PASSES, Change, GraphPass, PassRefused, load_pass, register_pass
-from .search import SearchOptions, SearchResult, Searcher
-from .state import BaseJob, Strategy, build, extract_base, initial_strategy
-from .theory import theorem1_fuse_ops, theorem2_fuse_tensors, theorem3_joint
+"""dpro optimize: critical-path strategy search (dPRO §5). See docs/optimizer.md.
 
-__all__ = ["OptimizeOptions", "Optimized", "optimize", "PASSES", "Change", "GraphPass", "PassRefused", "load_pass", "register_pass", "SearchOptions",
-           "SearchResult", "Searcher", "BaseJob", "Strategy", "build", "extract_base", "initial_strategy",
-           "theorem1_fuse_ops", "theorem2_fuse_tensors", "theorem3_joint"]
+The names below are imported from their modules on first use (PEP 562), so that
+importing one module of the package (the CLI imports :mod:`~dpro_kit.optimize.driver`
+for its option choices) does not load the search, networkx and numpy.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: exported name -> the module of this package that defines it
+_EXPORTS = {
+    "OptimizeOptions": "driver", "Optimized": "driver", "optimize": "driver",
+    "PASSES": "passes", "Change": "passes", "GraphPass": "passes", "PassRefused": "passes", "load_pass": "passes",
+    "register_pass": "passes",
+    "SearchOptions": "search", "SearchResult": "search", "Searcher": "search",
+    "BaseJob": "state", "Strategy": "state", "build": "state", "extract_base": "state", "initial_strategy": "state",
+    "theorem1_fuse_ops": "theory", "theorem2_fuse_tensors": "theory", "theorem3_joint": "theory",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
