@@ -738,6 +738,45 @@ def align(ts: TraceSet, *, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_B
     coarse records; robust to one-sided delays (a descheduled thread only ever adds time) and
     independent of the clip pattern, hence exactly shift-equivariant.  ``"mean"`` - dPRO's
     variance of the clipped RECV durations themselves (clip pattern iterated).
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The trace as loaded (each node on its own clock).
+    alpha : float
+        Weight of the RECV-family variance term (``dpro align --alpha``).
+    beta : float
+        Weight of the same-machine spread term.
+    family : {"size", "paper"}
+        Fine-grained RECV families: by transfer size and link kind, or dPRO's (receiver,
+        sender, tensor).
+    gamma : float
+        Weight of the squared violation of a coarse (collective) dependency.
+    solvers : tuple of str
+        CVXPY solvers tried in order.
+    max_rounds : int
+        Rounds of "fix the clip pattern, solve, recompute the pattern".
+    statistic : {"min", "mean"}
+        See above.
+    undetermined_us : float
+        Coarse traces: an offset whose ~95 % error bound exceeds this is reported undetermined.
+
+    Returns
+    -------
+    AlignResult
+        Offsets (aligned = raw - offset), residuals, binding constraints, solve facts.
+
+    Raises
+    ------
+    NoCommunicationError
+        The nodes never communicate in the trace.
+    DproError
+        Contradictory dependencies (a broken trace), naming the ops and nodes.
+
+    References
+    ----------
+    .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for Expediting
+           Distributed DNN Training", MLSys 2022, §4.2 (trace time alignment) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
     """
     if statistic not in STATISTICS:
         raise DproError(f"unknown alignment statistic {statistic!r}", hint="use one of " + ", ".join(STATISTICS))

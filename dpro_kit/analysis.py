@@ -58,6 +58,18 @@ def breakdown(res: ReplayResult, g: nx.DiGraph) -> pd.DataFrame:
     Communication of a node = its SEND ops (on links) and RECV ops; computation
     = its ops of every other kind that occupy a device.  ``overlap`` is time
     when both run; ``idle`` is time when neither does.
+
+    Parameters
+    ----------
+    res : dpro_kit.replay.engine.ReplayResult
+        A replay of ``g``.
+    g : networkx.DiGraph
+        The replayed graph.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per node: ``node``, ``compute_ms``, ``comm_ms``, ``overlap_ms``, ``idle_ms``.
     """
     t0, t1 = last_iteration_window(res)
     span = max(t1 - t0, 0.0)
@@ -83,7 +95,27 @@ def breakdown(res: ReplayResult, g: nx.DiGraph) -> pd.DataFrame:
 
 
 def critical_path_summary(res: ReplayResult, g: nx.DiGraph, top: int = 10) -> dict[str, Any]:
-    """The critical path as op keys, its time by kind, and its ``top`` longest ops."""
+    """The critical path as op keys, its time by kind, and its ``top`` longest ops.
+
+    Parameters
+    ----------
+    res : dpro_kit.replay.engine.ReplayResult
+        A replay of ``g`` (its recorded critical predecessors give the path).
+    g : networkx.DiGraph
+        The replayed graph (op kinds, devices, names).
+    top : int
+        How many of the longest critical-path ops to list.
+
+    Returns
+    -------
+    dict
+        ``ops`` (op keys in order), ``by_kind_ms``, ``top`` (start, duration, kind, device, name).
+
+    References
+    ----------
+    .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for Expediting
+           Distributed DNN Training", MLSys 2022, §4.3 (replayer: critical path) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
+    """
     path = res.critical_path()
     keys = [res.key(r) for r in path]
     durs = [float(res.end[r] - res.start[r]) for r in path]

@@ -65,7 +65,13 @@ class CommModel:
 
 def fit_from_trace(ts: Any) -> CommModel:
     """The comm model of a TraceSet: :func:`fit_from_events` with the collector's calibrated
-    per-collective latency when the manifest has one.  Every caller fits through here."""
+    per-collective latency when the manifest has one.  Every caller fits through here.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The (aligned) trace whose coarse collectives are fitted.
+    """
     return fit_from_events(ts.events, ts.manifest.world_size, ts.manifest.facts.collective_latency_us)
 
 
@@ -84,6 +90,22 @@ def fit_ring_allreduce(sizes: np.ndarray, times_us: np.ndarray, n: int,
     absorbs it), which is exact for that size.  The same through-origin fit is
     used when the fitted latency would be more than ``LATENCY_SHARE_MAX`` of the
     median step time (see the comment in the code).
+
+    Parameters
+    ----------
+    sizes : numpy.ndarray
+        Bytes of each traced collective.
+    times_us : numpy.ndarray
+        Their durations (us).
+    n : int
+        Ranks in the ring.
+    collective_latency_us : float or None
+        Per-collective latency calibrated by the collector (tiny AllReduce); None: fitted.
+
+    References
+    ----------
+    .. [1] Thakur, Rabenseifner, Gropp, "Optimization of Collective Communication Operations in
+           MPICH", IJHPCA 2005 (alpha-beta cost of ring AllReduce).
     """
     sizes = np.asarray(sizes, dtype=float)
     times_us = np.asarray(times_us, dtype=float)

@@ -350,7 +350,13 @@ class Job:
 
 
 def identity(job: Job) -> Strategy:
-    """The profiled configuration: each tensor its own group, PS partitions as traced."""
+    """The profiled configuration: each tensor its own group, PS partitions as traced.
+
+    Parameters
+    ----------
+    job : Job
+        A job (``Job.from_trace`` / ``Job.from_graph``).
+    """
     parts = tuple(sorted((t.name, len(t.partitions)) for t in job.tensors.values() if len(t.partitions) > 1))
     return Strategy(groups=tuple((t,) for t in job.tensors), partitions=parts)
 

@@ -262,7 +262,15 @@ class TraceSet:
 
 
 def select_iterations(ts: TraceSet, iterations: Iterable[int]) -> TraceSet:
-    """``ts`` restricted to some profiled iterations (events and memory samples)."""
+    """``ts`` restricted to some profiled iterations (events and memory samples).
+
+    Parameters
+    ----------
+    ts : TraceSet
+        A trace.
+    iterations : iterable of int
+        Profiled iteration numbers to keep.
+    """
     keep = [int(i) for i in iterations]
     ev = ts.events[ts.events["iteration"].isin(keep)].reset_index(drop=True)
     mem = ts.memory[ts.memory["iteration"].isin(keep)].reset_index(drop=True) if ts.memory is not None else None
@@ -399,6 +407,18 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSe
 
     Each node's raw files are read by the reader registered for its format
     (``manifest.raw_format`` or the node's own ``format``).
+
+    Parameters
+    ----------
+    trace_dir : str or PathLike
+        A trace directory (``manifest.json``, or a folder a registered discoverer recognises).
+    progress : callable or None
+        ``(done, total)`` callback while nodes are read.
+
+    Raises
+    ------
+    TraceFormatError
+        A file is missing or not what its format says (one line: file, record, fix).
     """
     from .readers import get_reader  # late import: readers import this module
 

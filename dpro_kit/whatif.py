@@ -36,6 +36,20 @@ def ddp_bucket_assignment(sizes: list[int], cap: int, first_cap: int = DDP_FIRST
 
     A bucket is closed as soon as its size reaches its limit: ``first_cap`` for
     the first bucket, ``cap`` for the others.
+
+    Parameters
+    ----------
+    sizes : list of int
+        Gradient bytes, in reduction order.
+    cap : int
+        Bucket size limit (bytes), DDP's ``bucket_cap_mb``.
+    first_cap : int
+        Limit of the first bucket (DDP's default 1 MiB).
+
+    Returns
+    -------
+    list of list of int
+        Indices into ``sizes`` per bucket.
     """
     buckets: list[list[int]] = []
     cur: list[int] = []
@@ -93,6 +107,13 @@ def scale_world(ts: TraceSet, world_size: int) -> TraceSet:
     Profiled workers keep their names and hosts; added ranks go on new hosts
     with as many ranks per host as the profiled job had (so a job profiled with
     one rank per host grows one host per rank).
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The profiled job.
+    world_size : int
+        Workers of the predicted job (>= 1).
     """
     m = ts.manifest
     workers = m.workers()
@@ -143,6 +164,15 @@ def with_bandwidth(model: CommModel, mbps: float, efficiency: float = TCP_EFFICI
     """``model`` with every link at ``mbps`` Mbit/s line rate (goodput = rate x ``efficiency``).
 
     The fitted latency is kept; per-link overrides are dropped (all links get the new rate).
+
+    Parameters
+    ----------
+    model : CommModel
+        The fitted link model.
+    mbps : float
+        Line rate of every link (Mbit/s).
+    efficiency : float
+        TCP goodput / line rate (measured, :data:`TCP_EFFICIENCY`).
     """
     if not mbps > 0:
         raise DproError(f"bandwidth must be > 0 Mbit/s, got {mbps}")
@@ -311,7 +341,22 @@ class WhatIf:
 
 
 def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommModel]:
-    """Apply ``w`` to a trace and its fitted comm model (re-bucket, then scale, then re-rate)."""
+    """Apply ``w`` to a trace and its fitted comm model (re-bucket, then scale, then re-rate).
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The profiled job (aligned).
+    model : CommModel
+        Its fitted link model.
+    w : WhatIf
+        The configuration to predict.
+
+    Returns
+    -------
+    (TraceSet, CommModel)
+        The job and link model of the what-if configuration.
+    """
     if ts.manifest.facts.plain_kineto and (w.bucket_mb is not None or w.bandwidth_mbps is not None):
         # plain torch.profiler input (dpro_kit.readers.kineto_plain): no bucket composition, no link model
         what = "--bucket-mb needs DDP's bucket composition and gradient-ready times" if w.bucket_mb is not None \

@@ -60,7 +60,18 @@ for _command in (profile.profile, replay.replay, graph.graph, align.align, optim
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the CLI, turning user errors into one line and exit code 2."""
+    """Entry point: run the CLI, turning user errors into one line and exit code 2.
+
+    Parameters
+    ----------
+    argv : list of str or None
+        Arguments (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit code: 0, 1 (``dpro check`` failed), 2 (bad input), 130 (interrupted).
+    """
     try:
         cli.main(args=argv, prog_name="dpro", standalone_mode=False)
     except DproError as exc:

@@ -150,7 +150,13 @@ def horovod_options() -> Callable[[F], F]:
 def make_whatif(bucket_mb: float | None = None, first_bucket_mb: float | None = None,
                 bandwidth_mbps: float | None = None, world_size: int | None = None,
                 fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None) -> Any:
-    """The :class:`~dpro_kit.whatif.WhatIf` of the :func:`whatif_options` (and :func:`horovod_options`) values."""
+    """The :class:`~dpro_kit.whatif.WhatIf` of the :func:`whatif_options` (and :func:`horovod_options`) values.
+
+    Parameters
+    ----------
+    bucket_mb, first_bucket_mb, bandwidth_mbps, world_size
+        The option values (None: not asked).
+    """
     from ..whatif import WhatIf
     return WhatIf(bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, bandwidth_mbps=bandwidth_mbps,
                   world_size=world_size, fusion_threshold_mb=fusion_threshold_mb, cycle_time_ms=cycle_time_ms)
@@ -175,7 +181,15 @@ def open_session(trace: Path, *, no_align: bool = False, per_iteration: bool | N
 
 
 def echo_json(obj: Any, indent: int | None = 2) -> None:
-    """Print ``obj`` as the command's one JSON object on stdout."""
+    """Print ``obj`` as the command's one JSON object on stdout.
+
+    Parameters
+    ----------
+    obj : any
+        A JSON-serialisable object.
+    indent : int or None
+        ``json.dumps`` indent.
+    """
     click.echo(json.dumps(obj, indent=indent))
 
 

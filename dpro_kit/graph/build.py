@@ -79,6 +79,20 @@ def build_global_dfg(ts: TraceSet, *, comm_model: "CommModel | None" = None,
     * measured SEND/RECV/AGG events (from a communication-library patch) set
       the durations of the matching fine-grained ops through their
       transaction ids — the Middleman.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The trace (aligned, what-if applied: :class:`dpro_kit.session.Session` does both).
+    comm_model : CommModel or None
+        Link model; default: fitted to ``ts`` (:func:`dpro_kit.costmodel.fit_from_trace`).
+    links : Links or None
+        Which device each transfer uses (default: one link per sending node).
+
+    References
+    ----------
+    .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for Expediting
+           Distributed DNN Training", MLSys 2022, §4.1 (global DFG construction) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
     """
     job = Job.from_trace(ts, comm_model=comm_model)
     g = build(job, identity(job), check=False, links=links)
@@ -210,6 +224,16 @@ def add_iteration_boundaries(g: nx.DiGraph) -> None:
     every tensor, i.e. its parameters are up to date).  "Last" ops have no
     successor on the same node; "first" ops have no predecessor on the node and
     are not communication or virtual ops.  Linear in the graph size.
+
+    Parameters
+    ----------
+    g : networkx.DiGraph
+        A one-iteration global DFG; ops and ``g.graph["iteration_edges"]`` are added in place.
+
+    References
+    ----------
+    .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for Expediting
+           Distributed DNN Training", MLSys 2022, §4.3 (replayer: iterations replayed back to back) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
     """
     nodes = g.nodes
     by_node: dict[str, list[str]] = defaultdict(list)

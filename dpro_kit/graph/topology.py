@@ -110,6 +110,18 @@ def ring_allreduce(ctx: CommContext, coll: Collective) -> None:
     transfers then queued on its link ahead of the real ones (a 3-rank job
     with one rank per core and two sharing a core was predicted 15 % slow).
     Out(r) waits for all of r's RECVs and its last SEND.
+
+    Parameters
+    ----------
+    ctx : CommContext
+        The graph under construction (links, measured transfers, op naming).
+    coll : dpro_kit.trace.Collective
+        The tensor (bucket) to synchronise; ``participants`` in ring order.
+
+    References
+    ----------
+    .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for Expediting
+           Distributed DNN Training", MLSys 2022, §4.1 (global DFG: communication topology of ring AllReduce) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
     """
     ranks = coll.participants
     n = len(ranks)
@@ -145,6 +157,19 @@ def ps_push_pull(ctx: CommContext, coll: Collective) -> None:
 
     worker In -> SEND push (link w->s) -> RECV on s -> AGG on s (after all
     workers' pushes of p) -> SEND pull (link s->w) -> RECV on w -> worker Out.
+
+    Parameters
+    ----------
+    ctx : CommContext
+        The graph under construction.
+    coll : dpro_kit.trace.Collective
+        The tensor; ``partitions`` (``{"bytes", "server"}``) as traced, else one partition on
+        the server :func:`dpro_kit.graph.schemes.ps_server_of` picks.
+
+    References
+    ----------
+    .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for Expediting
+           Distributed DNN Training", MLSys 2022, §4.1 (global DFG: parameter-server push/pull) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
     """
     servers = ctx.manifest.servers()
     if not servers:

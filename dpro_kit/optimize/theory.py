@@ -62,6 +62,25 @@ def theorem1_fuse_ops(p0: float, q0: float, t1: float, t2: float, tf: float, T1:
     in the computation-bound case (q1 <= p2) this is ``t1 + t2 - tf > T1``: the
     computation saved must exceed the communication of tensor n-1 that was
     hidden behind op n and no longer is.
+
+    Parameters
+    ----------
+    p0, q0 : float
+        End of the computation before op n-1, and of the previous communication (the link is free).
+    t1, t2 : float
+        Durations of ops n-1 and n; ``tf`` the fused op's duration.
+    T1, T2 : float
+        Sync times of the tensors ops n-1 and n produce (at their optimal partition numbers).
+
+    Returns
+    -------
+    bool
+        True when fusing ops n-1 and n ends earlier.
+
+    References
+    ----------
+    .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for Expediting
+           Distributed DNN Training", MLSys 2022, §5.1, Theorem 1 (op fusion) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
     """
     e = end_times(p0, q0, t1, t2, tf, T1, T2, T1 + T2)
     return e.op_fusion < e.none
@@ -77,6 +96,25 @@ def theorem2_fuse_tensors(p1: float, p2: float, q0: float, T1: float, T2: float,
 
     (the time tensor n-1 still occupies the link after tensor n is ready exceeds
     the extra time the fused tensor needs over tensor n alone).
+
+    Parameters
+    ----------
+    p1, p2 : float
+        When tensors n-1 and n are ready (us).
+    q0 : float
+        When the link is free before tensor n-1.
+    T1, T2, T12 : float
+        Communication times of tensor n-1, tensor n and the fused tensor.
+
+    Returns
+    -------
+    bool
+        True when fusing the two tensors ends the synchronisation earlier.
+
+    References
+    ----------
+    .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for Expediting
+           Distributed DNN Training", MLSys 2022, §5.1, Theorem 2 (tensor fusion/partition) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
     """
     q1 = max(p1, q0) + T1
     q2 = max(p2, q1) + T2
@@ -93,6 +131,18 @@ def theorem3_joint(p0: float, q0: float, t1: float, t2: float, tf: float, T1: fl
     tensors as well is at least as good; and whenever tensor fusion is better,
     fusing the producing ops (if tf <= t1 + t2) is at least as good.
     Returns ``none``, ``op_fusion``, ``tensor_fusion`` or ``both``.
+
+    Parameters
+    ----------
+    p0, q0, t1, t2, tf, T1, T2 : float
+        As :func:`theorem1_fuse_ops`.
+    T12 : float
+        Communication time of the fused tensor.
+
+    References
+    ----------
+    .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for Expediting
+           Distributed DNN Training", MLSys 2022, §5.1, Theorem 3 (op fusion and tensor fusion/partition) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
     """
     return end_times(p0, q0, t1, t2, tf, T1, T2, T12).best()
 

@@ -114,7 +114,20 @@ def _generations_order(indptr, succ, indeg0):  # pragma: no cover - compiled
 
 
 def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGraph:
-    """Flatten ``g`` (or the subgraph induced by ``ops``) for the kernel."""
+    """Flatten ``g`` (or the subgraph induced by ``ops``) for the kernel.
+
+    Parameters
+    ----------
+    g : networkx.DiGraph
+        A global DFG (``graph/model.py`` attributes).
+    ops : iterable of str or None
+        Op keys to keep (partial replay of the optimizer); None: all.
+
+    References
+    ----------
+    .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for Expediting
+           Distributed DNN Training", MLSys 2022, §4.3 (replayer) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
+    """
     if ops is not None:
         g = induced_subgraph(g, ops)
     keys0 = list(g)                                   # insertion order
