@@ -30,7 +30,8 @@ from typing import Any
 from .errors import TraceFormatError
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "MANIFEST_VERSIONS", "TORCH_META_FORMAT", "TORCH_META_VERSION",
-           "TORCH_META_VERSIONS", "TORCH_RAW_FORMAT", "MARKER_PREFIX", "MARKERS", "PHASE_MARKERS", "Field",
+           "TORCH_META_VERSIONS", "TORCH_RAW_FORMAT", "TF_META_FORMAT", "TF_META_VERSION", "TF_META_VERSIONS",
+           "TF_RAW_FORMAT", "MARKER_PREFIX", "MARKERS", "PHASE_MARKERS", "Field",
            "MANIFEST_FIELDS", "NODE_FIELDS", "TORCH_META_FIELDS", "TORCH_PARAM_FIELDS", "EXTRA_FIELDS", "OVERHEAD_MODES",
            "HOST_GAP_MODES", "Facts", "find_offsets", "validate_manifest", "validate_torch_meta"]
 
@@ -46,6 +47,12 @@ TORCH_META_VERSION = 1
 TORCH_META_VERSIONS = (1,)
 #: ``manifest.raw_format`` of the PyTorch collector's folders (reader ``torch-kineto``)
 TORCH_RAW_FORMAT = "torch-kineto"
+#: the TensorFlow collector's per-task ``<host>/<task>/meta.json`` (collectors/tf/README.md) and its
+#: ``manifest.raw_format`` (reader ``dpro_kit.readers.tf``)
+TF_META_FORMAT = "dpro-tf-meta"
+TF_META_VERSION = 1
+TF_META_VERSIONS = (1,)
+TF_RAW_FORMAT = "tf-xplane"
 
 # --------------------------------------------------------------------------- markers
 

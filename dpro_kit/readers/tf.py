@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceFormatError
+from ..schema import TF_META_FORMAT, TF_META_VERSIONS, TF_RAW_FORMAT
 from ..trace import Manifest, NodeTrace, OpKind, make_events, read_json
 
-FORMAT = "tf-xplane"
+FORMAT = TF_RAW_FORMAT
 STEP_BEGIN, STEP_END = "dpro/step_launch", "dpro/step_return"
 __all__ = ["FORMAT", "read_node", "classify"]
 
@@ -120,8 +121,9 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     """One task's events, local edges and collectives (see the module docstring)."""
     node_dir = Path(node_dir)
     meta = read_json(node_dir / "meta.json", what="collector meta file")
-    if not isinstance(meta, dict) or meta.get("format") != "dpro-tf-meta":
-        raise TraceFormatError("not a dpro_tf meta.json", path=node_dir / "meta.json",
+    if not isinstance(meta, dict) or meta.get("format") != TF_META_FORMAT or meta.get("version") not in TF_META_VERSIONS:
+        raise TraceFormatError(f"not a {TF_META_FORMAT} meta.json of version {list(TF_META_VERSIONS)}",
+                               path=node_dir / "meta.json",
                                hint="re-collect with `dpro profile --framework tensorflow`")
     odoc = _load(node_dir, "tf_ops.json", "dpro-tf-ops")
     gdoc = _load(node_dir, "tf_graph.json", "dpro-tf-graph")

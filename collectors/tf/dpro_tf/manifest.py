@@ -13,9 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .recorder import META_FORMAT, _atomic_write
+from dpro_kit.schema import MANIFEST_FORMAT, MANIFEST_VERSION, TF_META_FORMAT as META_FORMAT
+from dpro_kit.schema import TF_RAW_FORMAT as RAW_FORMAT
 
-RAW_FORMAT = "tf-xplane"
+from .recorder import _atomic_write
 __all__ = ["find_metas", "build_manifest", "try_write_manifest", "manifest_from_dir", "RAW_FORMAT"]
 
 
@@ -59,7 +60,7 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
     strategy = "ps" if any(v["role"] == "server" for v in nodes.values()) else \
         ("collective" if len(workers) > 1 else "single")
     return {
-        "format": "dpro-trace", "version": 1, "job": d0.get("job", "job"), "framework": "tensorflow",
+        "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "job": d0.get("job", "job"), "framework": "tensorflow",
         "comm_backend": {"ps": "grpc-ps", "collective": "tf-collective"}.get(strategy, "none"),
         "world_size": len(workers), "nodes": nodes, "iterations": sorted(iters or []),
         "raw_format": RAW_FORMAT, "tool_version": f"dpro_tf/0.1.0 tensorflow/{d0.get('tf_version', '?')}",

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-META_FORMAT = "dpro-tf-meta"
-META_VERSION = 1
+from dpro_kit.schema import TF_META_FORMAT as META_FORMAT  # stdlib-only: one definition for collector and reader
+from dpro_kit.schema import TF_META_VERSION as META_VERSION
 
 #: op types that write a variable: the function that runs one is the training step
 UPDATE_TYPES = frozenset({"AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp",
