@@ -18,7 +18,8 @@ All statistics are medians over rounds.
 
     python bench/horovod_accuracy.py                      # default matrix (~25 min on 2 cores)
     python bench/horovod_accuracy.py --rounds 1 --models mlp --rates 1000
-    python bench/horovod_accuracy.py --json rows.json
+    python bench/horovod_accuracy.py --json rows.json --keep traces/
+    python bench/horovod_accuracy.py --repredict rows.json --keep traces/   # same measurements, this code's predictions
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ PY = sys.executable
 #: knob settings measured and predicted: (label, HOROVOD_FUSION_THRESHOLD MiB or None, HOROVOD_CYCLE_TIME ms or None)
 WHATIFS = [("fusion 0.25 MiB", 0.25, None), ("fusion 4 MiB", 4.0, None), ("cycle 10 ms", None, 10.0),
            ("fusion 0.25 MiB + cycle 5 ms", 0.25, 5.0)]
+WHATIFS_BY_LABEL = {label: (fmb, cms) for label, fmb, cms in WHATIFS}
 
 
 def run(args, work: Path, model: str, rate: float | None, *, profile: Path | None = None,
@@ -83,7 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-timeout", type=float, default=300)
     ap.add_argument("--json", default="", help="write every measurement here")
     ap.add_argument("--keep", default="", help="keep the profiled traces under this folder")
+    ap.add_argument("--repredict", default="", help="run no job: re-predict the rows of this --json file "
+                                                       "from the traces kept under --keep")
     args = ap.parse_args(argv)
+    if args.repredict:
+        rows = json.loads(Path(args.repredict).read_text())["rows"]
+        for r in rows:
+            model, rate_s = r["config"].split(" ")[0], r["config"].split(" ")[2].replace("mbit", "")
+            what = WHATIFS_BY_LABEL.get(r["what"], (None, None))
+            r["predicted_ms"] = predict(Path(args.keep) / f"T-{model}-{rate_s}-{r['round']}", *what)
+            r["error"] = r["predicted_ms"] / r["measured_ms"] - 1
+        table(rows)
+        return 0
     work = Path(tempfile.mkdtemp(prefix="dpro-hvd-acc-"))
     rows = []
     try:
@@ -126,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
         shutil.rmtree(work, ignore_errors=True)
+    table(rows)
+    return 0
+
+
+def table(rows: list[dict]) -> None:
+    """Median per (configuration, what) over rounds, and the summary of the profiled configurations."""
     print("\nconfig                      what                            measured ms  predicted ms  error (median, rounds)")
     keys = sorted({(r["config"], r["what"]) for r in rows}, key=lambda k: (k[0], k[1] != "profiled config", k[1]))
     errs = []
@@ -140,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     if errs:
         print(f"\nprofiled configurations: median |error| {statistics.median(errs) * 100:.1f} %, "
               f"max {max(errs) * 100:.1f} % over {len(errs)} configurations")
-    return 0
 
 
 if __name__ == "__main__":

@@ -299,8 +299,6 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
             rs = [x for i in idx for x in ready.get(i, []) if x[0] == it]
             if rs:
                 last_ready_op.append(max(rs, key=lambda x: x[2])[1])
-            if it not in used:
-                continue
             # the wait after every rank is ready: from the later of (last gradient ready, previous group
             # done) to the copy of the response that starts with this group's first tensor
             r = next((r for r in per_it[it] if r.tensors[0] == tensors[0]), None)
@@ -347,6 +345,15 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
                             "params": [pinfo[t][2] for t in tensors], "inputs": [mci], "outputs": [mco],
                             "param_bytes": [pinfo[t][1] for t in tensors],
                             **({"param_ready": param_ready} if all(param_ready) else {})})
+    # responses fused otherwise than the job's groups (profiled iterations) still time the network: COMM
+    # events for the comm model, one op id per response position in the iteration
+    for it, rs in per_it.items():
+        for j, r in enumerate(rs):
+            if r.tensors not in groups:
+                rows.append({"iteration": it, "stream": "comm", "kind": OpKind.COMM.value,
+                             "tensor": "hvd:" + "+".join(r.tensors), "bytes": sum(pinfo[t][1] for t in r.tensors),
+                             "op": f"allreduce:response{j}", "name": ALLREDUCE_ACTIVITY,
+                             "start": r.allreduce[0], "dur": r.allreduce[1] - r.allreduce[0]})
     hvd_events = make_events(rows, path=str(tl_path))
     events = pd.concat([nt.events, hvd_events], ignore_index=True)
     return NodeTrace(events=events, edges=edges, collectives=collectives, memory=nt.memory)
