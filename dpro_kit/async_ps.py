@@ -91,7 +91,12 @@ def template_from_trace(trace_dir: str | Path, *, node: str | None = None, num_p
     workers = ts.manifest.workers()
     node = node or workers[0]
     ndir = Path(trace_dir) / (ts.manifest.nodes[node].dir or node)
-    gdoc = json.loads((ndir / "tf_graph.json").read_text(encoding="utf-8"))
+    if ts.manifest.raw_format != "tf-xplane" and ts.manifest.nodes[node].format != "tf-xplane":
+        from .errors import DproError
+        raise DproError(f"async-predict needs a TensorFlow step trace; this one is {ts.manifest.raw_format!r}",
+                        path=trace_dir, hint="profile the training step with `dpro profile --framework tensorflow`")
+    from .trace import read_json
+    gdoc = read_json(ndir / "tf_graph.json", what="TensorFlow collector file tf_graph.json")
     gops, gedges = _graph(gdoc, ndir / "tf_graph.json")
     succ, pred = defaultdict(list), defaultdict(list)
     for a, b in gedges:

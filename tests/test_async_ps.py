@@ -109,3 +109,10 @@ def test_cli_on_a_real_trace(tmp_path: Path):
     r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(out), "--bandwidth", "100",
                         "--workers", "x"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--workers" in r.stderr
+
+
+def test_cli_refuses_a_non_tf_trace(tiny_trace_dir: Path):
+    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(tiny_trace_dir), "--bandwidth",
+                        "100"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "TensorFlow step trace" in r.stderr and str(tiny_trace_dir) in r.stderr
