@@ -30,23 +30,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TRAIN = ROOT / "examples" / "tf" / "train.py"
 PY = sys.executable
+PLACEMENT: dict[str, int] = {}   # variable -> PS index, as the real job placed them (train.py prints it)
 
 
 def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: int, depth: int, batch: int,
-            cpus: float | None, ps_cpus: float | None = None, prefix: str = "tfas", timeout: float = 400.0) -> float:
+            cpus: float | None, ps_cpus: float | None = None, num_ps: int = 1, prefix: str = "tfas",
+            timeout: float = 400.0) -> float:
     """One real ParameterServerStrategy run; returns the coordinator's steps/s.
 
     ``cpus``: CPU quota of every host; ``ps_cpus``: the PS host's (default ``cpus``)."""
     from dpro_kit.cluster import EmulatedCluster
     from dpro_kit.jobs import CpuBudget
-    hosts = workers + 2
+    hosts = workers + 1 + num_ps
     port = 23456
+    ps_hosts = [0] + [2 + workers + j for j in range(num_ps - 1)]   # host 0 and, for 2 PS, the last host
     with EmulatedCluster(hosts, rate_mbit=rate_mbit, prefix=prefix) as c:
-        cluster = {"ps": [f"{c.host_ip(0)}:{port}"], "chief": [f"{c.host_ip(1)}:{port}"],
+        cluster = {"ps": [f"{c.host_ip(h)}:{port}" for h in ps_hosts], "chief": [f"{c.host_ip(1)}:{port}"],
                    "worker": [f"{c.host_ip(2 + i)}:{port}" for i in range(workers)]}
         budget = CpuBudget(hosts, cpus, prefix=prefix) if cpus else None
-        if budget and ps_cpus:   # the PS host (group 0) gets its own quota
-            (budget.groups[0] / "cpu.cfs_quota_us").write_text(str(int(round(ps_cpus * budget.PERIOD_US))))
+        if budget and ps_cpus:   # the PS hosts get their own quota
+            for h in ps_hosts:
+                (budget.groups[h] / "cpu.cfs_quota_us").write_text(str(int(round(ps_cpus * budget.PERIOD_US))))
         try:
             def start(host: int, task: str, index: int, args: list[str], **kw):
                 env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task, "index": index}}),
@@ -54,7 +58,8 @@ def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: i
                 pre = budget.preexec(host) if budget else None
                 return c.run(host, [PY, str(TRAIN), *args], env=env, preexec_fn=pre, **kw)
             common = ["--width", str(width), "--depth", str(depth), "--batch", str(batch)]
-            servers = [start(0, "ps", 0, ["--serve", *common], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+            servers = [start(h, "ps", j, ["--serve", *common], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       for j, h in enumerate(ps_hosts)]
             servers += [start(2 + i, "worker", i, ["--serve", *common], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for i in range(workers)]
             chief = start(1, "chief", 0, ["--strategy", "ps", "--steps", str(steps), "--warmup", str(warmup), *common],
@@ -64,7 +69,9 @@ def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: i
                 s.kill()
             if chief.returncode != 0:
                 raise RuntimeError(f"coordinator failed ({chief.returncode}): {err[-1500:]}")
-            return float(json.loads(out.strip().splitlines()[-1])["steps_per_s"])
+            doc = json.loads(out.strip().splitlines()[-1])
+            PLACEMENT.update(doc.get("placement") or {})
+            return float(doc["steps_per_s"])
         finally:
             if budget:
                 budget.close()
@@ -93,6 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--cpus-per-host", type=float, default=0.3)
     ap.add_argument("--ps-cpus", type=float, default=None, help="the PS host's CPU quota (default: --cpus-per-host)")
+    ap.add_argument("--ps", type=int, default=1, choices=[1, 2], help="parameter servers (real job and prediction)")
     ap.add_argument("--trace", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("bench-async"))
     ap.add_argument("--measure-only", action="store_true")
@@ -114,7 +122,7 @@ def main(argv=None) -> int:
                 continue
             t = time.time()
             sps = run_pss(w, b, steps=args.steps, warmup=args.warmup, width=args.width, depth=args.depth,
-                          batch=args.batch, cpus=args.cpus_per_host, ps_cpus=args.ps_cpus)
+                          batch=args.batch, cpus=args.cpus_per_host, ps_cpus=args.ps_cpus, num_ps=args.ps)
             measured.setdefault(key, []).append(sps)
             meas_path.write_text(json.dumps(measured, indent=1))
             print(f"round {r} {b:g} Mbit/s W={w}: {sps:.3f} steps/s ({time.time() - t:.0f} s)", flush=True)
@@ -122,15 +130,23 @@ def main(argv=None) -> int:
         return 0
     from dpro_kit.async_ps import calibrate, predict, template_from_trace
     trace = args.trace or profile_step(args.out / "step-trace", width=args.width, depth=args.depth, batch=args.batch)
-    tpl = template_from_trace(trace)
+    place_path = args.out / "placement.json"
+    if PLACEMENT:
+        place_path.write_text(json.dumps(PLACEMENT, indent=1))
+    placement = json.loads(place_path.read_text()) if place_path.exists() else None
+    tpl = template_from_trace(trace, num_ps=args.ps, placement=placement if args.ps > 1 else None)
+    if args.ps > 1:
+        per_ps = [sum(b for v, b in tpl.variables.items() if (placement or {}).get(v, 0) % args.ps == p)
+                  for p in range(args.ps)]
+        print(f"variable bytes per PS (the job's placement): {per_ps}")
     print(f"\n| Mbit/s | W | measured steps/s (median of {args.rounds}; all) | predicted (range over 8 start "
           f"offsets) | error |")
     print("|---|---|---|---|---|")
     errs = []
     for b in bws:
         one = statistics.median(measured[f"{b:g}:1"])
-        fit = calibrate(tpl, one, how=args.calibrate, bandwidth_mbit=b)   # on W=1 only (docs/async.md)
-        preds = {p.workers: p for p in predict(tpl, ws, **fit)}
+        fit = calibrate(tpl, one, how=args.calibrate, bandwidth_mbit=b, num_ps=args.ps)   # W=1 only (docs/async.md)
+        preds = {p.workers: p for p in predict(tpl, ws, num_ps=args.ps, **fit)}
         for w in ws:
             m = statistics.median(measured[f"{b:g}:{w}"])
             p = preds[w].steps_per_s

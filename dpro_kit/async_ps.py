@@ -63,7 +63,8 @@ class SimResult:
 
 
 # ----------------------------------------------------------------------------------------------
-def template_from_trace(trace_dir: str | Path, *, node: str | None = None, num_ps: int = 1) -> StepTemplate:
+def template_from_trace(trace_dir: str | Path, *, node: str | None = None, num_ps: int = 1,
+                        placement: dict[str, int] | None = None) -> StepTemplate:
     """Build the step DAG from a dpro_tf trace of the training step (collectors/tf).
 
     Parameters
@@ -73,8 +74,12 @@ def template_from_trace(trace_dir: str | Path, *, node: str | None = None, num_p
     node : str, optional
         The worker to use (default: the first).
     num_ps : int
-        Parameter servers; variables are placed greedily on the least loaded PS by bytes
-        (TensorFlow's byte-balanced placement, §5 of the paper).
+        Parameter servers; without ``placement`` variables are placed greedily on the least
+        loaded PS by bytes (the byte-balanced placement of §5 of the paper).
+    placement : dict, optional
+        Variable name -> PS index, as the real job placed them (TF2's ParameterServerStrategy
+        places round-robin in creation order by default, which can be very uneven; the
+        collector does not see it, ``examples/tf/train.py --strategy ps`` prints it).
 
     What comes from where: variables and their bytes from the traced graph (each
     ``ReadVariableOp``'s resource input and output bytes); a ``down`` op per variable read by the
@@ -145,6 +150,8 @@ def template_from_trace(trace_dir: str | Path, *, node: str | None = None, num_p
     ps_of: dict[str, int] = {}
     for v in sorted(var_bytes, key=lambda v: -var_bytes[v]):
         p = min(range(num_ps), key=lambda i: load[i])
+        if placement is not None:
+            p = int(placement.get(v, placement.get(v.split(":")[0], p))) % num_ps
         ps_of[v] = p
         load[p] += var_bytes[v]
 

@@ -42,6 +42,8 @@ def saturation(rows: list[tuple[int, float]], gain: float = 0.05) -> int | None:
 @click.option("--bandwidth", "bandwidth", required=True, type=click.FloatRange(min=0.001), metavar="MBIT",
               help="Bandwidth of the PS link (each direction) and of each worker's link, Mbit/s.")
 @click.option("--workers", default="1-8", show_default=True, help="W values: a range 1-8 or a list 1,2,4.")
+@click.option("--placement", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="JSON {variable name: PS index} as the job placed them (default with --ps 2: greedy by bytes).")
 @click.option("--ps", "num_ps", default=1, show_default=True, type=click.IntRange(1, 2),
               help="Parameter servers (variables placed greedily by bytes; §5 bandwidth sharing for 2).")
 @click.option("--measured-1w", "measured", type=click.FloatRange(min=0.0, min_open=True), default=None,
@@ -63,9 +65,9 @@ def saturation(rows: list[tuple[int, float]], gain: float = 0.05) -> int | None:
 @click.option("--seeds", default=8, show_default=True, type=click.IntRange(min=1),
               help="Simulations per W (random start offsets within one step); the mean is the prediction.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, measured: float | None,
-                  step_overhead_ms: float | None, win_mb: float, alpha_us_per_mb: float, beta_us: float, steps: int,
-                  seeds: int, calibrate_how: str, as_json: bool) -> None:
+def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, placement: Path | None,
+                  measured: float | None, step_overhead_ms: float | None, win_mb: float, alpha_us_per_mb: float,
+                  beta_us: float, steps: int, seeds: int, calibrate_how: str, as_json: bool) -> None:
     """Predict the steps/s of asynchronous parameter-server SGD with W workers.
 
     \b
@@ -80,7 +82,13 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     from ..async_ps import calibrate, predict, template_from_trace
 
     ws = parse_range(workers)
-    tpl = template_from_trace(trace_dir, num_ps=num_ps)
+    place = None
+    if placement is not None:
+        from ..trace import read_json
+        place = read_json(placement, what="placement file")
+        if not isinstance(place, dict) or not all(isinstance(v, int) for v in place.values()):
+            raise DproError("expected a JSON object {variable name: PS index}", path=placement)
+    tpl = template_from_trace(trace_dir, num_ps=num_ps, placement=place)
     kw = dict(bandwidth_mbit=bandwidth, steps=steps, win_bytes=win_mb * 1e6, num_ps=num_ps,
               alpha_us_per_mb=alpha_us_per_mb, beta_us=beta_us)
     ovh_us = (step_overhead_ms or 0.0) * 1e3

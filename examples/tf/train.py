@@ -104,7 +104,15 @@ def main(argv=None) -> int:
                 coord.schedule(worker_fn)
             coord.join()
             wall = time.perf_counter() - t0
-            print(json.dumps({"steps": args.steps, "wall_s": wall, "steps_per_s": args.steps / wall}), flush=True)
+            # where each variable lives (task index of its PS): ParameterServerStrategy's own placement
+            placement = {}
+            for v in list(model.variables) + list(opt.variables):
+                tv = getattr(v, "_value", v)          # keras 3 wraps the tf.Variable
+                dev = str(getattr(tv, "device", "") or "")
+                if "/job:ps" in dev and "/task:" in dev:
+                    placement[tv.name] = int(dev.split("/task:")[1].split("/")[0])
+            print(json.dumps({"steps": args.steps, "wall_s": wall, "steps_per_s": args.steps / wall,
+                              "placement": placement}), flush=True)
             return 0
         t0 = time.perf_counter()
         for _ in range(args.steps):
