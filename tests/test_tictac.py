@@ -266,3 +266,30 @@ def test_dpro_optimize_writes_the_schedule(tmp_path):
     doc = json.loads(r.stdout)
     assert doc["iteration_time_ms"] == approx(0.029)
     assert doc["scheduling"]["E"] == approx(0.6) and doc["scheduling"]["S"] == approx(20 / 21)
+
+
+def test_on_the_builders_ps_dfg():
+    # the PS DFG of tests/test_ring_ps.py (TraceSet -> build_global_dfg): 2 workers on one host (their pushes
+    # share link:h->hs, pulls link:hs->h), 1 server, a 9-byte gradient in partitions of 5 and 4 bytes;
+    # T(b) = 3 + b us.  UPDATE (4 us) waits for both pulls of its worker.
+    from test_ring_ps import MODEL, make_job
+
+    from dpro_kit.graph import build_global_dfg
+    ts = make_job({"w0": "h", "w1": "h"}, op="push_pull", nbytes=9, servers={"s0": "hs"},
+                  partitions=[{"bytes": 5, "server": "s0"}, {"bytes": 4, "server": "s0"}])
+    g = build_global_dfg(ts, comm_model=MODEL)
+    parts = tictac.worker_partitions(g)
+    assert sorted(parts) == ["w0", "w1"]
+    for p in parts.values():
+        assert sorted(p.recvs) == [("grad", 0), ("grad", 1)]
+        i = {r: n for n, r in enumerate(p.recvs)}
+        assert p.recv_time[i["grad", 0]] == approx(8) and p.recv_time[i["grad", 1]] == approx(7)
+        # UPDATE (4 us) needs both pulls; the next iteration (FW 10 + BW 20, synchronous rule) too
+        assert p.loads == {0b11: approx(34)}
+        assert tictac.tic_order(p) == [2.0, 2.0]          # M+ = 2 recvs for both: a tie
+        # P = 0 for both: eq. 6 ties (min(0, M) = 0); M+ ties (8 + 7): the default order stays
+        assert tictac.tac_order(p) == [0, 1]
+    e = tictac.scheduling_efficiency(replay(g), g)
+    assert set(e["workers"]) == {"w0", "w1"} and e["reference"] in ("w0", "w1")
+    for s in ("tic", "tac", "random"):
+        assert replay(g, schedule=s).iteration_time_us > 0
