@@ -104,3 +104,12 @@ def test_bad_ops_file(loop_trace: Path, tmp_path: Path):
                              "ops": [["a", "MatMul", 6, 0, -5, "t"]]}))
     r = subprocess.run([PY, "-m", "dpro_kit.cli", "replay", str(bad)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "ops[0]" in r.stderr and "negative" in r.stderr
+
+
+def test_nothing_to_record_is_said(tmp_path: Path):
+    """A window after the job's last step: the job runs unchanged, the task says why it wrote nothing."""
+    out = tmp_path / "late"
+    r = _profile(out, "--mode", "loop", steps="50:60")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "no trace written: the job ran 12 step(s)" in r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["tasks_written"] == 0

@@ -108,6 +108,20 @@ class Recorder:
 
         __call__.__wrapped__ = orig
         pf.Function.__call__ = __call__
+        import atexit
+        atexit.register(self._explain_nothing_written)
+
+    def _explain_nothing_written(self) -> None:
+        """At exit: say in one line why this task wrote no trace (never silent)."""
+        if self.done:
+            return
+        if self.step_fn is None:
+            self.log("no trace written: no top-level @tf.function that updates variables ran in this process "
+                     "(an eager training loop, or a ParameterServerStrategy task: not traced yet; "
+                     "docs/tensorflow.md)")
+        elif not self.done:
+            self.log(f"no trace written: the job ran {self.count} step(s), the window {self.start}:{self.end} "
+                     f"needs {self.end}; profile earlier steps with --steps")
 
     def log(self, msg: str) -> None:
         if not self.quiet:
