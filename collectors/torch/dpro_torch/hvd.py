@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["is_horovod_rank", "timeline_env", "find_optimizers", "describe", "wrap_synchronize",
+__all__ = ["agree_run_id", "is_horovod_rank", "timeline_env", "find_optimizers", "describe", "wrap_synchronize",
            "TIMELINE_FILE", "SETTINGS"]
 
 TIMELINE_FILE = "horovod_timeline.json"
@@ -43,6 +43,46 @@ def identity() -> tuple[int, int] | None:
         return int(os.environ["HOROVOD_RANK"]), int(os.environ.get("HOROVOD_SIZE", "1"))
     except (KeyError, ValueError):
         return None
+
+
+def agree_run_id(run_id: str, *, timeout_s: float = 60.0) -> str | None:
+    """The run id of Horovod rank 0, agreed through the job's gloo rendezvous KV store; None without one.
+
+    The Horovod counterpart of the c10d store agreement of ``Recorder._meta_run_id``: every
+    host's ``dpro profile`` draws its own ``DPRO_RUN_ID``; rank 0 PUTs its id into the HTTP
+    key-value store that ``horovodrun`` (or ``dpro_torch.hvd_launch``) runs for the job's gloo
+    rendezvous (``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``PORT``), the other ranks GET it (polling, at
+    most ``timeout_s``).  Jobs without that store (MPI / NCCL controllers) return None.
+
+    Parameters
+    ----------
+    run_id : str
+        This rank's own id (rank 0's becomes the job's).
+    timeout_s : float
+        How long a rank other than 0 waits for rank 0's id.
+    """
+    import time
+    import urllib.error
+    import urllib.request
+    addr, port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"), os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    ident = identity()
+    if not addr or not port or ident is None or ident[1] < 2:
+        return None
+    url = f"http://{addr}:{port}/dpro_torch/run_id"
+    if ident[0] == 0:
+        req = urllib.request.Request(url, data=run_id.encode(), method="PUT")
+        with urllib.request.urlopen(req, timeout=10):
+            pass
+        return run_id
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return resp.read().decode()
+        except urllib.error.HTTPError as exc:   # 404 until rank 0 has put it
+            if exc.code != 404 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
 
 
 def timeline_env(out_root: Path, host: str) -> str | None:

@@ -888,7 +888,8 @@ class Recorder:
 
         Each ``dpro profile`` launcher draws its own ``DPRO_RUN_ID``, so on a multi-host job the
         hosts' ids differ. The ranks agree through the job's own rendezvous: rank 0 publishes its
-        id in the default process group's c10d store, the others read it (60 s at most, then
+        id in the default process group's c10d store (Horovod ranks: in the gloo rendezvous
+        store, :func:`dpro_torch.hvd.agree_run_id`), the others read it (60 s at most, then
         they keep their own id and say so). No variable for the user to set.
         """
         rid = getattr(self, "_agreed_run_id", None)
@@ -899,7 +900,9 @@ class Recorder:
         try:
             import datetime as _dt
             import torch.distributed as dist
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            if not (dist.is_available() and dist.is_initialized()) and H.is_horovod_rank():
+                rid = H.agree_run_id(rid) or rid     # Horovod: through its gloo rendezvous store
+            elif dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 store = dist.distributed_c10d._get_default_store()
                 key = "dpro_torch/run_id"
                 if dist.get_rank() == 0:
