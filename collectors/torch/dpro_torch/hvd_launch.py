@@ -8,9 +8,8 @@ its variables (``NHOSTS``, ``HOST_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
 store ``horovodrun`` would run) on ``ADDR:PORT``; every host then runs the command as rank
 ``I`` of ``N`` with Horovod's gloo variables (``HOROVOD_RANK``, ``HOROVOD_SIZE``,
 ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` ...), one rank per host (host names ``host<i>``), and
-exits with its exit code.  Under ``dpro profile`` the rank is profiled like any other; the
-hosts' ``dpro profile`` launchers each draw their own run id, so the ranks agree on host 0's
-through the rendezvous server (key ``dpro/run_id``), as DDP ranks do through their c10d store.
+exits with its exit code.  Under ``dpro profile`` the rank is profiled like any other (the
+ranks agree on one run id through this rendezvous server: :func:`dpro_torch.hvd.agree_run_id`).
 """
 from __future__ import annotations
 
@@ -18,11 +17,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-
-RUN_ID_SCOPE, RUN_ID_KEY = "dpro", "run_id"
 
 
 def rank_env(rank: int, size: int, addr: str, port: int, iface: str) -> dict[str, str]:
@@ -45,28 +39,6 @@ def start_rendezvous(size: int, addr: str, port: int):
     return httpd
 
 
-def agree_run_id(host_rank: int, addr: str, port: int, server, timeout_s: float = 60.0) -> str | None:
-    """The run id every host's rank records: host 0's ``DPRO_RUN_ID``, published in the rendezvous store."""
-    if host_rank == 0:
-        rid = os.environ.get("DPRO_RUN_ID")
-        if rid and server is not None:
-            with server.cache_lock:
-                server.cache.setdefault(RUN_ID_SCOPE, {})[RUN_ID_KEY] = rid.encode()
-        return rid
-    if not os.environ.get("DPRO_RUN_ID"):
-        return None       # not under `dpro profile`: nothing to agree on
-    url = f"http://{addr}:{port}/{RUN_ID_SCOPE}/{RUN_ID_KEY}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                return r.read().decode()
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.2)
-    print(f"[dpro_torch.hvd_launch] no run id from host 0 at {url}; keeping this host's", file=sys.stderr)
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=int(os.environ.get("NHOSTS", "1")))
@@ -81,9 +53,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give the command to run after --")
     server = start_rendezvous(args.hosts, args.addr, args.port) if args.host_rank == 0 else None
     env = dict(os.environ, **rank_env(args.host_rank, args.hosts, args.addr, args.port, args.iface))
-    rid = agree_run_id(args.host_rank, args.addr, args.port, server)
-    if rid:
-        env["DPRO_RUN_ID"] = rid
     try:
         return subprocess.call(cmd, env=env)
     finally:
