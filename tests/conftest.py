@@ -95,3 +95,12 @@ def netns_unusable_reason(prefix: str = "dpkt") -> str | None:
     finally:
         subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _alignment_cache_of_the_suite(tmp_path_factory):
+    """Alignment results are cached under ``$DPRO_CACHE/aligned`` (:func:`dpro_kit.align.cache_dir`),
+    one per trace folder: the suite's go to its own temporary folder, not the user's ~/.cache."""
+    if "DPRO_CACHE" not in os.environ:
+        os.environ["DPRO_CACHE"] = str(tmp_path_factory.mktemp("dpro-cache"))
+    yield
