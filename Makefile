@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean horovod
+.PHONY: demo test venv bench clean horovod mxnet
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,7 +29,18 @@ demo: $(STAMP)
 horovod: $(STAMP)
 	bash patches/horovod/build.sh $(BIN)/python
 
-test: $(STAMP) horovod
+# MXNet 1.9.1 in its own venv (it needs numpy<1.24; dpro's core does not share it): cached in
+# ~/.cache/dpro-kit/mxnet-venv, rebuilt only when the requirement set below changes (pip's cache
+# keeps a rebuild fast). collectors/mxnet (standard library only) is loaded into it by `dpro profile`.
+MXNET_REQ := mxnet==1.9.1 numpy<1.24
+MXNET_VENV := $(HOME)/.cache/dpro-kit/mxnet-venv
+mxnet:
+	@[ "$$(cat $(MXNET_VENV)/.req 2>/dev/null)" = "$(MXNET_REQ)" ] || { rm -rf $(MXNET_VENV) && \
+	  $(PY) -m venv $(MXNET_VENV) && $(MXNET_VENV)/bin/pip install --quiet $(foreach r,$(MXNET_REQ),'$(r)') && \
+	  $(MXNET_VENV)/bin/python -c 'import mxnet' && echo '$(MXNET_REQ)' > $(MXNET_VENV)/.req; } || \
+	  echo "note: MXNet venv not built; the MXNet job tests will be skipped"
+
+test: $(STAMP) horovod mxnet
 	@# the report's browser tests need Chromium: installed when root (as in CI), else skipped with a note
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || echo "note: chromium missing; browser tests will be skipped"
 	$(BIN)/python -m pytest -q

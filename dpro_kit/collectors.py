@@ -13,7 +13,7 @@ from pathlib import Path
 __all__ = ["FRAMEWORKS", "import_collector"]
 
 #: framework name -> (collector package, folder under collectors/)
-FRAMEWORKS = {"torch": ("dpro_torch", "torch"), "tensorflow": ("dpro_tf", "tf")}
+FRAMEWORKS = {"torch": ("dpro_torch", "torch"), "tensorflow": ("dpro_tf", "tf"), "mxnet": ("dpro_mxnet", "mxnet")}
 
 
 def import_collector(framework: str, module: str):

@@ -145,6 +145,8 @@ def fit_from_events(events: pd.DataFrame, world_size: int, collective_latency_us
     it fixes the latency term and only the bandwidth is fitted.
     """
     comm = events[(events["kind"] == "COMM") & (events["bytes"] > 0)]
+    if not comm.empty and (comm["phase"] == "push_pull").all():
+        return fit_ps_groups(comm)
     if comm.empty or world_size < 2:
         return CommModel()
     per_iter = comm.groupby(["tensor", "iteration"], observed=True).agg(bytes=("bytes", "first"), dur=("dur", "min"))
@@ -155,5 +157,32 @@ def fit_from_events(events: pd.DataFrame, world_size: int, collective_latency_us
     return CommModel(default=lm, origin=origin) if lm is not None else CommModel()
 
 
-__all__ = ["DEFAULT_BANDWIDTH_BPS", "DEFAULT_LATENCY_US", "LATENCY_SHARE_MAX", "collective_latency_us", "CommModel",
+def fit_ps_groups(comm: pd.DataFrame) -> CommModel:
+    """Link model from parameter-server push-pull spans (MXNet's ``KVStoreDist...PushPull``, phase ``push_pull``).
+
+    A worker issues every key's push-pull at once, so each key's span holds the keys queued
+    before it; per worker and iteration the group (first start to last end) moves every byte
+    up and, pipelined behind it, down: ``T = (sum S + S_last) / B`` (full-duplex link, the last
+    key's pull after its push). ``T`` is the minimum over workers (the last to push waits
+    least for the others), the median over iterations; latency 0 (absorbed in ``B``).
+
+    Parameters
+    ----------
+    comm : pandas.DataFrame
+        COMM events (``node``, ``iteration``, ``start``, ``dur``, ``bytes``), phase ``push_pull``.
+    """
+    rows = []
+    for (_node, it), g in comm.groupby(["node", "iteration"], observed=True):
+        g = g.sort_values("start")
+        t = float((g["start"] + g["dur"]).max() - g["start"].min())
+        if t > 0:
+            rows.append((it, t, float(g["bytes"].sum() + g["bytes"].iloc[-1])))
+    if not rows:
+        return CommModel()
+    df = pd.DataFrame(rows, columns=["iteration", "t", "b"]).groupby("iteration").agg(t=("t", "min"), b=("b", "max"))
+    bw = float(np.median(df["b"] / df["t"])) * 1e6
+    return CommModel(default=LinkModel(latency_us=0.0, bandwidth_Bps=bw), origin="fitted (ps push-pull groups)")
+
+
+__all__ = ["DEFAULT_BANDWIDTH_BPS", "fit_ps_groups", "DEFAULT_LATENCY_US", "LATENCY_SHARE_MAX", "collective_latency_us", "CommModel",
            "fit_from_events", "fit_from_trace", "fit_ring_allreduce", "LinkModel"]

@@ -31,7 +31,7 @@ from .errors import TraceFormatError
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "MANIFEST_VERSIONS", "TORCH_META_FORMAT", "TORCH_META_VERSION",
            "TORCH_META_VERSIONS", "TORCH_RAW_FORMAT", "TF_META_FORMAT", "TF_META_VERSION", "TF_META_VERSIONS",
-           "TF_RAW_FORMAT", "MARKER_PREFIX", "MARKERS", "PHASE_MARKERS", "Field",
+           "TF_RAW_FORMAT", "MXNET_META_FORMAT", "MXNET_META_VERSIONS", "MXNET_RAW_FORMAT", "MARKER_PREFIX", "MARKERS", "PHASE_MARKERS", "Field",
            "MANIFEST_FIELDS", "NODE_FIELDS", "TORCH_META_FIELDS", "TORCH_PARAM_FIELDS", "EXTRA_FIELDS", "OVERHEAD_MODES",
            "HOST_GAP_MODES", "Facts", "find_offsets", "validate_manifest", "validate_torch_meta"]
 
@@ -53,6 +53,12 @@ TF_META_FORMAT = "dpro-tf-meta"
 TF_META_VERSION = 1
 TF_META_VERSIONS = (1,)
 TF_RAW_FORMAT = "tf-xplane"
+#: the MXNet collector's per-process ``<host>/<worker<rank>|server-<pid>>/meta.json`` and its
+#: ``manifest.raw_format`` (reader ``dpro_kit.readers.mxnet``); collectors/mxnet/dpro_mxnet/__init__.py
+#: repeats them (it runs in MXNet's own environment; tests/test_mxnet.py checks they agree)
+MXNET_META_FORMAT = "dpro-mxnet-meta"
+MXNET_META_VERSIONS = (1,)
+MXNET_RAW_FORMAT = "dpro-mxnet"
 
 # --------------------------------------------------------------------------- markers
 

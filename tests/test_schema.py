@@ -20,7 +20,9 @@ from dpro_kit.errors import TraceFormatError
 from dpro_kit.trace import load_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = sorted(p for p in (ROOT / "examples" / "traces").iterdir() if (p / "manifest.json").is_file())
+# the PyTorch collector's recordings (the MXNet one is tests/test_mxnet.py's)
+TRACES = sorted(p for p in (ROOT / "examples" / "traces").iterdir() if (p / "manifest.json").is_file()
+                and json.loads((p / "manifest.json").read_text()).get("framework") == "pytorch")
 TWOHOST = ROOT / "examples" / "traces" / "ddp-2host-1000mbit"
 
 

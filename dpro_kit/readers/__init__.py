@@ -92,6 +92,11 @@ register_reader(_tf.FORMAT, _tf.read_node)
 register_discoverer("dpro_tf", _tf.discover)
 register_discoverer(kineto_plain.FORMAT, kineto_plain.discover)
 
+# MXNet parameter-server folders (collectors/mxnet); imports no MXNet
+from . import mxnet as _mxnet  # noqa: E402
+
+register_reader(_mxnet.FORMAT, _mxnet.read_node)
+
 
 __all__ = ["available", "discover_manifest", "Discoverer", "get_reader", "Reader", "register_discoverer",
            "register_reader"]

@@ -1,0 +1,183 @@
+"""Reader for the MXNet collector's folders (``collectors/mxnet``; raw format ``dpro-mxnet``).
+
+A worker folder holds ``profile.json`` (MXNet 1.9.1's profiler dump of the profiled Trainer
+steps: Chrome trace events, ``ts`` in microseconds since the epoch) and ``meta.json`` (the
+Trainer's parameters in key order, the kvstore, the PS facts, step return times); a server
+folder holds only ``meta.json`` (MXNet wrote no server trace, docs/ps.md).
+
+What becomes of the dump (docs/ps.md, "What MXNet 1.9.1 records"):
+
+* operators on the compute device (``cpu/0``): one op each, in execution order, chained (one
+  engine worker thread); the i-th equal share of them is step ``START + i`` (each step runs the
+  same op sequence; a dump where they differ is refused). Kind: ``FW`` before the first
+  ``_backward_*`` op, then ``BW`` for ``_backward_*`` and ``ImperativeBulk`` (a hybridized
+  block's segment), ``OTHER`` for the rest (``CopyCPU2CPU``: a gradient copied into the
+  kvstore's send buffer, ``SetValueOp``). ``DeleteVariable`` / ``WaitForVar`` are dropped;
+* ``KVStoreDistDefaultStoragePushPull`` spans (device ``cpu pinned``): one per parameter and
+  step, without the key. The Trainer issues them in key order after the backward pass and the
+  CPU engine runs the ready ones FIFO, so the j-th span of a step is key j (exact when the
+  gradients are ready when ``Trainer.step`` issues them, as with a hybridized block's bulked
+  backward). They become ``COMM`` events (``phase`` ``push_pull``) that only feed the link model;
+* one ``push_pull`` collective (scheme ``ps``) per parameter, inputs: the j-th ``CopyCPU2CPU``
+  of the step (the copy of key j's gradient that the push waits for), partitions as
+  ``KVStoreDist::EncodeDefaultKey`` makes them: below ``MXNET_KVSTORE_BIGARRAY_BOUND``
+  elements one partition on server ``(key * 9973) % num_servers``, else one slice per server.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ..errors import TraceFormatError
+from ..schema import MXNET_META_FORMAT, MXNET_META_VERSIONS, MXNET_RAW_FORMAT
+from ..trace import Manifest, NodeTrace, empty_events, make_events, read_json
+
+FORMAT = MXNET_RAW_FORMAT
+PUSHPULL = "KVStoreDistDefaultStoragePushPull"
+DROP = {"DeleteVariable", "WaitForVar", "WaitForAll"}
+__all__ = ["FORMAT", "PUSHPULL", "partitions", "read_node", "read_meta"]
+
+
+def read_meta(node_dir: Path) -> dict[str, Any]:
+    """The node's ``meta.json``, checked (one-line TraceFormatError otherwise)."""
+    path = node_dir / "meta.json"
+    doc = read_json(path, what="dpro_mxnet meta file")
+    if not isinstance(doc, dict) or doc.get("format") != MXNET_META_FORMAT:
+        raise TraceFormatError(f"not a {MXNET_META_FORMAT} file", path=path,
+                               hint="point dpro at the folder `dpro profile --framework mxnet` wrote")
+    if doc.get("version") not in MXNET_META_VERSIONS:
+        raise TraceFormatError(f"unsupported meta version {doc.get('version')!r}", path=path,
+                               hint=f"this dpro reads versions {list(MXNET_META_VERSIONS)}")
+    if doc.get("role") == "worker":
+        for key in ("params", "steps", "kvstore"):
+            if key not in doc:
+                raise TraceFormatError(f"worker meta lacks {key!r}", path=path,
+                                       hint="the worker stopped before its profiled window ended; profile again")
+    return doc
+
+
+def partitions(key: int, size: int, itemsize: int, servers: list[str], bound: int) -> list[dict[str, Any]]:
+    """The ps-lite partitions of kvstore key ``key`` (``size`` elements), as MXNet 1.9.1 places them.
+
+    Parameters
+    ----------
+    key : int
+        The kvstore key (Gluon: the parameter's index in the Trainer).
+    size, itemsize : int
+        Elements and bytes per element.
+    servers : list of str
+        Server nodes in server-rank order.
+    bound : int
+        ``MXNET_KVSTORE_BIGARRAY_BOUND`` (elements; MXNet's default 1000000).
+
+    References
+    ----------
+    MXNet 1.9.1 ``src/kvstore/kvstore_dist.h``, ``EncodeDefaultKey``.
+    """
+    n = len(servers)
+    if n == 0:
+        return []
+    if size < bound:
+        return [{"bytes": size * itemsize, "server": servers[(key * 9973) % n]}]
+    out = []
+    for i in range(n):
+        part = round(size / n * (i + 1)) - round(size / n * i)
+        out.append({"bytes": part * itemsize, "server": servers[i]})
+    return out
+
+
+def _spans(doc: Any, path: Path) -> tuple[list[dict], list[dict]]:
+    """(compute ops, push-pull spans) as ``{"name", "start", "dur"}`` sorted by start."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise TraceFormatError("not an MXNet profiler dump (no traceEvents list)", path=path)
+    dev = {e.get("pid"): (e.get("args") or {}).get("name", "") for e in doc["traceEvents"]
+           if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name"}
+    open_: dict[tuple, list] = {}
+    compute, comm = [], []
+    for i, e in enumerate(doc["traceEvents"]):
+        if not isinstance(e, dict) or e.get("ph") not in ("B", "E") or e.get("cat") != "operator":
+            continue
+        try:
+            ts = float(e["ts"])
+        except (KeyError, TypeError, ValueError):
+            raise TraceFormatError("operator event without a numeric ts", path=path, record=f"traceEvents[{i}]") from None
+        k = (e.get("pid"), e.get("tid"), e.get("name"))
+        if e["ph"] == "B":
+            open_.setdefault(k, []).append(ts)
+            continue
+        if not open_.get(k):
+            raise TraceFormatError(f"end of {e.get('name')!r} without a begin", path=path, record=f"traceEvents[{i}]",
+                                   hint="the dump is truncated or not MXNet's; profile again")
+        t0 = open_[k].pop()
+        rec = {"name": str(e.get("name")), "start": t0, "dur": max(0.0, ts - t0)}
+        if rec["name"] == PUSHPULL:
+            comm.append(rec)
+        elif rec["name"] not in DROP and str(dev.get(e.get("pid"), "")).startswith("cpu/"):
+            compute.append(rec)
+    return sorted(compute, key=lambda r: r["start"]), sorted(comm, key=lambda r: r["start"])
+
+
+def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
+    """One node's :class:`~dpro_kit.trace.NodeTrace` (a server: no events, its collectives come from the workers)."""
+    meta = read_meta(node_dir)
+    if meta.get("role") != "worker":
+        return NodeTrace(events=empty_events(), edges=[], collectives=[])
+    ppath = node_dir / "profile.json"
+    compute, comm = _spans(read_json(ppath, what="MXNet profiler dump"), ppath)
+    a, b = (int(x) for x in meta["steps"][:2])
+    n_it = b - a
+    params = meta["params"]
+    n_keys = len(params)
+    if not compute:
+        raise TraceFormatError("no operator on a cpu device", path=ppath, hint="profile again")
+    if len(comm) != n_keys * n_it:
+        raise TraceFormatError(f"{len(comm)} {PUSHPULL} spans for {n_keys} parameters x {n_it} steps", path=ppath,
+                               hint="a dist kvstore with update_on_kvstore (Gluon's default) is what this reader knows")
+    # steps: each begins with the step's first operator (the forward pass's first op or bulk segment)
+    first = compute[0]["name"]
+    starts = [i for i, r in enumerate(compute) if r["name"] == first]
+    if len(starts) < n_it:
+        raise TraceFormatError(f"{first!r} starts {len(starts)} of the {n_it} profiled steps", path=ppath,
+                               hint="profile steps after warm-up (dpro profile --steps)")
+    if len(starts) > n_it:   # the first op occurs more than once per step: every k-th occurrence
+        k = len(starts) // n_it
+        starts = starts[::k][:n_it]
+    bounds = starts + [len(compute)]
+    steps_ops = [compute[bounds[i]:bounds[i + 1]] for i in range(n_it)]
+    servers = manifest.servers()
+    bound = int((meta.get("ps") or {}).get("bigarray_bound") or 1000000)
+    recs, order = [], []
+    last_bw = None
+    for i, ops in enumerate(steps_ops):
+        seen: Counter = Counter()
+        backward = False
+        for r in ops:
+            nm = r["name"]
+            op = f"{nm}#{seen[nm]}"
+            seen[nm] += 1
+            backward = backward or nm.startswith("_backward") or (nm == "ImperativeBulk" and seen[nm] > 1)
+            kind = ("BW" if nm.startswith("_backward") or (backward and nm == "ImperativeBulk") else
+                    "OTHER" if nm in ("CopyCPU2CPU", "SetValueOp") else "FW")
+            if i == 0:
+                order.append(op)
+            recs.append({"op": op, "name": nm, "kind": kind, "iteration": a + i, "start": r["start"], "dur": r["dur"]})
+        for j, r in enumerate(comm[i * n_keys:(i + 1) * n_keys]):
+            p = params[j]
+            recs.append({"op": f"PUSHPULL {p['name']}", "name": PUSHPULL, "kind": "COMM", "stream": "comm",
+                         "iteration": a + i, "start": r["start"], "dur": r["dur"], "tensor": p["name"],
+                         "bytes": int(p["bytes"]), "phase": "push_pull"})
+    ids = order
+    common = set.intersection(*({r["op"] for r in recs if r["iteration"] == a + i} for i in range(n_it)))
+    bws = [o for o in order if o in common and any(r["op"] == o and r["kind"] == "BW" for r in recs)]
+    last_bw = bws[-1] if bws else None
+    edges = list(zip(ids, ids[1:]))
+    colls = []
+    for j, p in enumerate(params):
+        size = int(p.get("size") or 0)
+        itemsize = int(p["bytes"]) // size if size else 4
+        colls.append({"tensor": p["name"], "op": "push_pull", "algorithm": "ps", "bytes": int(p["bytes"]),
+                      "inputs": [last_bw or ids[-1]], "outputs": [],
+                      "params": [p["name"]], "param_bytes": [int(p["bytes"])],
+                      "partitions": partitions(int(p.get("key", j)), size, itemsize, servers, bound)})
+    return NodeTrace(events=make_events(recs, path=str(ppath)), edges=edges, collectives=colls)

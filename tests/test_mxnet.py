@@ -1,0 +1,92 @@
+"""MXNet parameter-server jobs: collectors/mxnet + dpro_kit/readers/mxnet.py (docs/ps.md).
+
+The reader tests use a trace recorded from a real run (examples/traces/mxnet-ps-2w1s-loopback,
+README there). The job test runs a real 2-worker / 1-server ``dist_sync`` job under
+``dpro profile --framework mxnet``, one role per emulated host (network namespaces, tbf links),
+and needs root and MXNet 1.9.1's Python (``DPRO_MXNET_PYTHON`` or ``make mxnet``'s
+``~/.cache/dpro-kit/mxnet-venv``); skipped, saying why, otherwise.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpro_kit.readers.mxnet import partitions
+from dpro_kit.session import Session
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO / "examples/traces/mxnet-ps-2w1s-loopback"
+sys.path.insert(0, str(REPO / "collectors/mxnet"))
+
+
+def mxnet_python() -> str | None:
+    cands = [os.environ.get("DPRO_MXNET_PYTHON", ""), str(Path.home() / ".cache/dpro-kit/mxnet-venv/bin/python")]
+    return next((c for c in cands if c and Path(c).exists()), None)
+
+
+def test_collector_constants_match_schema():
+    import dpro_mxnet
+    from dpro_kit import schema
+    assert dpro_mxnet.META_FORMAT == schema.MXNET_META_FORMAT
+    assert dpro_mxnet.RAW_FORMAT == schema.MXNET_RAW_FORMAT
+    assert dpro_mxnet.META_VERSION in schema.MXNET_META_VERSIONS
+
+
+def test_partitions_follow_encode_default_key():
+    assert partitions(3, 100, 4, ["s0", "s1"], 1000) == [{"bytes": 400, "server": "s1"}]   # 3*9973 odd
+    parts = partitions(1, 1_000_001, 4, ["s0", "s1"], 1_000_000)
+    assert [p["server"] for p in parts] == ["s0", "s1"] and sum(p["bytes"] for p in parts) == 4_000_004
+
+
+def test_fixture_reads_into_a_ps_graph_and_replays():
+    s = Session(str(FIXTURE))
+    ts = s.trace
+    assert ts.manifest.framework == "mxnet" and ts.manifest.servers() == ["host0/server0"]
+    colls = {c.tensor: c for c in ts.collectives}
+    assert len(colls) == 12 and all(c.op == "push_pull" and c.algorithm == "ps" for c in colls.values())
+    assert colls["dense0_weight"].bytes == 784 * 512 * 4
+    assert sorted(colls["dense0_weight"].participants) == ["host1/worker1", "host2/worker0"]
+    comm = ts.events[ts.events["kind"] == "COMM"]
+    assert len(comm) == 12 * 3 * 2 and (comm["phase"] == "push_pull").all()
+    g = s.graph
+    kinds = {d["kind"] for _, d in g.nodes(data=True)}
+    assert {"FW", "BW", "SEND", "RECV", "AGG"} <= kinds
+    aggs = [d for _, d in g.nodes(data=True) if d["kind"] == "AGG"]
+    assert {d["node"] for d in aggs} == {"host0/server0"} and len(aggs) == 12
+    pred = s.iteration_time_ms()
+    measured = ts.manifest.extra["measured_iteration_ms"]
+    assert 0 < pred < 10 * measured
+
+
+def test_fixture_refuses_a_broken_dump(tmp_path):
+    bad = tmp_path / "t"
+    shutil.copytree(FIXTURE, bad)
+    (bad / "host2/worker0/profile.json").write_text('{"traceEvents": 3}')
+    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "replay", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2 and "profile.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(mxnet_python() is None, reason="no MXNet 1.9.1 Python (make mxnet, or set DPRO_MXNET_PYTHON)")
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="emulated hosts need root and iproute2")
+def test_real_dist_sync_job_profiled_on_emulated_hosts(tmp_path):
+    from dpro_kit.jobs import run_job
+    log = tmp_path / "log.txt"
+    r = run_job([mxnet_python(), str(REPO / "examples/mxnet/train.py"), "--servers", "1", "--workers", "2",
+                 "--steps", "20", "--batch", "32", "--json-out", str(tmp_path / "w{w}.json")],
+                hosts=3, ranks_per_host=None, rate_mbit=500, profile=tmp_path / "trace", steps="8:11",
+                profile_flags=["--framework", "mxnet"], timeout=240, prefix="mxnettest", log=open(log, "w"))
+    assert r.ok, log.read_text()[-2000:]
+    man = json.loads((tmp_path / "trace/manifest.json").read_text())
+    assert man["framework"] == "mxnet" and man["world_size"] == 2
+    assert sorted(n["role"] for n in man["nodes"].values()) == ["server", "worker", "worker"]
+    s = Session(str(tmp_path / "trace"))
+    pred = s.iteration_time_ms()
+    measured = man["extra"]["measured_iteration_ms"]
+    print(f"predicted {pred:.3f} ms, measured {measured:.3f} ms")
+    assert measured > 0 and 0.2 * measured < pred < 5 * measured   # sanity only: accuracy lives in the bench
