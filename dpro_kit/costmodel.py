@@ -72,6 +72,10 @@ def fit_from_trace(ts: Any) -> CommModel:
     ts : TraceSet
         The (aligned) trace whose coarse collectives are fitted.
     """
+    comm = ts.events[(ts.events["kind"] == "COMM") & (ts.events["bytes"] > 0)]
+    if not comm.empty and (comm["phase"] == "push_pull").all():
+        model = fit_ps_groups(comm, ts.manifest.world_size, max(1, len(ts.manifest.servers())))
+        return calibrate_ps_by_replay(ts, model) if model.origin != "default" else model
     return fit_from_events(ts.events, ts.manifest.world_size, ts.manifest.facts.collective_latency_us)
 
 
@@ -146,7 +150,7 @@ def fit_from_events(events: pd.DataFrame, world_size: int, collective_latency_us
     """
     comm = events[(events["kind"] == "COMM") & (events["bytes"] > 0)]
     if not comm.empty and (comm["phase"] == "push_pull").all():
-        return fit_ps_groups(comm)
+        return fit_ps_groups(comm, world_size)
     if comm.empty or world_size < 2:
         return CommModel()
     per_iter = comm.groupby(["tensor", "iteration"], observed=True).agg(bytes=("bytes", "first"), dur=("dur", "min"))
@@ -157,26 +161,30 @@ def fit_from_events(events: pd.DataFrame, world_size: int, collective_latency_us
     return CommModel(default=lm, origin=origin) if lm is not None else CommModel()
 
 
-def fit_ps_groups(comm: pd.DataFrame) -> CommModel:
+def fit_ps_groups(comm: pd.DataFrame, workers: int = 1, servers: int = 1) -> CommModel:
     """Link model from parameter-server push-pull spans (MXNet's ``KVStoreDist...PushPull``, phase ``push_pull``).
 
     A worker issues every key's push-pull at once, so each key's span holds the keys queued
-    before it; per worker and iteration the group (first start to last end) moves every byte
-    up and, pipelined behind it, down: ``T = (sum S + S_last) / B`` (full-duplex link, the last
-    key's pull after its push). ``T`` is the minimum over workers (the last to push waits
-    least for the others), the median over iterations; latency 0 (absorbed in ``B``).
+    before it; per worker and iteration the group (first start to last end) is bounded by the
+    busiest interface: a server's download takes every worker's pushes of its share of the
+    bytes, and its upload, pipelined behind, the pulls: ``T = (W * sum S / N + S_last) / B``
+    (``W`` workers, ``N`` servers; full-duplex links, the last key's pull after its push).
+    ``T`` is the minimum over workers (the last to push waits least for the others), the
+    median over iterations; latency 0 (absorbed in ``B``).
 
     Parameters
     ----------
     comm : pandas.DataFrame
         COMM events (``node``, ``iteration``, ``start``, ``dur``, ``bytes``), phase ``push_pull``.
+    workers, servers : int
+        The job's workers and servers.
     """
     rows = []
     for (_node, it), g in comm.groupby(["node", "iteration"], observed=True):
         g = g.sort_values("start")
         t = float((g["start"] + g["dur"]).max() - g["start"].min())
         if t > 0:
-            rows.append((it, t, float(g["bytes"].sum() + g["bytes"].iloc[-1])))
+            rows.append((it, t, float(max(1, workers) * g["bytes"].sum() / max(1, servers) + g["bytes"].iloc[-1])))
     if not rows:
         return CommModel()
     df = pd.DataFrame(rows, columns=["iteration", "t", "b"]).groupby("iteration").agg(t=("t", "min"), b=("b", "max"))
@@ -184,5 +192,63 @@ def fit_ps_groups(comm: pd.DataFrame) -> CommModel:
     return CommModel(default=LinkModel(latency_us=0.0, bandwidth_Bps=bw), origin="fitted (ps push-pull groups)")
 
 
-__all__ = ["DEFAULT_BANDWIDTH_BPS", "fit_ps_groups", "DEFAULT_LATENCY_US", "LATENCY_SHARE_MAX", "collective_latency_us", "CommModel",
+def _ps_group_spans_traced(ts: Any) -> float | None:
+    comm = ts.events[(ts.events["kind"] == "COMM") & (ts.events["phase"] == "push_pull")]
+    if comm.empty:
+        return None
+    per = comm.groupby(["iteration", "node"], observed=True).apply(
+        lambda g: float((g["start"] + g["dur"]).max() - g["start"].min()), include_groups=False)
+    return float(per.groupby(level=0).max().median())
+
+
+def calibrate_ps_by_replay(ts: Any, model: CommModel, rounds: int = 3) -> CommModel:
+    """Scale a PS link model until the replayed push-pull groups last as long as the traced ones.
+
+    :func:`fit_ps_groups` assumes pushes and pulls pipeline perfectly; the real job (and
+    its DFG: a pull waits for every worker's push of its key, the server's interface queues
+    both workers' transfers) overlaps less.  So the bandwidth is refined on the DFG itself:
+    replay the profiled job with ``B``, take each worker's replayed group (its first push to
+    its last pulled byte; the slowest worker's, as for the trace: the replay's FIFO link
+    serves whole messages one worker after another where TCP shares, so the first-served
+    worker's group is not comparable), and set
+    ``B <- B * replayed / traced`` (the group is nearly all transfer, so time ~ 1/B); a few
+    rounds.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The profiled PS job (COMM events of phase ``push_pull``).
+    model : CommModel
+        The :func:`fit_ps_groups` model to refine.
+    rounds : int
+        Refinement rounds.
+    """
+    from .graph.build import build
+    from .job import Job, identity
+    from .replay import replay
+
+    target = _ps_group_spans_traced(ts)
+    if not target or target <= 0:
+        return model
+    bw = model.default.bandwidth_Bps
+    for _ in range(rounds):
+        m = CommModel(default=LinkModel(model.default.latency_us, bw), origin=model.origin)
+        job = Job.from_trace(ts, comm_model=m)
+        g = build(job, identity(job), check=False)
+        df = replay(g).to_frame(g)
+        workers = ts.manifest.workers()
+        spans = []
+        for w in workers:
+            push = df[(df["kind"] == "SEND") & (df["phase"] == "push") & (df["node"] == w)]
+            pull = df[(df["kind"] == "RECV") & (df["phase"] == "pull") & (df["node"] == w)]
+            if not push.empty and not pull.empty:
+                spans.append(float(pull["end"].max() - push["start"].min()))
+        if not spans or max(spans) <= 0:
+            break
+        bw *= max(spans) / target
+    return CommModel(default=LinkModel(model.default.latency_us, bw),
+                     origin="fitted (ps push-pull groups, calibrated by replay)")
+
+
+__all__ = ["DEFAULT_BANDWIDTH_BPS", "calibrate_ps_by_replay", "fit_ps_groups", "DEFAULT_LATENCY_US", "LATENCY_SHARE_MAX", "collective_latency_us", "CommModel",
            "fit_from_events", "fit_from_trace", "fit_ring_allreduce", "LinkModel"]

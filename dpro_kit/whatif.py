@@ -160,6 +160,54 @@ def scale_world(ts: TraceSet, world_size: int) -> TraceSet:
     return replace(ts, manifest=man, events=events, edges=edges, collectives=colls)
 
 
+def scale_servers(ts: TraceSet, servers: int) -> TraceSet:
+    """The same parameter-server job on ``servers`` servers (each on its own host).
+
+    Profiled servers keep their names; added ones are ``whatif-server-host<i>/server<i>``.
+    Every PS collective is re-partitioned: an MXNet trace (``manifest.extra.bigarray_bound``)
+    as ``KVStoreDist::EncodeDefaultKey`` does (:func:`dpro_kit.readers.mxnet.partitions`, the
+    collective's position among the PS collectives as its key, 4-byte elements), any other
+    trace keeps its partition sizes and places them round-robin.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The profiled PS job.
+    servers : int
+        Servers of the predicted job (>= 1).
+    """
+    from .graph.schemes import SCHEMES
+    m = ts.manifest
+    if servers < 1:
+        raise DproError(f"servers must be >= 1, got {servers}")
+    old = m.servers()
+    if not old:
+        raise DproError("--servers needs a parameter-server trace (the manifest lists no server)", path=ts.path)
+    names = old[:servers] + [f"whatif-server-host{i}/server{i}" for i in range(len(old), servers)]
+    nodes = {n: i for n, i in m.nodes.items() if i.role != "server" or n in names[:servers]}
+    for i, n in enumerate(names):
+        if n not in nodes:
+            nodes[n] = NodeInfo(host=n.split("/")[0], role="server", rank=i)
+    bound = m.extra.get("bigarray_bound") if isinstance(m.extra, dict) else None
+    colls, key = [], 0
+    for c in ts.collectives:
+        s = SCHEMES.get(c.algorithm)
+        if s is None or not s.uses_servers:
+            colls.append(c)
+            continue
+        if bound:
+            from .readers.mxnet import partitions
+            parts = partitions(key, c.bytes // 4, 4, names, int(bound))
+        else:
+            parts = [{"bytes": int(p["bytes"]), "server": names[j % servers]} for j, p in enumerate(c.partitions)]
+        key += 1
+        colls.append(replace(c, partitions=parts))
+    events = ts.events[~ts.events["node"].isin([n for n in old if n not in nodes])]
+    man = replace(m, nodes=nodes, extra={k: v for k, v in m.extra.items() if not k.startswith("measured_")})
+    return replace(ts, manifest=man, events=events, collectives=colls,
+                   edges={n: e for n, e in ts.edges.items() if n in nodes})
+
+
 def with_bandwidth(model: CommModel, mbps: float, efficiency: float = TCP_EFFICIENCY) -> CommModel:
     """``model`` with every link at ``mbps`` Mbit/s line rate (goodput = rate x ``efficiency``).
 
@@ -330,10 +378,12 @@ class WhatIf:
     #: Horovod: HOROVOD_FUSION_THRESHOLD (MiB) and HOROVOD_CYCLE_TIME (ms) (:func:`horovod_knobs`)
     fusion_threshold_mb: float | None = None
     cycle_time_ms: float | None = None
+    #: parameter-server jobs: number of servers (:func:`scale_servers`)
+    servers: int | None = None
 
     def any(self) -> bool:
         return self.bucket_mb is not None or self.bandwidth_mbps is not None or self.world_size is not None \
-            or self.fusion_threshold_mb is not None or self.cycle_time_ms is not None
+            or self.fusion_threshold_mb is not None or self.cycle_time_ms is not None or self.servers is not None
 
     def describe(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None and (k != "first_bucket_mb" or
@@ -375,10 +425,12 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
                            w.cycle_time_ms)
     if w.world_size is not None:
         ts = scale_world(ts, w.world_size)
+    if w.servers is not None:
+        ts = scale_servers(ts, w.servers)
     if w.bandwidth_mbps is not None:
         model = with_bandwidth(model, w.bandwidth_mbps)
     return ts, model
 
 
 __all__ = ["DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "ddp_bucket_assignment", "horovod_knobs",
-           "rebucket", "scale_world", "WhatIf", "with_bandwidth"]
+           "rebucket", "scale_servers", "scale_world", "WhatIf", "with_bandwidth"]

@@ -8,6 +8,7 @@ and needs root and MXNet 1.9.1's Python (``DPRO_MXNET_PYTHON`` or ``make mxnet``
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -90,3 +91,34 @@ def test_real_dist_sync_job_profiled_on_emulated_hosts(tmp_path):
     measured = man["extra"]["measured_iteration_ms"]
     print(f"predicted {pred:.3f} ms, measured {measured:.3f} ms")
     assert measured > 0 and 0.2 * measured < pred < 5 * measured   # sanity only: accuracy lives in the bench
+
+
+def test_links_queue_on_the_server_interface_and_servers_whatif():
+    s = Session(str(FIXTURE))
+    devs = {d["device"] for _, d in s.graph.nodes(data=True) if d["kind"] == "SEND"}
+    assert devs == {"link:host0:download", "link:host0:upload"}     # the server's interface, both ways
+    from dpro_kit.whatif import WhatIf
+    two = Session(str(FIXTURE), whatif=WhatIf(servers=2))
+    assert len(two.trace.manifest.servers()) == 2
+    by = {c.tensor: c for c in two.trace.collectives}
+    # below the big-array bound one partition on server (key * 9973) % 2: key 1 (dense0_weight) -> server 1
+    assert [p["server"] for p in by["dense0_weight"].partitions] == ["whatif-server-host1/server1"]
+    assert [p["server"] for p in by["dense0_bias"].partitions] == ["host0/server0"]
+    assert two.iteration_time_ms() > 0
+
+
+def test_async_scheme_updates_per_worker():
+    # the fixture's collectives as the reader makes them for a dist_async job
+    from dpro_kit.graph.build import build
+    from dpro_kit.graph.schemes import SCHEMES
+    from dpro_kit.job import Job, identity
+    from dpro_kit.replay import replay
+    s = Session(str(FIXTURE))
+    ts = s.trace
+    colls = [dataclasses.replace(c, op="push_pull_async", algorithm="ps_async") for c in ts.collectives]
+    job = Job.from_trace(dataclasses.replace(ts, collectives=colls), comm_model=s.comm_model)
+    g = build(job, identity(job), check=False)
+    aggs = [d for _, d in g.nodes(data=True) if d["kind"] == "AGG"]
+    assert len(aggs) == 12 * 2 and {d["phase"] for d in aggs} == {"update"}     # one update per worker and key
+    assert "ps_async" in SCHEMES
+    assert replay(g).iteration_time_us > 0

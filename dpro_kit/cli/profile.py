@@ -24,6 +24,7 @@ Examples:
   dpro profile --steps 20:25 --host node3 -- python train.py --epochs 1
   dpro profile --ring --memory --out trace -- torchrun --nproc_per_node 2 train.py
   dpro profile --framework tensorflow --out tf-trace -- python train_tf.py
+  dpro profile --framework mxnet --host h1 -- MXNET_PY examples/mxnet/train.py   (one per PS host, docs/ps.md)
   dpro cluster --hosts 2 --rate-mbit 200 --profile trace -- python train.py   (emulated hosts)
 """
 
@@ -45,7 +46,7 @@ Examples:
                    "`dpro optimize` rebuilds op-fusion candidates from them and times them with torch.compile.")
 @click.option("--framework", type=click.Choice(list(FRAMEWORKS)), default="torch", show_default=True,
               help="Which collector to enable (dpro_kit/collectors.py; tensorflow: collectors/tf, tf.profiler on "
-                   "every task).")
+                   "every task; mxnet: collectors/mxnet, mx.profiler on every worker of a PS job, docs/ps.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary after the job ends.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, shapes: bool, framework: str,

@@ -24,7 +24,8 @@ about one way of synchronising tensors, so that no module branches on
   with the reduced tensor): its collectives are the gradient buckets that what-ifs
   re-bucket and the memory model counts (:func:`is_allreduce`).
 
-Built in: ``ring`` (ring AllReduce) and ``ps`` (parameter-server push/pull).
+Built in: ``ring`` (ring AllReduce), ``ps`` (parameter-server push/pull) and ``ps_async``
+(asynchronous PS: per-worker updates).
 Adding one (tree, hierarchical, Horovod fusion, BytePS partitions): write its
 topology builder in :mod:`dpro_kit.graph.topology` and ``register_scheme(...)``
 it here (docs/architecture.md, "Adding a communication scheme").
@@ -39,7 +40,7 @@ import networkx as nx
 
 from ..errors import GraphError
 from ..trace import Collective, OpKind
-from .topology import CommContext, ps_push_pull, ring_allreduce, split_bytes
+from .topology import CommContext, ps_async_push_pull, ps_push_pull, ring_allreduce, split_bytes
 
 __all__ = ["CommScheme", "TensorGroup", "SCHEMES", "register_scheme", "get_scheme", "scheme_for_op",
            "is_allreduce", "recognise", "ps_server_of"]
@@ -198,13 +199,16 @@ def _ps_collectives(self: CommScheme, grp: TensorGroup) -> list[Collective]:
                        partitions=parts, priority=grp.priority)]
 
 
-def _ps_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], list[str], list[dict]] | None:
+def _ps_recognise(g: nx.DiGraph, in_ops: dict[str, str], phase: str = "aggregate"
+                  ) -> tuple[list[str], list[str], list[dict]] | None:
     first = next(iter(in_ops.values()))
     if not any(g.nodes[s]["phase"] == "push" for s in g.successors(first)):
         return None
     tensor = g.nodes[first]["tensor"]
-    parts = sorted({(d["chunk"], d["node"], d["bytes"]) for _, d in g.nodes(data=True)
-                    if d["kind"] == OpKind.AGG.value and d["tensor"] == tensor})
+    aggs = [d for _, d in g.nodes(data=True) if d["kind"] == OpKind.AGG.value and d["tensor"] == tensor]
+    if not aggs or any(d["phase"] != phase for d in aggs):
+        return None
+    parts = sorted({(d["chunk"], d["node"], d["bytes"]) for d in aggs})
     return sorted(in_ops), [s for _, s, _ in parts], [{"bytes": int(b), "server": s} for _, s, b in parts]
 
 
@@ -212,3 +216,8 @@ register_scheme(CommScheme(name="ring", op="allreduce", build=ring_allreduce, co
                            recognise=_ring_recognise, allreduce=True))
 register_scheme(CommScheme(name="ps", op="push_pull", build=ps_push_pull, collectives=_ps_collectives,
                            recognise=_ps_recognise, uses_servers=True, servers_of=_ps_servers_of))
+# asynchronous PS (MXNet dist_async): the same collectives, per-worker updates on the server
+register_scheme(CommScheme(name="ps_async", op="push_pull_async", build=ps_async_push_pull,
+                           collectives=_ps_collectives,
+                           recognise=lambda g, in_ops: _ps_recognise(g, in_ops, phase="update"),
+                           uses_servers=True, servers_of=_ps_servers_of))

@@ -37,15 +37,32 @@ class Links:
     Default: one device per ordered pair of hosts (``link:hA->hB``), so all
     transfers from one machine to another queue on one link; two nodes on the
     same host get a private pair link.  Bandwidth-sharing models replace this.
+
+    ``manifest.extra["link_model"] == "interface"`` (the MXNet collector writes it): a
+    parameter-server job is a star, every host has one
+    network interface whose upload and download are each one rate (a tbf per direction
+    on the emulated cluster), and the servers' interfaces carry every worker's traffic.
+    So a worker<->server transfer between two hosts queues on the server host's interface
+    (``link:<host>:download`` for pushes, ``link:<host>:upload`` for pulls) when there are
+    at least as many workers as servers, else on the worker host's.  dPRO §4.1 (links
+    as devices with queues); TicTac §2 (the PS's link is the shared resource).
     """
 
     def __init__(self, manifest: Manifest) -> None:
         self.host = {n: i.host for n, i in manifest.nodes.items()}
+        per_nic = isinstance(manifest.extra, dict) and manifest.extra.get("link_model") == "interface"
+        self.servers = {n for n, i in manifest.nodes.items() if i.role == "server"} if per_nic else set()
+        workers = len(manifest.nodes) - len(self.servers)
+        self.server_side = workers >= len(self.servers)
 
     def device(self, src: str, dst: str) -> str:
         hs, hd = self.host[src], self.host[dst]
         if hs == hd:
             return f"link:{src}->{dst}"
+        if (src in self.servers) != (dst in self.servers):
+            if src in self.servers:   # a pull
+                return f"link:{hs}:upload" if self.server_side else f"link:{hd}:download"
+            return f"link:{hd}:download" if self.server_side else f"link:{hs}:upload"
         return f"link:{hs}->{hd}"
 
 
@@ -198,4 +215,48 @@ def ps_push_pull(ctx: CommContext, coll: Collective) -> None:
             ctx.graph.add_edge(kr, io[w][1])
 
 
-__all__ = ["CommContext", "Links", "ps_push_pull", "ring_allreduce", "split_bytes", "txn_id"]
+def ps_async_push_pull(ctx: CommContext, coll: Collective) -> None:
+    """Asynchronous parameter server (MXNet ``dist_async``): per partition and worker, push -> update -> pull.
+
+    worker In -> SEND push (link) -> RECV on the server -> AGG (the server applies this
+    worker's gradient alone, phase ``update``; the server's compute queue is shared by all
+    workers) -> SEND pull -> RECV on the worker -> worker Out. No worker waits for another's
+    push, so the synchronous iteration rule (each node's next iteration after its own last
+    ops) gives asynchronous iterations: the workers are coupled only through the links and the
+    server's queue.
+
+    Parameters
+    ----------
+    ctx : CommContext
+        The graph under construction.
+    coll : dpro_kit.trace.Collective
+        The tensor; ``partitions`` as for :func:`ps_push_pull`.
+
+    References
+    ----------
+    .. [1] Dean et al., "Large Scale Distributed Deep Networks", NIPS 2012 (asynchronous SGD on a
+           parameter server); seed ``/work/shared/seeds/004_a5ba4320ea17d3b0.txt``.
+    """
+    servers = ctx.manifest.servers()
+    if not servers:
+        from ..errors import GraphError
+        raise GraphError(f"tensor {coll.tensor!r} uses push_pull but the manifest lists no server node")
+    parts = coll.partitions or [{"bytes": coll.bytes,
+                                 "server": servers[zlib.crc32(coll.tensor.encode()) % len(servers)]}]
+    for w in coll.participants:
+        kin, kout = ctx.in_out(coll, w)
+        for p, part in enumerate(parts):
+            server, nbytes = str(part["server"]), int(part["bytes"])
+            kagg = op_key(server, f"AGG {coll.tensor} p{p} {w}")
+            add_op(ctx.graph, kagg, node=server, device=compute_device(server, "compute"), kind=OpKind.AGG.value,
+                   name=f"AGG {coll.tensor}", tensor=coll.tensor, bytes=nbytes, phase="update", chunk=p,
+                   peer=w, dur=0.0, source="model", priority=coll.priority)
+            ks, kr = ctx.transfer(coll, phase="push", step=0, chunk=p, src=w, dst=server, nbytes=nbytes)
+            ctx.graph.add_edge(kin, ks)
+            ctx.graph.add_edge(kr, kagg)
+            ks, kr = ctx.transfer(coll, phase="pull", step=1, chunk=p, src=server, dst=w, nbytes=nbytes)
+            ctx.graph.add_edge(kagg, ks)
+            ctx.graph.add_edge(kr, kout)
+
+
+__all__ = ["CommContext", "Links", "ps_async_push_pull", "ps_push_pull", "ring_allreduce", "split_bytes", "txn_id"]

@@ -18,7 +18,8 @@ What becomes of the dump (docs/ps.md, "What MXNet 1.9.1 records"):
   CPU engine runs the ready ones FIFO, so the j-th span of a step is key j (exact when the
   gradients are ready when ``Trainer.step`` issues them, as with a hybridized block's bulked
   backward). They become ``COMM`` events (``phase`` ``push_pull``) that only feed the link model;
-* one ``push_pull`` collective (scheme ``ps``) per parameter, inputs: the j-th ``CopyCPU2CPU``
+* one ``push_pull`` collective (scheme ``ps``; ``dist_async``: ``push_pull_async``, scheme
+  ``ps_async``, :func:`dpro_kit.graph.topology.ps_async_push_pull`) per parameter, inputs: the j-th ``CopyCPU2CPU``
   of the step (the copy of key j's gradient that the push waits for), partitions as
   ``KVStoreDist::EncodeDefaultKey`` makes them: below ``MXNET_KVSTORE_BIGARRAY_BOUND``
   elements one partition on server ``(key * 9973) % num_servers``, else one slice per server.
@@ -173,10 +174,12 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     last_bw = bws[-1] if bws else None
     edges = list(zip(ids, ids[1:]))
     colls = []
+    asynchronous = (meta.get("kvstore") or {}).get("type") == "dist_async"
     for j, p in enumerate(params):
         size = int(p.get("size") or 0)
         itemsize = int(p["bytes"]) // size if size else 4
-        colls.append({"tensor": p["name"], "op": "push_pull", "algorithm": "ps", "bytes": int(p["bytes"]),
+        colls.append({"tensor": p["name"], "op": "push_pull_async" if asynchronous else "push_pull",
+                      "algorithm": "ps_async" if asynchronous else "ps", "bytes": int(p["bytes"]),
                       "inputs": [last_bw or ids[-1]], "outputs": [],
                       "params": [p["name"]], "param_bytes": [int(p["bytes"])],
                       "partitions": partitions(int(p.get("key", j)), size, itemsize, servers, bound)})

@@ -4,8 +4,7 @@
 
 Sets ``DPRO_OUT``/``DPRO_STEPS``/``DPRO_HOST``/``DPRO_RUN_ID`` and prepends
 ``dpro_mxnet/autoload`` to ``PYTHONPATH`` (what ``dpro profile --framework mxnet`` does).
-``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (unless set): a hybridized block then runs (and is
-profiled) op by op instead of as opaque ``ImperativeBulk`` segments (docs/ps.md).
+Nothing else in the job's environment changes (a hybridized block stays bulked: docs/ps.md).
 """
 from __future__ import annotations
 
@@ -41,7 +40,6 @@ def profile_env(out: str, steps: str = "10:15", host: str | None = None,
     env["DPRO_OUT"] = str(Path(out).resolve())
     env["DPRO_STEPS"] = steps
     env.setdefault("DPRO_RUN_ID", uuid.uuid4().hex[:12])
-    env.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
     if host:
         env["DPRO_HOST"] = host
     parts = [str(AUTOLOAD), str(AUTOLOAD.parent.parent)]

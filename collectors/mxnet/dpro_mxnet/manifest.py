@@ -76,6 +76,9 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
         "raw_format": RAW_FORMAT, "tool_version": f"dpro_mxnet/0.1.0 mxnet/{d0.get('mxnet_version', '?')}",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "extra": {"collector": "dpro_mxnet", "run_id": d0.get("run_id", ""), "strategy": "ps",
+                  # ps-lite is a star over one interface per host: transfers queue on the hosts'
+                  # interfaces, not per host pair (dpro_kit.graph.topology.Links)
+                  "link_model": "interface",
                   "kvstore": kv.get("type"), "update_on_kvstore": kv.get("update_on_kvstore"),
                   "bigarray_bound": (d0.get("ps") or {}).get("bigarray_bound"),
                   "measured_iteration_ms": round(max(known) / 1e3, 4) if known else None,
