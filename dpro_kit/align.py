@@ -290,7 +290,9 @@ def comm_spans(ts: TraceSet) -> pd.DataFrame:
     sharing rule; otherwise ``end = start + dur``.
     """
     ev = ts.events
-    comm = ev[ev["kind"] == "COMM"].copy()
+    # parameter-server push-pull spans (phase push_pull, MXNet) are no rendezvous: the server
+    # answers the workers' pulls one after another, so they do not end together (docs/ps.md)
+    comm = ev[(ev["kind"] == "COMM") & (ev["phase"] != "push_pull")].copy()
     comm["end"] = comm["start"].to_numpy(float) + comm["dur"].to_numpy(float)
     if ts.manifest.raw_format in SHARED_COMM_DUR_FORMATS and not comm.empty:
         for _, g in comm.groupby("node", observed=True):
