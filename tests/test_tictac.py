@@ -291,5 +291,15 @@ def test_on_the_builders_ps_dfg():
         assert tictac.tac_order(p) == [0, 1]
     e = tictac.scheduling_efficiency(replay(g), g)
     assert set(e["workers"]) == {"w0", "w1"} and e["reference"] in ("w0", "w1")
+    # both workers' transfers share link:h->hs (pushes 8, 7, 8, 7 us) and link:hs->h (pulls, the same):
+    # each is one resource of either worker's partition with its whole load, so for both workers
+    # U = FW 10 + BW 20 + UPDATE 4 + 30 + 30 = 94 and L = max(34, 30, 30) = 34.  Replayed (FIFO):
+    # w0 ends at 80 (E = (94 - 80) / 60), w1 queues behind w0's transfers and ends at 87 (E = 7 / 60,
+    # the reference); counting only its own transfers (U = 64) would give E = -23 / 30.
+    for w, m in (("w0", 80.0), ("w1", 87.0)):
+        row = e["workers"][w]
+        assert row["U_ms"] * 1e3 == approx(94) and row["L_ms"] * 1e3 == approx(34)
+        assert row["makespan_ms"] * 1e3 == approx(m) and row["E"] == approx((94 - m) / 60)
+    assert e["reference"] == "w1" and e["S"] == approx(60 / 34)
     for s in ("tic", "tac", "random"):
         assert replay(g, schedule=s).iteration_time_us > 0

@@ -420,7 +420,11 @@ def scheduling_efficiency(res: "ReplayResult", g: nx.DiGraph) -> dict[str, Any]:
 
     A worker's partition: its ops plus every transfer from or to it (SEND ops whose
     ``node`` or ``peer`` is the worker), with their replayed durations as ``Time``;
-    its resources are the devices they run on (compute/comm streams, links).
+    its resources are the devices they run on (compute/comm streams, links).  A link
+    shared with other workers (a parameter server's NIC, which every worker's pushes
+    and pulls cross) is one resource of the partition with its whole load: the worker
+    queues behind the other workers' transfers there, so leaving them out would put
+    the makespan above ``U`` (TicTac's model gives each worker its own links).
 
     * ``U = sum of Time(op)`` (upper bound on the makespan: one resource at a time, eq. 1);
     * ``L = max over resources d of sum of Time(op) on d`` (lower bound, eq. 2);
@@ -428,8 +432,8 @@ def scheduling_efficiency(res: "ReplayResult", g: nx.DiGraph) -> dict[str, Any]:
       the last replayed iteration; with several iterations, last end minus the previous
       iteration's last end);
     * ``E = (U - m) / (U - L)`` (eq. 3; 1 = as fast as the busiest resource allows,
-      0 = fully serial; below 0 when the worker waits for others, e.g. a server
-      aggregating a slower worker's push), None when ``U = L``;
+      0 = fully serial; below 0 when the worker waits for others' computation, e.g. a
+      server aggregating a slower worker's push), None when ``U = L``;
     * ``S = (U - L) / L`` (eq. 4; the most a better order could gain over the worst), None when ``L = 0``.
 
     Parameters
@@ -467,9 +471,16 @@ def scheduling_efficiency(res: "ReplayResult", g: nx.DiGraph) -> dict[str, Any]:
         if d.get("kind") == _SEND and d.get("peer") in wset and d.get("peer") != node:
             rows[d["peer"]].append(i)
     out: dict[str, Any] = {"workers": {}}
+    dev_of = cg.device
     for w in workers:
         r = np.asarray(rows[w], dtype=np.int64)
-        r = r[cg.device[r] >= 0]
+        r = r[dev_of[r] >= 0]
+        # a link the worker's transfers use but other workers' transfers use too (the
+        # server's NIC in a star) is one resource: its whole load is in the partition,
+        # else the worker's makespan exceeds U whenever it queues behind them (E < 0)
+        shared = [int(x) for x in np.unique(dev_of[r]) if cg.devices[int(x)].startswith("link:")]
+        if shared:
+            r = np.union1d(r, np.flatnonzero(np.isin(dev_of, shared)))
         U = float(dur[r].sum())
         per_dev = np.bincount(cg.device[r], weights=dur[r], minlength=len(cg.devices)) if r.size else np.zeros(1)
         L = float(per_dev.max())
