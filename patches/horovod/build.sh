@@ -20,6 +20,9 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PY="${1:-python3}"
+# a relative path (make passes .venv/bin/python) must survive the cd into the source below;
+# not realpath: a venv's python is a symlink whose own path selects the venv
+case "$PY" in */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; esac
 VERSION=0.28.1
 SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
 CACHE="${DPRO_CACHE:-$HOME/.cache/dpro-kit}/wheels"
