@@ -14,6 +14,28 @@ from dpro_kit.trace import Collective, Manifest, NodeInfo, TraceSet, make_events
 TRAIN = Path(__file__).resolve().parents[1] / "examples" / "ddp" / "train.py"
 
 
+def shared_traces() -> Path:
+    """The read-only third-party traces (``../shared/traces`` beside the checkout, see its README).
+
+    Looked up in order: ``$DPRO_SHARED_TRACES``; ``<repo>/../shared/traces``; for a clone (CI
+    runs the suite on a clean clone somewhere else) ``<origin>/../shared/traces`` where
+    ``<origin>`` is the local path the clone came from.  Returns the first that exists, else
+    the second (so a skip reason names the expected place).
+    """
+    repo = Path(__file__).resolve().parents[1]
+    default = repo.parent / "shared" / "traces"
+    candidates = [Path(os.environ["DPRO_SHARED_TRACES"])] if os.environ.get("DPRO_SHARED_TRACES") else []
+    candidates.append(default)
+    try:
+        origin = subprocess.run(["git", "-C", str(repo), "remote", "get-url", "origin"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        origin = ""
+    if origin and Path(origin).is_dir():
+        candidates.append(Path(origin).resolve().parent / "shared" / "traces")
+    return next((c for c in candidates if c.is_dir()), default)
+
+
 def profile_ddp(out: Path, *options: str, steps: str, train: list[str], timeout: float = 240) -> Path:
     """Run a real 2-rank ``examples/ddp/train.py`` job under ``dpro profile OPTIONS`` into ``out``.
 

@@ -1,6 +1,6 @@
 """Plain torch.profiler (Kineto) folders: the real HTA GPU/NCCL traces, every command, the bad variants.
 
-Inputs are the real traces in ``<repo>/../shared/traces/hta`` (copied from
+Inputs are the real traces in ``<repo>/../shared/traces/hta`` (:func:`conftest.shared_traces`) (copied from
 facebookresearch/HolisticTraceAnalysis, see the README there), copied per job into
 a tmp dir (the shared folder is never written).  Bad variants are built from those
 real files (a key removed, the gzip stream cut short, two jobs in one folder).
@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import shared_traces
 from dpro_kit.cli import main
 from dpro_kit.readers import kineto as K
 from dpro_kit.readers import kineto_plain as P
 
-HTA = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "hta"
+HTA = shared_traces() / "hta"
 pytestmark = pytest.mark.skipif(not HTA.is_dir(), reason=f"real Kineto traces not found at {HTA}")
 
 FILES = {"r2": ["nccl_2rank_rank0.json.gz"], "r128": ["sampled_128rank_rank0.json.gz",
