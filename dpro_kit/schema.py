@@ -4,18 +4,18 @@ validation, and the typed facts of ``manifest.extra``.
 
 Who imports it
 --------------
-* the collectors, inside the user's training job: ``dpro_torch`` takes its marker names,
-  ``meta.json`` format/version and the manifest's format/version from here;
+* the collectors, inside the user's training job, take the marker names, ``meta.json``
+  formats/versions and the manifest's format/version from :mod:`dpro_collect.schema`;
 * the readers and the rest of dpro_kit: :func:`validate_manifest` (through
   :meth:`dpro_kit.trace.Manifest.from_json`), :func:`validate_torch_meta`
   (:mod:`dpro_kit.readers.torch_kineto`) and :class:`Facts` (``Manifest.facts``).
 
-Standard library only: this module imports nothing but :mod:`dpro_kit.errors`, and
-``dpro_kit/__init__.py`` and ``errors.py`` import only the standard library, so a job whose
-framework lives in an environment without dpro-kit's dependencies (MXNet 1.9 with numpy<1.24)
-can import it too: put the directory holding ``dpro_kit/`` on that job's ``PYTHONPATH`` when it
-holds no other packages (a checkout), or ``pip install --no-deps dpro-kit`` into that environment.
-``tests/test_schema.py`` checks that importing it loads no third-party module.
+Standard library only: the format names, versions and marker names are defined in
+:mod:`dpro_collect.schema` (``collectors/common``, the collectors' shared package, which runs
+inside the user's job in the framework's own environment) and re-exported here; this module
+adds their fields, the validation and the typed facts, and imports nothing but the standard
+library and :mod:`dpro_collect`.  ``tests/test_schema.py`` checks that importing it loads no
+third-party module.
 
 Errors are one line (:class:`dpro_kit.errors.TraceFormatError`): the file, the record
 (``nodes.host0/0.role``, ``extra.measured_iteration_ms``), what is wrong and what to do.
@@ -24,60 +24,24 @@ The formats themselves are described in ``docs/trace-format.md`` and ``docs/pyto
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from dpro_collect.schema import (HOROVOD_RAW_FORMAT, MANIFEST_FORMAT, MANIFEST_VERSION, MANIFEST_VERSIONS,
+                                 MARKER_PREFIX, MARKERS, MXNET_META_FORMAT, MXNET_META_VERSION, MXNET_META_VERSIONS,
+                                 MXNET_RAW_FORMAT, PHASE_MARKERS, TF_META_FORMAT, TF_META_VERSION, TF_META_VERSIONS,
+                                 TF_RAW_FORMAT, TORCH_META_FORMAT, TORCH_META_VERSION, TORCH_META_VERSIONS,
+                                 TORCH_RAW_FORMAT)
 
 from .errors import TraceFormatError
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "MANIFEST_VERSIONS", "TORCH_META_FORMAT", "TORCH_META_VERSION",
            "TORCH_META_VERSIONS", "TORCH_RAW_FORMAT", "TF_META_FORMAT", "TF_META_VERSION", "TF_META_VERSIONS",
-           "TF_RAW_FORMAT", "MXNET_META_FORMAT", "MXNET_META_VERSIONS", "MXNET_RAW_FORMAT", "MARKER_PREFIX", "MARKERS", "PHASE_MARKERS", "Field",
+           "TF_RAW_FORMAT", "HOROVOD_RAW_FORMAT", "MXNET_META_FORMAT", "MXNET_META_VERSION", "MXNET_META_VERSIONS",
+           "MXNET_RAW_FORMAT", "MARKER_PREFIX", "MARKERS", "PHASE_MARKERS", "Field",
            "MANIFEST_FIELDS", "NODE_FIELDS", "TORCH_META_FIELDS", "TORCH_PARAM_FIELDS", "EXTRA_FIELDS", "OVERHEAD_MODES",
            "HOST_GAP_MODES", "Facts", "find_offsets", "validate_manifest", "validate_torch_meta"]
-
-# --------------------------------------------------------------------------- formats and versions
-
-#: ``manifest.json`` (docs/trace-format.md); bump the version on an incompatible change
-MANIFEST_FORMAT = "dpro-trace"
-MANIFEST_VERSION = 1
-MANIFEST_VERSIONS = (1,)
-#: the PyTorch collector's per-rank ``<host>/<rank>/meta.json``
-TORCH_META_FORMAT = "dpro-torch-meta"
-TORCH_META_VERSION = 1
-TORCH_META_VERSIONS = (1,)
-#: ``manifest.raw_format`` of the PyTorch collector's folders (reader ``torch-kineto``)
-TORCH_RAW_FORMAT = "torch-kineto"
-#: the TensorFlow collector's per-task ``<host>/<task>/meta.json`` (collectors/tf/README.md) and its
-#: ``manifest.raw_format`` (reader ``dpro_kit.readers.tf``)
-TF_META_FORMAT = "dpro-tf-meta"
-TF_META_VERSION = 1
-TF_META_VERSIONS = (1,)
-TF_RAW_FORMAT = "tf-xplane"
-#: the MXNet collector's per-process ``<host>/<worker<rank>|server-<pid>>/meta.json`` and its
-#: ``manifest.raw_format`` (reader ``dpro_kit.readers.mxnet``); collectors/mxnet/dpro_mxnet/__init__.py
-#: repeats them (it runs in MXNet's own environment; tests/test_mxnet.py checks they agree)
-MXNET_META_FORMAT = "dpro-mxnet-meta"
-MXNET_META_VERSIONS = (1,)
-MXNET_RAW_FORMAT = "dpro-mxnet"
-
-# --------------------------------------------------------------------------- markers
-
-#: namespace of the collector's ``record_function`` ranges (no framework op uses it)
-MARKER_PREFIX = "dpro::"
-#: marker role -> range name, as the PyTorch collector inserts them and lists them in ``meta.json``
-#: (``markers``); the reader classifies ops by the ranges they fall in, never by their own names
-MARKERS = {
-    "forward": "dpro::forward",            # DDP module forward (pre-hook .. post-hook)
-    "backward": "dpro::backward",          # torch.autograd.backward (loss.backward())
-    "optimizer": "dpro::optimizer_step",   # Optimizer.step (pre-hook .. post-hook)
-    "step_end": "dpro::step_end",          # end of one training iteration (one per profiled step)
-    "clock_sync": "dpro::clock_sync",      # right after the profiler starts, time.time_ns() around it
-    "grad_ready_prefix": "dpro::grad_ready/",  # + index of the parameter in the DDP parameter list
-    "calibrate": "dpro::calibrate",        # profiler-overhead calibration loop, before the first iteration
-    "comm_wait": "dpro::comm_wait",        # the training thread blocks for a framework's collectives (Horovod)
-}
-#: the marker roles that are phases, and the op kind (:class:`dpro_kit.trace.OpKind` value) inside them
-PHASE_MARKERS = {"forward": "FW", "backward": "BW", "optimizer": "UPDATE"}
 
 # --------------------------------------------------------------------------- fields
 
@@ -108,92 +72,104 @@ class Field:
 _JSON_NAME = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object",
               bool: "true/false"}
 _NUM = (int, float)
+_TYPE_OF = {"str": (str,), "int": (int,), "number": _NUM, "list": (list,), "dict": (dict,), "bool": (bool,)}
 
-MANIFEST_FIELDS = (
-    Field("format", (str,), True, f'always "{MANIFEST_FORMAT}"'),
-    Field("version", (int,), True, "format version"),
-    Field("job", (str,), True, "job name"),
-    Field("framework", (str,), True, "pytorch, tensorflow, mxnet, ..."),
-    Field("comm_backend", (str,), True, "gloo, nccl, ps-lite, ..."),
-    Field("world_size", (int,), True, "number of worker nodes"),
-    Field("nodes", (dict,), True, "node name -> node entry"),
-    Field("iterations", (list,), True, "profiled iteration numbers"),
-    Field("raw_format", (str,), False, "reader of the nodes' raw files (default dpro-events)"),
-    Field("tool_version", (str,), False, "collector and framework versions"),
-    Field("created", (str,), False, "ISO time the manifest was written"),
-    Field("extra", (dict,), False, "job facts (EXTRA_FIELDS)"),
-)
-NODE_FIELDS = (
-    Field("host", (str,), True, "machine the node ran on"),
-    Field("role", (str,), False, "worker (default) or server"),
-    Field("rank", (int,), False, "rank among its role"),
-    Field("dir", (str,), False, "its folder, relative to the trace directory"),
-    Field("format", (str,), False, "reader of its raw files (default: raw_format)"),
-    Field("file", (str,), False, "its one raw file, relative to dir"),
-)
+
+def _table(rows: str) -> tuple[Field, ...]:
+    """The fields of a table, one per line: name, JSON type (a key of ``_TYPE_OF``), ``required`` or
+    ``optional``, meaning; columns two or more spaces apart."""
+    out = []
+    for line in rows.strip().splitlines():
+        name, kind, req, doc = re.split(r"\s{2,}", line.strip(), maxsplit=3)
+        out.append(Field(name, _TYPE_OF[kind], req == "required", doc))
+    return tuple(out)
+
+
+MANIFEST_FIELDS = _table(f"""
+format        str     required  always "{MANIFEST_FORMAT}"
+version       int     required  format version
+job           str     required  job name
+framework     str     required  pytorch, tensorflow, mxnet, ...
+comm_backend  str     required  gloo, nccl, ps-lite, ...
+world_size    int     required  number of worker nodes
+nodes         dict    required  node name -> node entry
+iterations    list    required  profiled iteration numbers
+raw_format    str     optional  reader of the nodes' raw files (default dpro-events)
+tool_version  str     optional  collector and framework versions
+created       str     optional  ISO time the manifest was written
+extra         dict    optional  job facts (EXTRA_FIELDS)
+""")
+NODE_FIELDS = _table("""
+host    str  required  machine the node ran on
+role    str  optional  worker (default) or server
+rank    int  optional  rank among its role
+dir     str  optional  its folder, relative to the trace directory
+format  str  optional  reader of its raw files (default: raw_format)
+file    str  optional  its one raw file, relative to dir
+""")
 #: the PyTorch collector's ``meta.json`` (collectors/torch/dpro_torch/recorder.py writes it)
-TORCH_META_FIELDS = (
-    Field("format", (str,), True, f'always "{TORCH_META_FORMAT}"'),
-    Field("version", (int,), True, "format version"),
-    Field("rank", (int,), True, "global rank"),
-    Field("world_size", (int,), False, "number of ranks"),
-    Field("host", (str,), False, "host name of the rank"),
-    Field("window", (dict,), True, "profiling window: start_step, stop_step, profiled_steps"),
-    Field("ddp", (list,), True, "per DDP module: params (index, name, bytes, ...) and buckets"),
-    Field("trace_file", (str,), False, "the Kineto trace, relative to the folder (absent: none written)"),
-    Field("ring_file", (str,), False, "ring_chunks.json of `dpro profile --ring`"),
-    Field("shapes", (dict,), False, "record_shapes trace of `dpro profile --shapes`: trace_file, step"),
-    Field("markers", (dict,), False, "marker role -> range name (MARKERS)"),
-    Field("main_tid", (int,), False, "thread id of the training thread"),
-    Field("clock", (dict,), False, "clock_sync readings of time.time_ns() around each marker"),
-    Field("steps", (list,), False, "wall time of every iteration (dur_us, profiled)"),
-    Field("measured", (dict,), False, "median_unprofiled_us, median_profiled_us"),
-    Field("profiler_overhead", (dict,), False, "calibration loop: plain_ns, profiled_ns, calls, marker"),
-    Field("run_id", (str,), False, "id the ranks of one run agree on"),
-    Field("job", (str,), False, "job name (the script's stem)"),
-    Field("backend", (str,), False, "process group backend (gloo, nccl)"),
-    Field("pid", (int,), False, "process id of the rank"),
-    Field("torch_version", (str,), False, "torch.__version__"),
-    Field("collector", (str,), False, 'always "dpro_torch"'),
-    Field("argv", (list,), False, "the job's command line"),
-    Field("threads", (int,), False, "torch.get_num_threads() of the rank"),
-    Field("cpu", (dict,), False, "CPU affinity, machine id, CPU count (manifest extra.cpu_placement)"),
-    Field("grad_ready_markers", (bool,), False, "whether dpro::grad_ready/<i> markers were recorded"),
-    Field("optimizer", (dict,), False, "optimizer class and state_bytes (manifest extra.optimizer)"),
-    Field("comm_calibration", (dict,), False, "one-element allreduce times (manifest extra.comm_calibration)"),
-    Field("horovod", (dict,), False, "Horovod jobs: DistributedOptimizer parameters, timeline file, settings"),
-)
+TORCH_META_FIELDS = _table(f"""
+format              str   required  always "{TORCH_META_FORMAT}"
+version             int   required  format version
+rank                int   required  global rank
+world_size          int   optional  number of ranks
+host                str   optional  host name of the rank
+window              dict  required  profiling window: start_step, stop_step, profiled_steps
+ddp                 list  required  per DDP module: params (index, name, bytes, ...) and buckets
+trace_file          str   optional  the Kineto trace, relative to the folder (absent: none written)
+ring_file           str   optional  ring_chunks.json of `dpro profile --ring`
+shapes              dict  optional  record_shapes trace of `dpro profile --shapes`: trace_file, step
+markers             dict  optional  marker role -> range name (MARKERS)
+main_tid            int   optional  thread id of the training thread
+clock               dict  optional  clock_sync readings of time.time_ns() around each marker
+steps               list  optional  wall time of every iteration (dur_us, profiled)
+measured            dict  optional  median_unprofiled_us, median_profiled_us
+profiler_overhead   dict  optional  calibration loop: plain_ns, profiled_ns, calls, marker
+run_id              str   optional  id the ranks of one run agree on
+job                 str   optional  job name (the script's stem)
+backend             str   optional  process group backend (gloo, nccl)
+pid                 int   optional  process id of the rank
+torch_version       str   optional  torch.__version__
+collector           str   optional  always "dpro_torch"
+argv                list  optional  the job's command line
+threads             int   optional  torch.get_num_threads() of the rank
+cpu                 dict  optional  CPU affinity, machine id, CPU count (manifest extra.cpu_placement)
+grad_ready_markers  bool  optional  whether dpro::grad_ready/<i> markers were recorded
+optimizer           dict  optional  optimizer class and state_bytes (manifest extra.optimizer)
+comm_calibration    dict  optional  one-element allreduce times (manifest extra.comm_calibration)
+horovod             dict  optional  Horovod jobs: DistributedOptimizer parameters, timeline file, settings
+""")
 #: per DDP parameter (``ddp[].params[]``): index, name, shape, dtype, numel, bytes, and ``layer`` (the
 #: unit activation checkpointing takes, read from the module tree; manifest ``extra.layers``)
-TORCH_PARAM_FIELDS = (
-    Field("index", (int,), True, "position in the DDP parameter list"),
-    Field("name", (str,), True, "named_parameters() name"),
-    Field("bytes", (int,), True, "size in bytes"),
-    Field("shape", (list,), False, "tensor shape"),
-    Field("dtype", (str,), False, "dtype without 'torch.'"),
-    Field("numel", (int,), False, "number of elements"),
-    Field("layer", (str,), False, "its layer (dpro_torch.recorder.layer_names)"),
-)
+TORCH_PARAM_FIELDS = _table("""
+index  int   required  position in the DDP parameter list
+name   str   required  named_parameters() name
+bytes  int   required  size in bytes
+shape  list  optional  tensor shape
+dtype  str   optional  dtype without 'torch.'
+numel  int   optional  number of elements
+layer  str   optional  its layer (dpro_torch.recorder.layer_names)
+""")
 #: ``manifest.extra``: the job facts collectors record and modules read, each parsed once into
 #: :class:`Facts` (name, types, meaning)
-EXTRA_FIELDS = (
-    Field("collector", (str,), False, "the collector that wrote the folder (dpro_torch, dpro_tf, ...)"),
-    Field("run_id", (str,), False, "id of the run (ranks of one job agree on it)"),
-    Field("measured_iteration_ms", _NUM, False, "the job's iteration time without the profiler (slowest rank)"),
-    Field("measured_iteration_ms_per_node", (dict,), False, "node -> its iteration time without the profiler"),
-    Field("profiled_iteration_ms", _NUM, False, "the same inside the profiling window"),
-    Field("ddp", (dict,), False, "DDP settings (bucket_cap_bytes, gradient_as_bucket_view, ...)"),
-    Field("optimizer", (dict,), False, "optimizer class and state_bytes (rank 0)"),
-    Field("comm_calibration", (dict,), False, "median_us of a one-element allreduce (slowest rank)"),
-    Field("cpu_placement", (dict,), False, "node -> affinity, machine, count, threads"),
-    Field("layers", (dict,), False, "parameter name -> its layer (the unit activation checkpointing takes)"),
-    Field("torch_kineto", (dict,), False, "reader options: host_gaps (fold|keep), profiler_overhead"),
-    Field("peak_memory_bytes", (dict,), False, "node -> peak bytes measured another way"),
-    Field("alignment", (dict,), False, "clock offsets: offsets_us (node -> us); also 'aligned'"),
-    Field("offsets_us", (dict,), False, "clock offsets (node -> us); also 'offsets'"),
-    Field("kineto_plain", (dict,), False, "plain torch.profiler input: ranks_present, world_size"),
-    Field("notes", (list,), False, "lines the commands print about the trace"),
-)
+EXTRA_FIELDS = _table("""
+collector                       str     optional  the collector that wrote the folder (dpro_torch, dpro_tf, ...)
+run_id                          str     optional  id of the run (ranks of one job agree on it)
+measured_iteration_ms           number  optional  the job's iteration time without the profiler (slowest rank)
+measured_iteration_ms_per_node  dict    optional  node -> its iteration time without the profiler
+profiled_iteration_ms           number  optional  the same inside the profiling window
+ddp                             dict    optional  DDP settings (bucket_cap_bytes, gradient_as_bucket_view, ...)
+optimizer                       dict    optional  optimizer class and state_bytes (rank 0)
+comm_calibration                dict    optional  median_us of a one-element allreduce (slowest rank)
+cpu_placement                   dict    optional  node -> affinity, machine, count, threads
+layers                          dict    optional  parameter name -> its layer (the unit activation checkpointing takes)
+torch_kineto                    dict    optional  reader options: host_gaps (fold|keep), profiler_overhead
+peak_memory_bytes               dict    optional  node -> peak bytes measured another way
+alignment                       dict    optional  clock offsets: offsets_us (node -> us); also 'aligned'
+offsets_us                      dict    optional  clock offsets (node -> us); also 'offsets'
+kineto_plain                    dict    optional  plain torch.profiler input: ranks_present, world_size
+notes                           list    optional  lines the commands print about the trace
+""")
 #: how the torch-kineto reader removes the profiler's cost (``extra.torch_kineto.profiler_overhead``)
 OVERHEAD_MODES = ("window", "calibrated", "keep")
 #: whether it charges host time between ops to the next op (``extra.torch_kineto.host_gaps``)

@@ -77,7 +77,8 @@ def _free_port() -> int:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(COLLECTOR), str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(COLLECTOR), str(ROOT / "collectors" / "common"), str(ROOT),
+                                         env.get("PYTHONPATH", "")])
     return env
 
 

@@ -1,4 +1,4 @@
-"""Every dpro_kit module says what it exports: ``__all__`` exists and names things the module has.
+"""Every dpro_kit (and dpro_collect) module says what it exports: ``__all__`` exists and names things the module has.
 
 (``python -m`` entry points, ``__main__.py``, run the CLI on import and are not modules to import.)
 """
@@ -10,9 +10,12 @@ import pkgutil
 import pytest
 
 import dpro_kit
+import dpro_collect   # the collectors' shared package (dpro_kit puts collectors/common on sys.path)
 
 MODULES = sorted(m.name for m in pkgutil.walk_packages(dpro_kit.__path__, "dpro_kit.")
                  if not m.name.endswith("__main__"))
+COLLECT_MODULES = sorted(m.name for m in pkgutil.walk_packages(dpro_collect.__path__, "dpro_collect.")
+                         if not m.name.startswith("dpro_collect.autoload"))   # a sitecustomize, not a module
 
 
 def test_the_walk_finds_the_package():
@@ -20,7 +23,7 @@ def test_the_walk_finds_the_package():
             "dpro_kit.graph.schemes", "dpro_kit.replay.rules"} <= set(MODULES)
 
 
-@pytest.mark.parametrize("name", ["dpro_kit", *MODULES])
+@pytest.mark.parametrize("name", ["dpro_kit", *MODULES, "dpro_collect", *COLLECT_MODULES])
 def test_module_defines_all_and_its_names_exist(name):
     mod = importlib.import_module(name)
     names = getattr(mod, "__all__", None)

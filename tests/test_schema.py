@@ -27,13 +27,15 @@ TWOHOST = ROOT / "examples" / "traces" / "ddp-2host-1000mbit"
 
 
 def test_importing_the_schema_loads_only_the_standard_library():
-    """What a collector in a framework environment without dpro-kit's dependencies imports."""
+    """dpro_kit.schema needs nothing but the standard library and dpro_collect (collectors/common), which
+    dpro_kit finds beside it in a checkout (tests/test_collector_imports.py: what collectors import)."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import dpro_kit.schema; "
             "mods = [m for m in sys.modules if not m.startswith('_') and m.split('.')[0] not in sys.stdlib_module_names]; "
             "print(sorted(mods))")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(ROOT)], capture_output=True, text=True,
                          check=True).stdout
-    assert sorted(eval(out)) == ["dpro_kit", "dpro_kit.errors", "dpro_kit.schema"]   # noqa: S307 (our own output)
+    assert sorted(eval(out)) == ["dpro_collect", "dpro_collect.errors", "dpro_collect.files",   # noqa: S307 (our output)
+                                 "dpro_collect.schema", "dpro_kit", "dpro_kit.errors", "dpro_kit.schema"]
 
 
 def test_collector_uses_the_schema_definitions():

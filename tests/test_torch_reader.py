@@ -323,9 +323,10 @@ def test_reader_errors(tmp_path):
 def _profile_env(out: Path, steps: str, **extra: str) -> dict[str, str]:
     """What `dpro profile` / `python -m dpro_torch.launch` set up (written out here on purpose)."""
     env = dict(os.environ)
-    autoload = COLLECTOR / "dpro_torch" / "autoload"
-    env.update(DPRO_OUT=str(out), DPRO_STEPS=steps, DPRO_HOST="testhost", DPRO_QUIET="1",
-               PYTHONPATH=os.pathsep.join([str(autoload), str(COLLECTOR)] + [env.get("PYTHONPATH", "")]),
+    common = ROOT / "collectors" / "common"
+    env.update(DPRO_OUT=str(out), DPRO_STEPS=steps, DPRO_HOST="testhost", DPRO_QUIET="1", DPRO_COLLECTOR="dpro_torch",
+               PYTHONPATH=os.pathsep.join([str(common / "dpro_collect" / "autoload"), str(common), str(COLLECTOR)]
+                                          + [env.get("PYTHONPATH", "")]),
                **extra)
     return env
 
@@ -427,7 +428,7 @@ def test_sigterm_inside_the_window_flushes(tmp_path):
 
 RECORDER_JOB = r"""
 import sys, torch
-sys.path.insert(0, sys.argv[2])
+sys.path[:0] = sys.argv[2:4]          # collectors/torch and collectors/common (dpro_collect), as from a checkout
 from dpro_torch import Recorder
 torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
@@ -450,8 +451,8 @@ def test_recorder_api_custom_loop(tmp_path):
     script.write_text(RECORDER_JOB)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPRO_")}
     env["DPRO_QUIET"] = "1"
-    proc = subprocess.run([PY, str(script), str(out), str(COLLECTOR)], env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([PY, str(script), str(out), str(COLLECTOR), str(ROOT / "collectors" / "common")], env=env,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta = json.loads((out / "box" / "0" / "meta.json").read_text())
     assert meta["window"]["counting"] == "Recorder.step" and meta["window"]["profiled_steps"] == [2, 3, 4]

@@ -1,7 +1,8 @@
 """``dpro profile``: run a training command with a collector switched on through the environment.
 
 The job is not changed: the collector (``collectors/torch``: dpro_torch, ``collectors/tf``:
-dpro_tf) is imported by every Python process the command starts, records the profiled
+dpro_tf, ``collectors/mxnet``: dpro_mxnet; with their shared ``collectors/common``: dpro_collect)
+is imported by every Python process the command starts, records the profiled
 steps into ``--out`` and writes the manifest when all ranks are in.  On a multi-host job
 every host runs its own ``dpro profile`` (each a launcher like a user's); the ranks agree
 on one run id through the job's c10d store.
@@ -64,13 +65,14 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, s
 
     if framework != "torch":   # the other collectors: launch.profile_env + manifest (dpro_kit/collectors.py)
         return _profile_collector(framework, out, steps, host, as_json, command)
-    from dpro_torch.launch import profile_env
-    from dpro_torch.recorder import parse_steps
+    from ..collectors import import_collector
 
+    launch, manifest = import_collector("torch", "launch"), import_collector("torch", "manifest")
     try:
-        parse_steps(steps)
+        env = launch.profile_env(str(out), steps, host or os.environ.get("DPRO_HOST"), memory=memory, ring=ring,
+                                 shapes=shapes)
     except ValueError as exc:
-        raise DproError(f"--steps {steps!r}: {exc}", hint="use A:B with 1 <= A < B, e.g. 10:15") from None
+        raise DproError(f"--steps {steps!r}: {exc}", hint="use A:B, e.g. 10:15") from None
     cmd = list(command[1:] if command[:1] == ("--",) else command)
     if not cmd:
         raise DproError("no command given", hint="put the training command after --")
@@ -80,8 +82,6 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, s
     out.mkdir(parents=True, exist_ok=True)
     import time
     t_launch = time.time() - 1.0  # meta.json newer than this are this launch's (1 s: mtime granularity)
-    env = profile_env(str(out), steps, host or os.environ.get("DPRO_HOST"), memory=memory, ring=ring,
-                      shapes=shapes)
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:
@@ -94,7 +94,7 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, s
     finally:
         for sig, old in forwarded.items():
             signal.signal(sig, old)
-    from dpro_torch.manifest import find_metas, try_write_manifest
+    find_metas, try_write_manifest = manifest.find_metas, manifest.try_write_manifest
     # this launcher's ranks: the meta.json written since it started (their run id is the job's,
     # agreed through the job's c10d store, so it can differ from this launcher's DPRO_RUN_ID)
     mine = [d for p, d in find_metas(out) if p.stat().st_mtime >= t_launch
@@ -139,7 +139,7 @@ def _profile_collector(framework: str, out: Path, steps: str, host: str | None, 
     try:
         env = launch.profile_env(str(out), steps, host or os.environ.get("DPRO_HOST"))
     except ValueError as exc:
-        raise DproError(f"--steps {steps!r}: {exc}", hint="use A:B with 1 <= A < B, e.g. 10:15") from None
+        raise DproError(f"--steps {steps!r}: {exc}", hint="use A:B, e.g. 10:15") from None
     out.mkdir(parents=True, exist_ok=True)
     import time
     t_launch = time.time() - 1.0   # meta.json newer than this are this launch's (1 s: mtime granularity)

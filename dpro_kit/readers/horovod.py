@@ -50,13 +50,14 @@ from typing import Any
 import pandas as pd
 
 from ..errors import TraceFormatError
+from ..schema import HOROVOD_RAW_FORMAT
 from ..trace import Manifest, NodeTrace, OpKind, make_events
 from . import kineto as K
 from . import torch_kineto as TK
 
 __all__ = ["FORMAT", "read_node", "load_timeline", "responses", "summarize", "TensorRecord", "Response"]
 
-FORMAT = "horovod-torch"
+FORMAT = HOROVOD_RAW_FORMAT
 TIMELINE_FILE = "horovod_timeline.json"
 STREAM = "hvd"            # Horovod's background thread on each rank
 MEMCPY_IN = "MEMCPY_IN_FUSION_BUFFER"

@@ -208,17 +208,13 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
 
 def discover(trace_dir: Path) -> Manifest | None:
     """The manifest of a folder of dpro_tf ``meta.json`` without ``manifest.json`` (built in memory)."""
-    import sys
-    try:
-        from dpro_tf.manifest import manifest_from_dir  # stdlib-only module of the collector
-    except ImportError:
-        here = Path(__file__).resolve().parents[2] / "collectors" / "tf"
-        if not here.is_dir():
-            return None
-        sys.path.append(str(here))
-        from dpro_tf.manifest import manifest_from_dir
+    from ..collectors import import_collector
     from ..errors import DproError
-    doc, err = manifest_from_dir(trace_dir)
+    try:
+        manifest = import_collector("tensorflow", "manifest")   # stdlib-only module of the collector
+    except ImportError:
+        return None
+    doc, err = manifest.manifest_from_dir(trace_dir)
     if doc is None and err is None:
         return None
     if err:

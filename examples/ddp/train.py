@@ -350,7 +350,7 @@ def _plan_api():
         from dpro_torch import plan
     except ImportError:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        sys.path[:0] = [os.path.join(root, "collectors", "torch"), root]
+        sys.path[:0] = [os.path.join(root, "collectors", "torch"), os.path.join(root, "collectors", "common")]
         from dpro_torch import plan
     return plan
 
@@ -358,7 +358,7 @@ def _plan_api():
 def check_plan(args: argparse.Namespace) -> None:
     """Fail before any rank starts on a missing/invalid plan or one made for another model."""
     api = _plan_api()
-    from dpro_kit.errors import DproError
+    from dpro_collect.errors import DproError
     try:
         api.plan_groups(args.plan, build(args.model, 1, torch.device("cpu"))[0])
     except DproError as exc:

@@ -27,41 +27,23 @@ trace in our attempts, docs/ps.md); a worker (or a process without ``DMLC_ROLE``
 from __future__ import annotations
 
 import atexit
-import importlib.abc
-import importlib.util
 import json
 import os
 import socket
 import sys
 import time
 
-from . import META_FORMAT, META_VERSION
+from dpro_collect.auto import when_imported
+from dpro_collect.files import atomic_write_text
+from dpro_collect.launch import parse_steps
+from dpro_collect.schema import MXNET_META_FORMAT, MXNET_META_VERSION
 
 _STATE = {"hook": None, "recorder": None}
-
-
-def parse_steps(text: str) -> tuple[int, int]:
-    """``"A:B"`` -> ``(A, B)`` with ``1 <= A < B``; ValueError with the reason otherwise."""
-    try:
-        a, b = (int(x) for x in str(text).split(":"))
-    except ValueError:
-        raise ValueError(f"expected START:END, got {text!r}") from None
-    if not 1 <= a < b:
-        raise ValueError(f"need 1 <= START < END, got {a}:{b}")
-    return a, b
 
 
 def _log(msg: str) -> None:
     if os.environ.get("DPRO_QUIET") != "1":
         print(f"[dpro_mxnet] {msg}", file=sys.stderr, flush=True)
-
-
-def _atomic_write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _host() -> str:
@@ -85,16 +67,16 @@ def _ps_facts() -> dict:
 
 
 def _base_meta(role: str) -> dict:
-    return {"format": META_FORMAT, "version": META_VERSION, "role": role, "host": _host(), "run_id": _run_id(),
-            "pid": os.getpid(), "job": os.environ.get("DPRO_JOB") or os.path.basename(sys.argv[0] or "job"),
+    return {"format": MXNET_META_FORMAT, "version": MXNET_META_VERSION, "role": role, "host": _host(),
+            "run_id": _run_id(), "pid": os.getpid(), "job": os.environ.get("DPRO_JOB") or os.path.basename(sys.argv[0] or "job"),
             "started": time.time(), "ps": _ps_facts()}
 
 
 def write_server_meta() -> None:
     """A parameter server: its meta.json (host, pid, the job's PS facts) under ``DPRO_OUT/<host>/server-<pid>/``."""
     meta = _base_meta("server")
-    _atomic_write(os.path.join(os.environ["DPRO_OUT"], meta["host"], f"server-{os.getpid()}", "meta.json"),
-                  json.dumps(meta, indent=1))
+    atomic_write_text(os.path.join(os.environ["DPRO_OUT"], meta["host"], f"server-{os.getpid()}", "meta.json"),
+                      json.dumps(meta, indent=1))
 
 
 class Recorder:
@@ -154,7 +136,7 @@ class Recorder:
                  mxnet_version=sys.modules["mxnet"].__version__ if "mxnet" in sys.modules else "?",
                  env={k: os.environ[k] for k in ("MXNET_EXEC_BULK_EXEC_TRAIN", "MXNET_CPU_WORKER_NTHREADS",
                                                  "OMP_NUM_THREADS", "MXNET_ENGINE_TYPE") if k in os.environ})
-        _atomic_write(os.path.join(self.dir, "meta.json"), json.dumps(m, indent=1))
+        atomic_write_text(os.path.join(self.dir, "meta.json"), json.dumps(m, indent=1))
 
     def install(self) -> None:
         from mxnet import gluon
@@ -178,36 +160,10 @@ def enable():
     """Start recording as the environment says (idempotent); returns the Recorder or None."""
     if _STATE["recorder"] is not None or not os.environ.get("DPRO_OUT"):
         return _STATE["recorder"]
-    rec = Recorder(os.environ["DPRO_OUT"], parse_steps(os.environ.get("DPRO_STEPS", "10:15")))
+    rec = Recorder(os.environ["DPRO_OUT"], parse_steps(os.environ.get("DPRO_STEPS", "10:15"), first=1))
     rec.install()
     _STATE["recorder"] = rec
     return rec
-
-
-class _MXImportHook(importlib.abc.MetaPathFinder):
-    """Runs :func:`enable` right after ``mxnet`` finished importing."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "mxnet":
-            return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        spec = importlib.util.find_spec("mxnet")
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        orig_exec = spec.loader.exec_module
-
-        def exec_module(module):
-            orig_exec(module)
-            try:
-                enable()
-            except Exception as exc:  # never break the user's job
-                _log(f"profiling disabled: {exc!r}")
-
-        spec.loader.exec_module = exec_module
-        return spec
 
 
 def install() -> None:
@@ -218,11 +174,8 @@ def install() -> None:
     if role == "server":
         write_server_meta()
     elif role == "worker":
-        if "mxnet" in sys.modules:
-            enable()
-        elif _STATE["hook"] is None:
-            _STATE["hook"] = _MXImportHook()
-            sys.meta_path.insert(0, _STATE["hook"])
+        if _STATE["hook"] is None:
+            _STATE["hook"] = when_imported("mxnet", enable, "dpro_mxnet")
 
 
-__all__ = ["enable", "install", "parse_steps", "Recorder", "write_server_meta"]
+__all__ = ["enable", "install", "Recorder", "write_server_meta"]

@@ -2,20 +2,17 @@
 
     python -m dpro_mxnet.launch --out DIR [--steps 10:15] [--host NAME] -- python train.py ...
 
-Sets ``DPRO_OUT``/``DPRO_STEPS``/``DPRO_HOST``/``DPRO_RUN_ID`` and prepends
-``dpro_mxnet/autoload`` to ``PYTHONPATH`` (what ``dpro profile --framework mxnet`` does).
+Sets ``DPRO_OUT``/``DPRO_STEPS``/``DPRO_HOST``/``DPRO_RUN_ID``/``DPRO_COLLECTOR`` and prepends
+the auto-load folder, ``collectors/common`` and ``collectors/mxnet`` to ``PYTHONPATH``
+(:func:`dpro_collect.launch.profile_env`; what ``dpro profile --framework mxnet`` does).
 Nothing else in the job's environment changes (a hybridized block stays bulked: docs/ps.md).
 """
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
-import uuid
-from pathlib import Path
 
-AUTOLOAD = Path(__file__).resolve().parent / "autoload"
+from dpro_collect import launch as _launch
+
 __all__ = ["profile_env", "main"]
 
 
@@ -28,38 +25,18 @@ def profile_env(out: str, steps: str = "10:15", host: str | None = None,
     out : str
         Trace directory.
     steps : str
-        ``START:END`` Trainer steps to profile.
+        ``START:END`` Trainer steps to profile (START >= 1: the window opens after step START-1).
     host : str, optional
         Host name for the folder layout.
     base : dict, optional
         Environment to start from (default: this process's).
     """
-    from .auto import parse_steps
-    parse_steps(steps)
-    env = dict(os.environ if base is None else base)
-    env["DPRO_OUT"] = str(Path(out).resolve())
-    env["DPRO_STEPS"] = steps
-    env.setdefault("DPRO_RUN_ID", uuid.uuid4().hex[:12])
-    if host:
-        env["DPRO_HOST"] = host
-    parts = [str(AUTOLOAD), str(AUTOLOAD.parent.parent)]
-    if env.get("PYTHONPATH"):
-        parts.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
+    return _launch.profile_env("dpro_mxnet", out, steps, host, base, first=1)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", default="10:15")
-    ap.add_argument("--host", default=None)
-    ap.add_argument("cmd", nargs=argparse.REMAINDER)
-    args = ap.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        ap.error("give the command to run after --")
-    return subprocess.call(cmd, env=profile_env(args.out, args.steps, args.host))
+    """``python -m dpro_mxnet.launch``: see the module docstring."""
+    return _launch.main(profile_env, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -14,23 +14,18 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from . import META_FORMAT, RAW_FORMAT
-from .auto import _atomic_write
+from dpro_collect import files
+from dpro_collect.files import atomic_write_text
+from dpro_collect.schema import MANIFEST_FORMAT, MANIFEST_VERSION, MXNET_META_FORMAT, MXNET_RAW_FORMAT
+
+from . import __version__
 
 __all__ = ["find_metas", "build_manifest", "try_write_manifest", "measured_iteration_us"]
 
 
 def find_metas(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     """Every dpro_mxnet ``meta.json`` under ``root/<host>/<node>/``."""
-    out = []
-    for p in sorted(Path(root).glob("*/*/meta.json")):
-        try:
-            doc = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get("format") == META_FORMAT:
-            out.append((p, doc))
-    return out
+    return files.find_metas(root, MXNET_META_FORMAT)
 
 
 def measured_iteration_us(meta: dict[str, Any], skip: int = 2) -> float | None:
@@ -71,9 +66,9 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
     known_p = [v for v in profiled.values() if v]
     kv = d0.get("kvstore") or {}
     return {
-        "format": "dpro-trace", "version": 1, "job": d0.get("job", "job"), "framework": "mxnet",
+        "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "job": d0.get("job", "job"), "framework": "mxnet",
         "comm_backend": "ps-lite", "world_size": len(workers), "nodes": nodes, "iterations": list(range(a, b)),
-        "raw_format": RAW_FORMAT, "tool_version": f"dpro_mxnet/0.1.0 mxnet/{d0.get('mxnet_version', '?')}",
+        "raw_format": MXNET_RAW_FORMAT, "tool_version": f"dpro_mxnet/{__version__} mxnet/{d0.get('mxnet_version', '?')}",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "extra": {"collector": "dpro_mxnet", "run_id": d0.get("run_id", ""), "strategy": "ps",
                   # ps-lite is a star over one interface per host: transfers queue on the hosts'
@@ -115,5 +110,5 @@ def try_write_manifest(root: str | os.PathLike, *, run_id: str | None = None) ->
     metas = [(p, d) for p, d in metas if d.get("run_id") == run_id]
     if not _complete(metas) or not any(d["role"] == "worker" for _, d in metas):
         return False
-    _atomic_write(str(root / "manifest.json"), json.dumps(build_manifest(root, metas), indent=2))
+    atomic_write_text(root / "manifest.json", json.dumps(build_manifest(root, metas), indent=2))
     return True

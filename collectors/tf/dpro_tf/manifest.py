@@ -13,24 +13,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dpro_kit.schema import MANIFEST_FORMAT, MANIFEST_VERSION, TF_META_FORMAT as META_FORMAT
-from dpro_kit.schema import TF_RAW_FORMAT as RAW_FORMAT
+from dpro_collect import files
+from dpro_collect.files import atomic_write_text
+from dpro_collect.schema import MANIFEST_FORMAT, MANIFEST_VERSION, TF_META_FORMAT
+from dpro_collect.schema import TF_RAW_FORMAT as RAW_FORMAT
 
-from .recorder import _atomic_write
+from . import __version__
+
 __all__ = ["find_metas", "build_manifest", "try_write_manifest", "manifest_from_dir", "RAW_FORMAT"]
 
 
 def find_metas(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     """Every dpro_tf ``meta.json`` under ``root/<host>/<task>/``."""
-    out = []
-    for p in sorted(Path(root).glob("*/*/meta.json")):
-        try:
-            doc = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get("format") == META_FORMAT:
-            out.append((p, doc))
-    return out
+    return files.find_metas(root, TF_META_FORMAT)
 
 
 def _expected_workers(doc: dict[str, Any]) -> int:
@@ -63,7 +58,7 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
         "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "job": d0.get("job", "job"), "framework": "tensorflow",
         "comm_backend": {"ps": "grpc-ps", "collective": "tf-collective"}.get(strategy, "none"),
         "world_size": len(workers), "nodes": nodes, "iterations": sorted(iters or []),
-        "raw_format": RAW_FORMAT, "tool_version": f"dpro_tf/0.1.0 tensorflow/{d0.get('tf_version', '?')}",
+        "raw_format": RAW_FORMAT, "tool_version": f"dpro_tf/{__version__} tensorflow/{d0.get('tf_version', '?')}",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "extra": {"collector": "dpro_tf", "run_id": d0.get("run_id", ""), "strategy": strategy,
                   "measured_iteration_ms": round(max(known) / 1e3, 4) if known else None,
@@ -104,5 +99,5 @@ def try_write_manifest(root: str | os.PathLike, *, run_id: str | None = None) ->
     metas = [(p, d) for p, d in find_metas(root) if run_id is None or d.get("run_id") == run_id]
     if not _complete(metas):
         return False
-    _atomic_write(root / "manifest.json", json.dumps(build_manifest(root, metas), indent=2))
+    atomic_write_text(root / "manifest.json", json.dumps(build_manifest(root, metas), indent=2))
     return True

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dpro_kit.schema import TF_META_FORMAT as META_FORMAT  # stdlib-only: one definition for collector and reader
-from dpro_kit.schema import TF_META_VERSION as META_VERSION
+from dpro_collect.files import atomic_write_text
+from dpro_collect.schema import TF_META_FORMAT, TF_META_VERSION
 
 #: op types that write a variable: the function that runs one is the training step
 UPDATE_TYPES = frozenset({"AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp",
@@ -48,12 +48,6 @@ def task_of_env() -> tuple[str, int, dict[str, Any]]:
         cfg = {}
     task = cfg.get("task") or {}
     return str(task.get("type") or "worker"), int(task.get("index") or 0), dict(cfg.get("cluster") or {})
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 class Recorder:
@@ -205,14 +199,14 @@ class Recorder:
         if not pbs:
             raise RuntimeError(f"the profiler wrote no .xplane.pb under {self.dir / 'xplane'}")
         ops_doc = X.convert(pbs[-1], steps=list(range(self.start, self.end)), window_ns=self.window_ns)
-        _atomic_write(self.dir / "tf_ops.json", json.dumps(ops_doc))
+        atomic_write_text(self.dir / "tf_ops.json", json.dumps(ops_doc))
         gdoc = G.export(self.step_fn)
-        _atomic_write(self.dir / "tf_graph.json", json.dumps(gdoc))
+        atomic_write_text(self.dir / "tf_graph.json", json.dumps(gdoc))
         unprof = self.durations_ns[2:] or self.durations_ns[1:]   # step 0 traces, step 1 may warm up
         prof = [b - a for a, b in self.window_ns]
         import tensorflow as tf
         meta = {
-            "format": META_FORMAT, "version": META_VERSION,
+            "format": TF_META_FORMAT, "version": TF_META_VERSION,
             "job": os.environ.get("DPRO_JOB") or Path(sys.argv[0] or "job").stem,
             "run_id": self.run_id(),
             "host": self.host, "task_type": self.task_type, "task_index": self.task_index,
@@ -229,7 +223,7 @@ class Recorder:
                       "xplane": pbs[-1].relative_to(self.dir).as_posix()},
             "tf_version": tf.__version__, "pid": os.getpid(),
         }
-        _atomic_write(self.dir / "meta.json", json.dumps(meta, indent=1))
+        atomic_write_text(self.dir / "meta.json", json.dumps(meta, indent=1))
         self.log(f"wrote {self.dir} ({len(ops_doc['ops'])} op executions, {len(gdoc['ops'])} graph ops)")
         from .manifest import try_write_manifest
         try_write_manifest(self.out, run_id=meta["run_id"])

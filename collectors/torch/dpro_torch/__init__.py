@@ -13,9 +13,13 @@ Two ways to use it:
   or ``with Recorder("traces/run1", steps=(10, 15)):`` around the training
   loop, where iterations are counted by ``optimizer.step()`` calls;
 
-* unmodified scripts: set ``DPRO_OUT`` (and optionally ``DPRO_STEPS="10:15"``,
-  ``DPRO_HOST``) and put ``dpro_torch/autoload`` on ``PYTHONPATH`` (``python -m
-  dpro_torch.launch`` does both); see :mod:`dpro_torch.auto`.
+* unmodified scripts: ``python -m dpro_torch.launch --out DIR -- CMD`` (or ``dpro profile``)
+  sets ``DPRO_OUT``, ``DPRO_STEPS``, ``DPRO_COLLECTOR=dpro_torch`` ... and puts the shared
+  auto-load (``collectors/common/dpro_collect/autoload``), ``collectors/common`` and
+  ``collectors/torch`` on ``PYTHONPATH``; see :mod:`dpro_torch.auto`.
+
+Imports only the standard library, :mod:`dpro_collect` and torch (never dpro_kit): it runs in
+the user's environment.
 
 Every rank writes ``DIR/<host>/<rank>/`` with the Kineto trace of the profiled
 steps and ``meta.json``; once every rank's ``meta.json`` is present,

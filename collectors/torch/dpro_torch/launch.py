@@ -2,59 +2,46 @@
 
     python -m dpro_torch.launch --out DIR [--steps 10:15] [--host NAME] -- python train.py ...
 
-Sets ``DPRO_OUT``/``DPRO_STEPS``/``DPRO_HOST`` and prepends
-``dpro_torch/autoload`` to ``PYTHONPATH`` (this is what ``dpro profile`` does),
-then runs the command and returns its exit code.  The command may be
-``torchrun ...`` or a script that spawns its own ranks.
+Sets ``DPRO_OUT``/``DPRO_STEPS``/``DPRO_HOST``/``DPRO_RUN_ID``/``DPRO_COLLECTOR`` and prepends
+the auto-load folder, ``collectors/common`` and ``collectors/torch`` to ``PYTHONPATH``
+(:func:`dpro_collect.launch.profile_env`; this is what ``dpro profile`` does), then runs the
+command and returns its exit code.  The command may be ``torchrun ...`` or a script that
+spawns its own ranks.
 """
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
-import uuid
-from pathlib import Path
 
-AUTOLOAD = Path(__file__).resolve().parent / "autoload"
+from dpro_collect import launch as _launch
+
+__all__ = ["profile_env", "main"]
 
 
 def profile_env(out: str, steps: str = "10:15", host: str | None = None,
                 base: dict[str, str] | None = None, memory: bool = False, ring: bool = False,
                 shapes: bool = False) -> dict[str, str]:
-    """The environment that profiles a PyTorch job launched with it."""
-    from .recorder import parse_steps
-    parse_steps(steps)
-    env = dict(os.environ if base is None else base)
-    env["DPRO_OUT"] = str(Path(out).resolve())
-    env["DPRO_STEPS"] = steps
-    env.setdefault("DPRO_RUN_ID", uuid.uuid4().hex[:12])  # groups this run's ranks for the manifest
-    if host:
-        env["DPRO_HOST"] = host
-    if memory:
-        env["DPRO_MEMORY"] = "1"
-    if ring:
-        env["DPRO_RING"] = "1"
-    if shapes:
-        env["DPRO_SHAPES"] = "1"
-    parts = [str(AUTOLOAD), str(AUTOLOAD.parent.parent)]
-    if env.get("PYTHONPATH"):
-        parts.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
+    """The environment that profiles a PyTorch job launched with it.
+
+    Parameters
+    ----------
+    out : str
+        Trace directory.
+    steps : str
+        ``START:END`` iterations to profile (0-based, counted by ``optimizer.step()``).
+    host : str, optional
+        Host name for the folder layout.
+    base : dict, optional
+        Environment to start from (default: this process's).
+    memory, ring, shapes : bool
+        ``DPRO_MEMORY``, ``DPRO_RING``, ``DPRO_SHAPES`` (``dpro profile --memory/--ring/--shapes``).
+    """
+    flags = {name: "1" for name, on in (("DPRO_MEMORY", memory), ("DPRO_RING", ring), ("DPRO_SHAPES", shapes)) if on}
+    return _launch.profile_env("dpro_torch", out, steps, host, base, flags=flags)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", default="10:15")
-    ap.add_argument("--host", default=None)
-    ap.add_argument("cmd", nargs=argparse.REMAINDER)
-    args = ap.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        ap.error("give the command to run after --")
-    return subprocess.call(cmd, env=profile_env(args.out, args.steps, args.host))
+    """``python -m dpro_torch.launch``: see the module docstring."""
+    return _launch.main(profile_env, __doc__, argv)
 
 
 if __name__ == "__main__":

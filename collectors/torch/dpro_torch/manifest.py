@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import markers as M
-from dpro_kit.errors import atomic_write_text as _atomic_write  # one atomic writer for the distribution
-from dpro_kit.schema import MANIFEST_FORMAT, MANIFEST_VERSION, TORCH_RAW_FORMAT  # one definition, shared with readers
+from dpro_collect import files
+from dpro_collect.files import atomic_write_text as _atomic_write
+from dpro_collect.schema import HOROVOD_RAW_FORMAT, MANIFEST_FORMAT, MANIFEST_VERSION, TORCH_META_FORMAT
+from dpro_collect.schema import TORCH_RAW_FORMAT as RAW_FORMAT
 
-RAW_FORMAT = TORCH_RAW_FORMAT
-HOROVOD_RAW_FORMAT = "horovod-torch"   # a Horovod rank: Kineto + the rank's Horovod timeline
 HOROVOD_DEFAULTS = {"fusion_threshold_bytes": 128 * 1024 * 1024, "cycle_time_ms": 1.0}   # Horovod 0.28.1
 
 
@@ -44,15 +43,8 @@ def horovod_settings(hvd: dict[str, Any]) -> dict[str, Any]:
 
 
 def find_metas(root: Path) -> list[tuple[Path, dict[str, Any]]]:
-    out = []
-    for p in sorted(root.glob("*/*/meta.json")):
-        try:
-            doc = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get("format") == M.META_FORMAT:
-            out.append((p, doc))
-    return out
+    """Every dpro_torch ``meta.json`` under ``root/<host>/<rank>/``."""
+    return files.find_metas(root, TORCH_META_FORMAT)
 
 
 def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:

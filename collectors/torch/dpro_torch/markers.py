@@ -1,15 +1,15 @@
 """Names of the ``record_function`` ranges the collector inserts into the Kineto trace.
 
-One definition, shared with the reader: :mod:`dpro_kit.schema` (standard library only)
-holds the marker names and the ``meta.json`` format and version; this module gives them
-the collector's short names.  The reader (``dpro_kit.readers.torch_kineto``) classifies
+One definition, shared with the reader: :mod:`dpro_collect.schema` (standard library
+only; :mod:`dpro_kit.schema` re-exports it) holds the marker names and the ``meta.json``
+format and version; this module gives them the collector's short names.  The reader (``dpro_kit.readers.torch_kineto``) classifies
 ops by which of these ranges they fall in; it never guesses an op's role from the op's own
 name.  All markers live in the ``dpro::`` namespace, which no framework op uses; the
 collector also writes them into ``meta.json`` (``markers``).
 """
-from dpro_kit.schema import MARKER_PREFIX, MARKERS, PHASE_MARKERS, TORCH_META_FORMAT, TORCH_META_VERSION
+from dpro_collect.schema import MARKER_PREFIX, MARKERS, PHASE_MARKERS, TORCH_META_FORMAT, TORCH_META_VERSION
 
-#: Written into meta.json; bump (in dpro_kit/schema.py) on an incompatible change of meta.json or the markers.
+#: Written into meta.json; bump (in dpro_collect/schema.py) on an incompatible change of meta.json or the markers.
 META_FORMAT = TORCH_META_FORMAT
 META_VERSION = TORCH_META_VERSION
 
@@ -27,4 +27,5 @@ PHASES = {MARKERS[role]: kind for role, kind in PHASE_MARKERS.items()}
 
 
 def as_dict() -> dict:
+    """Marker role -> range name (``meta.json`` ``markers``)."""
     return dict(MARKERS)

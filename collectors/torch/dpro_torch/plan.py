@@ -2,7 +2,8 @@
 
 A plan names tensor groups — lists of parameter names, in reduction order, each
 reduced as one collective or as ``partitions`` collectives of ``partition_bytes``
-— and a DDP ``bucket_cap_mb`` with an ``exact`` flag (``dpro_kit.optimize.plan``).
+— and a DDP ``bucket_cap_mb`` with an ``exact`` flag (``dpro_kit.optimize.plan`` writes it,
+in the format of ``dpro_collect.plan``).
 DDP can express the groups in two ways, and :func:`apply_plan` says which it used:
 
 * **bucket cap** — when the plan says ``exact`` (DDP's own size-based bucketing
@@ -32,7 +33,7 @@ Usage (each rank)::
 
 or ``DistributedDataParallel(net, **ddp_kwargs("plan.json"), ...)`` then
 ``apply_plan(ddp, "plan.json")``.  Plans are JSON (never pickled or evaluated)
-and checked with :func:`dpro_kit.optimize.plan.validate_plan`; parameter names are
+and checked with :func:`dpro_collect.plan.validate_plan`; parameter names are
 checked against the model before anything is built.  Only the tensor groups and
 partitions are applied: op-fusion regions (``frameworks.torch_compile``) and memory
 choices (recomputation, gradient accumulation) change the model or the training loop,
@@ -52,7 +53,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from dpro_kit.errors import DproError
+from dpro_collect.errors import DproError
+from dpro_collect.plan import PLAN_FORMAT, PLAN_VERSION, validate_plan
 
 __all__ = ["AppliedPlan", "PlanGroup", "PlanHookState", "apply_plan", "ddp_kwargs", "load_plan", "plan_groups",
            "ddp_buckets", "cap_bytes_of", "HOOK_BUCKET_CAP_MB"]
@@ -74,7 +76,6 @@ def load_plan(plan: PlanLike) -> tuple[dict[str, Any], str]:
     possibly by another dpro version; a wrong file must fail at start-up with
     the file and the field named, not as a hang inside a collective.
     """
-    from dpro_kit.optimize.plan import PLAN_FORMAT, PLAN_VERSION, validate_plan
     if isinstance(plan, dict):
         doc, where = plan, "plan"
     elif isinstance(plan, (str, Path)):

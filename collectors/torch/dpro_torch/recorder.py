@@ -58,7 +58,7 @@ import torch
 
 from . import hvd as H
 from . import markers as M
-from dpro_kit.errors import atomic_write_text as _atomic_write  # one atomic writer for the distribution
+from dpro_collect.files import atomic_write_text as _atomic_write
 
 _ACTIVE: "Recorder | None" = None
 _DDPS: list[weakref.ref] = []       # every DDP module constructed since the DDP patch was installed
@@ -145,17 +145,6 @@ class _Calibration:
                 "plain_ns": self.plain_ns, "profiled_ns": self.profiled_ns,
                 "method": "torch._foreach_add_ over one-element tensors; per event = (min profiled - min plain) "
                           "/ events recorded per call inside the marker"}
-
-
-def parse_steps(text: str) -> tuple[int, int]:
-    """``"10:15"`` -> (10, 15): profile iterations 10..14 (0-based, end exclusive)."""
-    try:
-        a, b = (int(x) for x in str(text).split(":"))
-    except ValueError:
-        raise ValueError(f"DPRO_STEPS must look like START:END (e.g. 10:15), got {text!r}") from None
-    if a < 0 or b <= a:
-        raise ValueError(f"DPRO_STEPS {text!r}: need 0 <= START < END")
-    return a, b
 
 
 # --------------------------------------------------------------------------- global patches
