@@ -72,7 +72,7 @@ def profile(out: Path, steps: str, host: str | None, memory: bool, ring: bool, s
         env = launch.profile_env(str(out), steps, host or os.environ.get("DPRO_HOST"), memory=memory, ring=ring,
                                  shapes=shapes)
     except ValueError as exc:
-        raise DproError(f"--steps {steps!r}: {exc}", hint="use A:B, e.g. 10:15") from None
+        raise DproError(f"--steps {steps!r}: {exc}", hint="profile steps START..END-1: --steps START:END") from None
     cmd = list(command[1:] if command[:1] == ("--",) else command)
     if not cmd:
         raise DproError("no command given", hint="put the training command after --")
@@ -139,7 +139,7 @@ def _profile_collector(framework: str, out: Path, steps: str, host: str | None, 
     try:
         env = launch.profile_env(str(out), steps, host or os.environ.get("DPRO_HOST"))
     except ValueError as exc:
-        raise DproError(f"--steps {steps!r}: {exc}", hint="use A:B, e.g. 10:15") from None
+        raise DproError(f"--steps {steps!r}: {exc}", hint="profile steps START..END-1: --steps START:END") from None
     out.mkdir(parents=True, exist_ok=True)
     import time
     t_launch = time.time() - 1.0   # meta.json newer than this are this launch's (1 s: mtime granularity)

@@ -49,7 +49,7 @@ def parse_steps(text: str, first: int = 0) -> tuple[int, int]:
     try:
         a, b = (int(x) for x in str(text).split(":"))
     except ValueError:
-        raise ValueError(f"expected START:END (e.g. 10:15), got {text!r}") from None
+        raise ValueError(f"expected START:END, e.g. 10:15; got {text!r}") from None
     if not first <= a < b:
         raise ValueError(f"need {first} <= START < END, got {a}:{b}")
     return a, b
@@ -122,7 +122,7 @@ def main(make_env: Callable[..., dict[str, str]], doc: str, argv: list[str] | No
     ----------
     make_env : callable
         The collector's ``profile_env(out, steps, host)``.
-    doc : str
+    doc : str or None
         The launcher's docstring (its first paragraph is the ``--help`` description).
     argv : list of str, optional
         Arguments (default ``sys.argv[1:]``).
@@ -132,7 +132,7 @@ def main(make_env: Callable[..., dict[str, str]], doc: str, argv: list[str] | No
     int
         The command's exit code.
     """
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", default="10:15")
     ap.add_argument("--host", default=None)
