@@ -146,3 +146,31 @@ def test_profile_env_puts_common_and_the_collector_on_pythonpath(tmp_path):
         assert parts == [str(COLLECTORS / "common" / "dpro_collect" / "autoload"), str(COLLECTORS / "common"),
                          str(COLLECTORS / folder), "/x"], fw
         assert env["DPRO_COLLECTOR"] == pkg and env["DPRO_STEPS"] == "2:4"
+
+
+def test_installed_layout_keeps_dpro_kits_site_packages_off_the_jobs_path(bare_python, tmp_path):
+    """dpro-kit installed (not a checkout): dpro_collect and dpro_mxnet sit in a site-packages
+    beside dpro-kit's numpy.  The job's PYTHONPATH must reach the two packages and nothing else
+    there (else that numpy shadows the one the MXNet venv needs); it is a folder of links."""
+    import shutil
+    site = tmp_path / "site-packages"
+    shutil.copytree(COLLECTORS / "common" / "dpro_collect", site / "dpro_collect")
+    shutil.copytree(COLLECTORS / "mxnet" / "dpro_mxnet", site / "dpro_mxnet")
+    (site / "numpy").mkdir()
+    (site / "numpy" / "__init__.py").write_text("raise ImportError('dpro-kit site-packages numpy leaked')\n")
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(site), "DPRO_CACHE": str(tmp_path / "cache")}
+    code = ("import json, os; from dpro_collect.launch import profile_env; "
+            "print(json.dumps(profile_env('dpro_mxnet', 'out', '3:5', base={})['PYTHONPATH']))")
+    for _ in range(2):                        # made once, then reused
+        r = subprocess.run([bare_python, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        path = json.loads(r.stdout)
+        parts = path.split(os.pathsep)
+        assert str(site) not in parts and parts[0] == str(site / "dpro_collect" / "autoload"), parts
+        links = Path(parts[1])
+        assert sorted(p.name for p in links.iterdir()) == ["dpro_collect", "dpro_mxnet"]
+        assert str(links).startswith(str(tmp_path / "cache"))
+    r = subprocess.run([bare_python, "-c", "import dpro_mxnet.auto, dpro_collect.files, importlib.util as u; "
+                        "print(u.find_spec('numpy') is None)"], env={"PYTHONPATH": path}, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr

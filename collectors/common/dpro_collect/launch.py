@@ -12,14 +12,19 @@ Every collector's ``launch.py`` (``python -m dpro_<fw>.launch --out DIR -- CMD``
 ``PYTHONPATH``     first ``collectors/common/dpro_collect/autoload`` (its ``sitecustomize.py``),
                    ``collectors/common`` and ``collectors/<fw>``: the job imports the collector
                    from there, in its own environment, where dpro-kit need not be installed
+                   (installed dpro-kit: a folder of links to the two packages, never
+                   dpro-kit's site-packages; :func:`collector_path`)
 =================  ====================================================================
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -71,8 +76,42 @@ def collector_path(package: str) -> list[str]:
     """
     here = Path(__file__).resolve().parent
     pkg = Path(importlib.import_module(package).__file__).resolve().parent
-    parts = [str(AUTOLOAD), str(here.parent), str(pkg.parent)]
+    if here.parent.parent.name == "collectors" and pkg.parent.parent.name == "collectors":
+        parts = [str(AUTOLOAD), str(here.parent), str(pkg.parent)]       # a checkout: collectors/<x>
+    else:
+        # installed: both packages sit in dpro-kit's own site-packages, which must not reach the
+        # job's PYTHONPATH (its numpy, torch ... would shadow the job's environment's, e.g. the
+        # numpy<1.24 MXNet needs); the job gets a folder holding links to the two packages only
+        parts = [str(AUTOLOAD), str(_isolated_folder([here, pkg]))]
     return list(dict.fromkeys(parts))
+
+
+def _isolated_folder(packages: list[Path]) -> Path:
+    """A folder holding only symbolic links to ``packages`` (made once, atomically, then reused).
+
+    Under ``$DPRO_CACHE/pythonpath/`` (default ``~/.cache/dpro-kit``), named by a hash of the
+    packages' paths, so every launcher of one installation shares it.
+    """
+    cache = Path(os.environ.get("DPRO_CACHE") or Path.home() / ".cache" / "dpro-kit") / "pythonpath"
+    dest = cache / hashlib.sha256("\n".join(map(str, packages)).encode()).hexdigest()[:12]
+
+    def complete() -> bool:
+        return all((dest / p.name).resolve() == p for p in packages)
+
+    if complete():
+        return dest
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".tmp."))
+    tmp.chmod(0o755)                   # mkdtemp makes it 0700; a job may run as another user
+    for p in packages:
+        (tmp / p.name).symlink_to(p, target_is_directory=True)
+    try:
+        os.rename(tmp, dest)
+    except OSError:                    # another launcher made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not complete():
+            raise
+    return dest
 
 
 def profile_env(package: str, out: str, steps: str = "10:15", host: str | None = None,
