@@ -57,11 +57,28 @@ def run(args, work: Path, model: str, rate: float | None, *, profile: Path | Non
         r = run_job(argv, hosts=2, ranks_per_host=None, rate_mbit=rate, cluster=True, env=env,
                     cpus_per_host=args.cpus_per_host, profile=profile,
                     steps=f"{args.prof_start}:{args.prof_start + args.prof_steps}", log=log,
-                    timeout=args.job_timeout, prefix="horovod")
+                    timeout=args.job_timeout, prefix=args.prefix)
     if not times.exists():
         print(f"  job failed ({tag}): codes {r.codes}; see {work / 'jobs.log'}", flush=True)
         return None
+    CPU_SHARE[tag] = cpu_share(times)
     return job_iteration_ms(times)
+
+
+#: tag -> the job's CPU time / wall time per iteration (median over iterations, busiest rank)
+CPU_SHARE: dict[str, float | None] = {}
+
+
+def cpu_share(times: Path) -> float | None:
+    """CPU seconds (all the rank's threads) per wall second of an iteration: the median over the
+    iterations, the busiest rank; near the host's CPU budget, the rank was CPU-bound (train.py's
+    ``iteration_cpu_s``; Horovod's ``synchronize`` spins while it waits, so this is high even when
+    the network is the bottleneck)."""
+    doc = json.loads(times.read_text())
+    cpu = doc.get("iteration_cpu_s") or {}
+    shares = [statistics.median(c / w for c, w in zip(cpu[r], ts) if w > 0)
+              for r, ts in doc["iteration_times_s"].items() if r in cpu]
+    return round(max(shares), 3) if shares else None
 
 
 def predict(trace: Path, fusion_mb: float | None = None, cycle_ms: float | None = None) -> float:
@@ -83,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--whatif-on", default="mlp-200",
                     help="MODEL-RATE configurations that also get the what-if rows ('' = none)")
     ap.add_argument("--job-timeout", type=float, default=300)
+    ap.add_argument("--prefix", default="hvp", help="name prefix of the emulated hosts' namespaces and cgroups")
     ap.add_argument("--json", default="", help="write every measurement here")
     ap.add_argument("--keep", default="", help="keep the profiled traces under this folder")
     ap.add_argument("--repredict", default="", help="run no job: re-predict the rows of this --json file "
@@ -112,10 +130,15 @@ def main(argv: list[str] | None = None) -> int:
                     if meas is None or not (trace / "manifest.json").exists():
                         continue
                     pred = predict(trace)
+                    man = json.loads((trace / "manifest.json").read_text())
                     rows.append({"round": rnd, "config": cfg, "what": "profiled config", "measured_ms": meas,
-                                 "predicted_ms": pred, "error": pred / meas - 1})
-                    print(f"round {rnd} {cfg}: measured {meas:.2f} ms, predicted {pred:.2f} ms "
-                          f"({(pred / meas - 1) * 100:+.1f} %)", flush=True)
+                                 "predicted_ms": pred, "error": pred / meas - 1,
+                                 "measured_cpu_share": CPU_SHARE.get(tag + "-m"),
+                                 # the profiled run's own unprofiled iterations (timeline on, profiler off)
+                                 "profiled_run_unprofiled_ms": man["extra"].get("measured_iteration_ms")})
+                    print(f"round {rnd} {cfg}: measured {meas:.2f} ms (CPU share {CPU_SHARE.get(tag + '-m')}), "
+                          f"predicted {pred:.2f} ms ({(pred / meas - 1) * 100:+.1f} %); the profiled run's "
+                          f"unprofiled iterations {man['extra'].get('measured_iteration_ms')} ms", flush=True)
                     for label, fmb, cms in (WHATIFS if f"{model}-{rate_s}" in args.whatif_on.split(",") else []):
                         knobs = {}
                         if fmb is not None:

@@ -76,7 +76,15 @@ def fit_from_trace(ts: Any) -> CommModel:
     if not comm.empty and (comm["phase"] == "push_pull").all():
         model = fit_ps_groups(comm, ts.manifest.world_size, max(1, len(ts.manifest.servers())))
         return calibrate_ps_by_replay(ts, model) if model.origin != "default" else model
-    return fit_from_events(ts.events, ts.manifest.world_size, ts.manifest.facts.collective_latency_us)
+    events = ts.events
+    if ts.manifest.raw_format == "horovod-torch":
+        # Horovod's timeline covers the whole run: the allreduces outside the profiler's window time the
+        # network without the profiler's slow-down (dpro_kit.readers.horovod.unprofiled_comm_events)
+        from .readers.horovod import unprofiled_comm_events
+        unprofiled = unprofiled_comm_events(ts)
+        if unprofiled is not None:
+            events = unprofiled
+    return fit_from_events(events, ts.manifest.world_size, ts.manifest.facts.collective_latency_us)
 
 
 def collective_latency_us(extra: dict[str, Any] | None) -> float | None:

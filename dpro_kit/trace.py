@@ -450,8 +450,11 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSe
     collectives = merge_collectives(raw_colls, manifest)
     memory = pd.concat(mem, ignore_index=True)[list(MEMORY_COLUMNS)] if mem else empty_memory()
     memory = memory.astype(MEMORY_COLUMNS)
-    return TraceSet(manifest=manifest, events=events, edges=edges, collectives=collectives, path=str(trace_dir),
-                    memory=memory)
+    ts = TraceSet(manifest=manifest, events=events, edges=edges, collectives=collectives, path=str(trace_dir),
+                  memory=memory)
+    from .readers import get_finisher
+    finish = get_finisher(manifest.raw_format)
+    return finish(ts) if finish is not None else ts
 
 
 def merge_collectives(raw: list[tuple[str, dict[str, Any], Path]], manifest: Manifest) -> list[Collective]:

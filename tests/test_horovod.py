@@ -185,3 +185,39 @@ def test_horovod_on_two_emulated_hosts_profiled(tmp_path):
     assert sorted(s.raw.manifest.nodes) == ["host0/0", "host1/1"]
     assert s.raw.manifest.raw_format == "horovod-torch" and s.raw.collectives
     assert s.iteration_time_ms() > 0
+
+
+@pytest.mark.slow
+def test_horovod_optimize_plan(hvd_trace, tmp_path):
+    """dpro optimize on a Horovod trace: the knob grid on the replayer -> HOROVOD_* in plan.json, export lines,
+    and hvd_launch --plan reads them back (a bad plan: one line, exit 2)."""
+    out = tmp_path / "plan.json"
+    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "optimize", str(hvd_trace), "-o", str(out),
+                        "--min-gain", "0"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(out.read_text())
+    hv = plan["frameworks"]["horovod"]
+    grid = hv["search"]["grid"]
+    assert hv["traced"] == {"HOROVOD_FUSION_THRESHOLD": 1 << 20, "HOROVOD_CYCLE_TIME": 1.0}
+    assert grid[0]["HOROVOD_FUSION_THRESHOLD"] == 1 << 20 and len(grid) > 50
+    from dpro_kit.optimize.knobs import TIE_TOLERANCE
+    assert plan["predicted"]["before_ms"] == grid[0]["predicted_ms"]
+    assert plan["predicted"]["after_ms"] <= min(g["predicted_ms"] for g in grid) * (1 + TIE_TOLERANCE)
+    assert hv["export"] == [f"export HOROVOD_FUSION_THRESHOLD={hv['HOROVOD_FUSION_THRESHOLD']}",
+                            f"export HOROVOD_CYCLE_TIME={hv['HOROVOD_CYCLE_TIME']:g}"]
+    assert not any(g["name"].endswith("-negotiate") for g in plan["tensor_groups"])
+    assert "Horovod: " in r.stdout
+    # the plan's what-if is what dpro replay predicts for the same knobs
+    from dpro_kit.optimize.horovod import evaluate
+    from dpro_kit.session import Session
+    s = Session(hvd_trace)
+    assert evaluate(s.graph_trace, s.comm_model, hv["HOROVOD_FUSION_THRESHOLD"], hv["HOROVOD_CYCLE_TIME"]) == \
+        pytest.approx(plan["predicted"]["after_ms"], abs=1e-3)
+    from dpro_torch.hvd_launch import plan_env
+    assert plan_env(str(out)) == {"HOROVOD_FUSION_THRESHOLD": str(hv["HOROVOD_FUSION_THRESHOLD"]),
+                                  "HOROVOD_CYCLE_TIME": f"{hv['HOROVOD_CYCLE_TIME']:g}"}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**plan, "frameworks": {**plan["frameworks"], "horovod": {}}}))
+    r = subprocess.run([sys.executable, "-m", "dpro_torch.hvd_launch", "--plan", str(bad), "--", "true"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and str(bad) in r.stderr

@@ -101,9 +101,10 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
     click.echo(f"predicted iteration time: {p['before_ms']:.3f} ms -> {p['after_ms']:.3f} ms "
                f"({p['speedup']:.3f}x), {len(plan['strategies'])} change(s), {result.steps} step(s), "
                f"{result.elapsed_s:.1f} s ({result.stopped})")
-    click.echo(f"tensor groups: {len(plan['tensor_groups'])}, op-fusion groups: {len(plan['op_fusion_groups'])}, "
-               f"DDP bucket_cap_mb={plan['frameworks']['pytorch_ddp']['bucket_cap_mb']:.6g} "
-               f"(exact: {plan['frameworks']['pytorch_ddp']['exact']})")
+    knob = any(plan["frameworks"][fw].get("export") for fw in ("horovod", "byteps"))
+    click.echo(f"tensor groups: {len(plan['tensor_groups'])}, op-fusion groups: {len(plan['op_fusion_groups'])}"
+               + ("" if knob else f", DDP bucket_cap_mb={plan['frameworks']['pytorch_ddp']['bucket_cap_mb']:.6g} "
+                                  f"(exact: {plan['frameworks']['pytorch_ddp']['exact']})"))
     ft = plan.get("fusion_timing") or {}
     if ft.get("timed"):
         click.echo(f"op-fusion times: {ft['timed']} group(s) timed with torch.compile (compiled/eager "
@@ -121,6 +122,11 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
         click.echo("transfer order (TicTac): " + ", ".join(f"{o} {v['iteration_ms']:.3f} ms" for o, v in
                                                           sch["predicted"].items())
                    + f"; recommended: {sch['recommended']}")
+    for fw, label in (("horovod", "Horovod"), ("byteps", "BytePS")):
+        sec = plan["frameworks"][fw]
+        if sec.get("export"):     # a knob pass's plan (dpro_kit.optimize.knobs)
+            click.echo(f"{label}: " + ("keep the traced settings; " if sec.get("keep_traced") else "")
+                       + "; ".join(sec["export"]) + f" ({sec['search']['evaluations']} settings replayed)")
     click.echo(f"plan written to {output}")
 
 

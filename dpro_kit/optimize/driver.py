@@ -16,6 +16,10 @@ What runs, in order (docs/optimizer.md):
    traced configuration;
 6. the plan (:func:`dpro_kit.optimize.plan.make_plan`).
 
+A trace that a knob pass applies to (a Horovod job: :mod:`dpro_kit.optimize.horovod`) gets
+that pass's plan instead: the framework's runtime settings, searched on the replayer
+(:mod:`dpro_kit.optimize.knobs`).
+
 References
 ----------
 .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for
@@ -329,6 +333,15 @@ def optimize(session: "Session", options: OptimizeOptions | None = None) -> Opti
         if why:
             raise DproError(f"--fusion-timing compile: {why}", path=trace,
                             hint="record the trace with `dpro profile --shapes`, or use --fusion-timing auto|model")
+    # knob passes (Horovod's fusion threshold and cycle time): the framework decides the tensor groups at run
+    # time from its settings, so the plan is those settings, searched on the replayer
+    from . import horovod  # noqa: F401  (registers the horovod_knobs pass)
+    from .passes import PASSES
+    for cls in PASSES.values():
+        if getattr(cls, "knobs", False):
+            knob_pass = cls()
+            if knob_pass.applies(session):
+                return knob_pass.optimize(session, o)
     base, initial, info = load_base(session)
     memory_model = MemoryModel(activation_bytes=o.activation_bytes or 0, optimizer_slots=o.optimizer_slots,
                                profile=info.pop("memory_profile", None))

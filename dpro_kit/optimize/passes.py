@@ -18,6 +18,9 @@ Register your own pass::
 
 or ship it in a package with the entry point group ``dpro_kit.passes``
 (``my_pass = "mypkg.passes:MyPass"``), or give ``dpro optimize --pass mypkg.passes:MyPass``.
+Knob passes (``knobs = True``, e.g. :class:`dpro_kit.optimize.horovod.HorovodKnobs`) set a
+framework's runtime settings by replaying what-ifs of the whole job; the driver runs them instead
+of the strategy search on the traces they apply to.
 A user pass is offered to the search through ``GraphPass.propose(state, base, critical_ops)``,
 which yields ``(args, reason)`` candidates; the search keeps a candidate when
 the replayed iteration time improves.
@@ -55,6 +58,11 @@ class GraphPass:
     name = "pass"
     #: True for memory passes (invoked only when the memory budget is exceeded)
     memory = False
+    #: True for knob passes: they set a framework's runtime settings (not a Strategy) and have
+    #: ``applies(session) -> bool`` and ``optimize(session, options) -> Optimized``, which
+    #: :func:`dpro_kit.optimize.driver.optimize` runs instead of the strategy search on the
+    #: traces they apply to (:class:`dpro_kit.optimize.horovod.HorovodKnobs`)
+    knobs = False
 
     def apply(self, state: Strategy, base: BaseJob, **args: Any) -> Strategy:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import TraceFormatError
-from ..trace import Manifest, NodeTrace
+from ..trace import Manifest, NodeTrace, TraceSet
 
 Reader = Callable[[Manifest, str, Path], NodeTrace]
 _READERS: dict[str, Reader] = {}
@@ -32,6 +32,22 @@ def get_reader(name: str, *, path: str | None = None) -> Reader:
         raise TraceFormatError(f"no reader for raw trace format {name!r}", path=path,
                                hint="known formats: " + ", ".join(sorted(_READERS)))
     return _READERS[name]
+
+
+#: A finisher completes a format's TraceSet once every node is read, for what one node's files
+#: cannot tell alone (``finisher(ts) -> TraceSet``); :func:`dpro_kit.trace.load_trace` calls it.
+Finisher = Callable[["TraceSet"], "TraceSet"]
+_FINISHERS: dict[str, Finisher] = {}
+
+
+def register_finisher(name: str, fn: Finisher) -> None:
+    """Run ``fn`` on every TraceSet of raw format ``name`` after its nodes are read."""
+    _FINISHERS[name] = fn
+
+
+def get_finisher(name: str) -> Finisher | None:
+    """The finisher registered for raw format ``name``, or None."""
+    return _FINISHERS.get(name)
 
 
 def available() -> list[str]:
@@ -76,6 +92,7 @@ register_reader("torch-kineto", torch_kineto.read_node)
 from . import horovod  # noqa: E402  (Horovod + PyTorch: Kineto + per-rank Horovod timelines)
 
 register_reader(horovod.FORMAT, horovod.read_node)
+register_finisher(horovod.FORMAT, horovod.finish)
 
 # plain torch.profiler folders (one Kineto JSON per rank); registered last: dpro's own folders keep
 # their richer readers (and kineto_plain skips any folder holding a dpro meta.json or manifest.json)
@@ -98,5 +115,5 @@ from . import mxnet as _mxnet  # noqa: E402
 register_reader(_mxnet.FORMAT, _mxnet.read_node)
 
 
-__all__ = ["available", "discover_manifest", "Discoverer", "get_reader", "Reader", "register_discoverer",
-           "register_reader"]
+__all__ = ["available", "discover_manifest", "Discoverer", "Finisher", "get_finisher", "get_reader", "Reader",
+           "register_discoverer", "register_finisher", "register_reader"]

@@ -27,10 +27,12 @@ writes one with the project's Horovod patch, ``patches/horovod``; stock Horovod 
   stream (Horovod's background thread), in this order: ``hvd:negotiate:<g>`` (the wait
   after every rank is ready - the cycle tick and the last messages: the smallest, over
   the profiled iterations, time from the later of (last gradient ready, previous group
-  finished) to the start of the fusion-buffer copy),
+  finished) to the start of the fusion-buffer copy; then the smallest over the ranks,
+  :func:`finish`),
   ``hvd:memcpy_in:<g>``, then the allreduce (the ``ring`` scheme's SEND/RECV steps
   between In and Out, timed by the comm model fitted to the ``GLOO_ALLREDUCE`` durations,
-  which are the group's COMM events), then ``hvd:memcpy_out:<g>``.  Edges: the op in which
+  which are the group's COMM events; the comm model is fitted to the allreduces outside the
+  profiled window instead, :func:`unprofiled_comm_events`), then ``hvd:memcpy_out:<g>``.  Edges: the op in which
   the group's last gradient became ready -> negotiation collective -> negotiate -> memcpy_in -> In; Out ->
   memcpy_out -> the waiting op; and memcpy_out of group g -> negotiate of group g+1 (one
   background thread runs the groups one after another).
@@ -55,7 +57,8 @@ from ..trace import Manifest, NodeTrace, OpKind, make_events
 from . import kineto as K
 from . import torch_kineto as TK
 
-__all__ = ["FORMAT", "read_node", "load_timeline", "responses", "summarize", "TensorRecord", "Response"]
+__all__ = ["FORMAT", "finish", "read_node", "load_timeline", "responses", "summarize", "TensorRecord", "Response",
+           "unprofiled_comm_events"]
 
 FORMAT = HOROVOD_RAW_FORMAT
 TIMELINE_FILE = "horovod_timeline.json"
@@ -233,6 +236,53 @@ def _job_grouping(meta: dict[str, Any], resp: list[Response], per_it: dict[int, 
     return groups, {it for it, rs in per_it.items() if tuple(r.tensors for r in rs) == tuple(groups)} or set(per_it)
 
 
+def unprofiled_comm_events(ts: Any) -> pd.DataFrame | None:
+    """COMM events of the allreduces Horovod ran *outside* the profiled window, for the comm model.
+
+    The profiler slows a rank inside its window, and Horovod's gloo allreduce runs on the
+    rank's CPU (the background thread; the training thread spins in ``synchronize`` beside
+    it), so the allreduces inside the window take longer than the job's (measured: mlp at
+    200 Mbit/s, 1 CPU per host: 292-298 ms inside the window, 109-182 ms around it).  The
+    timeline covers the whole run: every response of the unprofiled iterations (the first
+    two, start-up, left out; any fusion grouping, so several buffer sizes) becomes one event
+    (``tensor`` = its tensors, ``iteration`` = the step, ``bytes``, ``dur``).
+    :func:`dpro_kit.costmodel.fit_from_trace` fits the link model to these instead of the
+    window's (the alignment still uses the window's own events).
+
+    Parameters
+    ----------
+    ts : TraceSet
+        A trace of this format (``ts.path`` must be its directory).
+
+    Returns
+    -------
+    pandas.DataFrame or None
+        Events with the columns the fit reads; None when the trace has fewer than 3 such
+        responses (then the window's events are used).
+    """
+    if not ts.path:
+        return None
+    rows = []
+    for node in ts.manifest.workers():
+        ndir = Path(ts.path) / ts.manifest.node_dir(node)
+        meta = TK._load_meta(ndir)
+        pinfo = _bytes_of(meta)
+        tl_path = ndir / str((meta.get("horovod") or {}).get("timeline_file") or TIMELINE_FILE)
+        spans = [(int(s["step"]), float(s["end_time_ns"]) / 1e3 - float(s["dur_us"]), float(s["end_time_ns"]) / 1e3)
+                 for s in meta.get("steps") or [] if not s.get("profiled") and int(s.get("step", 0)) >= 2]
+        for r in responses(load_timeline(tl_path)):
+            step = next((k for k, a, b in spans if a <= r.start <= b), None)
+            if step is None or any(t not in pinfo for t in r.tensors):
+                continue
+            rows.append({"node": node, "host": ts.manifest.nodes[node].host, "iteration": step, "stream": "comm",
+                         "kind": OpKind.COMM.value, "op": "hvd:" + "+".join(r.tensors), "name": ALLREDUCE_ACTIVITY,
+                         "tensor": "hvd:" + "+".join(r.tensors), "bytes": sum(pinfo[t][1] for t in r.tensors),
+                         "start": r.allreduce[0], "dur": r.allreduce[1] - r.allreduce[0]})
+    if len(rows) < 3:
+        return None
+    return make_events(rows, path=str(ts.path))
+
+
 def _bytes_of(meta: dict[str, Any]) -> dict[str, tuple[int, int, str]]:
     """Horovod tensor name -> (parameter index, bytes, parameter name) from ``meta.json["horovod"]``."""
     hv = meta.get("horovod") or {}
@@ -358,6 +408,34 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     hvd_events = make_events(rows, path=str(tl_path))
     events = pd.concat([nt.events, hvd_events], ignore_index=True)
     return NodeTrace(events=events, edges=edges, collectives=collectives, memory=nt.memory)
+
+
+def finish(ts: Any) -> Any:
+    """The job's negotiation wait: per fusion group, the smallest of the ranks' ``hvd:negotiate`` waits.
+
+    :func:`read_node` measures a rank's wait from the later of (its own last gradient, the
+    previous group) to the fusion-buffer copy, the smallest over the profiled iterations.  A
+    rank that was never the last one ready still holds the others' lateness in it (their
+    backward passes ran slower), which the negotiation collective already models; the rank
+    that was last ready measured the wait proper.  So every rank gets the smallest over the
+    ranks (registered as this format's finisher: :func:`dpro_kit.trace.load_trace`).
+
+    Parameters
+    ----------
+    ts : TraceSet
+        A trace of this format, every node read.
+    """
+    ev = ts.events
+    neg = ev["op"].astype(str).str.startswith(f"{STREAM}:negotiate:")
+    if not neg.any():
+        return ts
+    ev = ev.copy()
+    smallest = ev[neg].groupby(["op", "iteration"], observed=True)["dur"].transform("min")
+    shift = ev.loc[neg, "dur"] - smallest
+    ev.loc[neg, "start"] = ev.loc[neg, "start"] + shift     # the op still ends at the copy's start
+    ev.loc[neg, "dur"] = smallest
+    from dataclasses import replace
+    return replace(ts, events=ev)
 
 
 #: what a Horovod timeline alone cannot tell (printed by :func:`summarize`)

@@ -79,9 +79,10 @@ def main(argv: list[str] | None = None) -> None:
               f"cycle_time_ms={os.environ.get('HOROVOD_CYCLE_TIME', 'default')} "
               f"autotune={os.environ.get('HOROVOD_AUTOTUNE', '0')} batch={args.batch_size} "
               f"threads={torch.get_num_threads()}", flush=True)
-    times = []
+    times, cpu, tune_log = [], [], []
+    tune_path = os.environ.get("HOROVOD_AUTOTUNE_LOG", "") if os.environ.get("HOROVOD_AUTOTUNE") == "1" else ""
     for it in range(args.warmup + args.iters):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         x, y = batch_fn()
         opt.zero_grad()   # Horovod 0.28 wraps zero_grad without set_to_none
         loss = loss_fn(net(x), y)
@@ -89,10 +90,14 @@ def main(argv: list[str] | None = None) -> None:
         opt.step()
         dt = time.perf_counter() - t0
         times.append(dt)
+        cpu.append(time.process_time() - c0)   # CPU time of all the process's threads (Horovod's too)
+        if tune_path and rank == 0:   # the autotuner's log grows by one line per sample and stops when it converged
+            tune_log.append(os.path.getsize(tune_path) if os.path.exists(tune_path) else 0)
         if rank == 0 and not args.quiet:
             print(f"{'warmup' if it < args.warmup else 'iter'} {it:4d} time_ms={dt * 1e3:.3f}", flush=True)
     measured = times[args.warmup:]
     all_times = hvd.allgather_object(measured)
+    all_cpu = hvd.allgather_object(cpu[args.warmup:])
     if rank == 0:
         per_iter_max = [max(ts[i] for ts in all_times) for i in range(len(measured))]
         med = statistics.median(measured)
@@ -108,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
                                    if k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE")},
                    "first_measured_iteration": args.warmup,
                    "iteration_times_s": {str(r): ts for r, ts in enumerate(all_times)},
+                   "iteration_cpu_s": {str(r): ts for r, ts in enumerate(all_cpu)},
+                   **({"autotune_log_bytes": tune_log[args.warmup:]} if tune_path else {}),
                    "median_iteration_s": med,
                    "median_slowest_rank_iteration_s": statistics.median(per_iter_max)}
             tmp = args.json_out + f".tmp{os.getpid()}"
