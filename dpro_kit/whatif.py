@@ -12,7 +12,9 @@ evidence), then transformed — see :func:`apply`.
   the ring (one more host per added rank, like the profiled placement);
 * :func:`with_bandwidth` — links of another line rate;
 * :func:`horovod_knobs` — a Horovod job (``readers/horovod.py``) with another fusion
-  threshold (``HOROVOD_FUSION_THRESHOLD``) and/or cycle time (``HOROVOD_CYCLE_TIME``).
+  threshold (``HOROVOD_FUSION_THRESHOLD``) and/or cycle time (``HOROVOD_CYCLE_TIME``);
+* :func:`byteps_partition_bytes` — a BytePS job (``readers/byteps.py``) with another
+  ``BYTEPS_PARTITION_BYTES``.
 """
 from __future__ import annotations
 
@@ -198,6 +200,8 @@ def scale_servers(ts: TraceSet, servers: int) -> TraceSet:
         if bound:
             from .readers.mxnet import partitions
             parts = partitions(key, c.bytes // 4, 4, names, int(bound))
+        elif _byteps_facts(ts) is not None and c.partitions and "key" in c.partitions[0]:
+            parts = _byteps_parts(ts, c, names[:servers], None)
         else:
             parts = [{"bytes": int(p["bytes"]), "server": names[j % servers]} for j, p in enumerate(c.partitions)]
         key += 1
@@ -206,6 +210,49 @@ def scale_servers(ts: TraceSet, servers: int) -> TraceSet:
     man = replace(m, nodes=nodes, extra={k: v for k, v in m.extra.items() if not k.startswith("measured_")})
     return replace(ts, manifest=man, events=events, collectives=colls,
                    edges={n: e for n, e in ts.edges.items() if n in nodes})
+
+
+def _byteps_facts(ts: TraceSet) -> dict[str, Any] | None:
+    """``manifest.extra["byteps"]`` of a BytePS trace (:mod:`dpro_kit.readers.byteps`), else None."""
+    bp = ts.manifest.extra.get("byteps") if isinstance(ts.manifest.extra, dict) else None
+    return bp if isinstance(bp, dict) else None
+
+
+def _byteps_parts(ts: TraceSet, c: Collective, servers: list[str], partition_bytes: int | None) -> list[dict]:
+    """``c``'s partitions as BytePS makes them (:func:`dpro_kit.readers.byteps.partitions`): its declared key
+    from the traced partition keys, the trace's partition size unless ``partition_bytes`` is given."""
+    from .readers.byteps import partitions
+    bp = _byteps_facts(ts) or {}
+    pb = int(partition_bytes if partition_bytes is not None else bp.get("partition_bytes", 4096000))
+    return partitions(int(c.partitions[0]["key"]) >> 16, c.bytes, pb, servers, str(bp.get("key_hash", "djb2")))
+
+
+def byteps_partition_bytes(ts: TraceSet, partition_bytes: int) -> TraceSet:
+    """The same BytePS job with ``BYTEPS_PARTITION_BYTES = partition_bytes``: every tensor re-partitioned
+    and its partitions placed on the servers by BytePS's key hash (:func:`dpro_kit.readers.byteps.partitions`).
+
+    Parameters
+    ----------
+    ts : TraceSet
+        A trace read by :mod:`dpro_kit.readers.byteps` (``manifest.extra["byteps"]``).
+    partition_bytes : int
+        The partition size (> 0; BytePS rounds it up to a whole page).
+
+    Raises
+    ------
+    DproError
+        Not a BytePS trace, or a size that is not positive.
+    """
+    if _byteps_facts(ts) is None:
+        raise DproError("--partition-bytes needs a BytePS trace (docs/byteps.md)", path=ts.path)
+    if partition_bytes <= 0:
+        raise DproError(f"partition size must be > 0 bytes, got {partition_bytes}")
+    servers = ts.manifest.servers()
+    colls = [replace(c, partitions=_byteps_parts(ts, c, servers, partition_bytes))
+             if c.partitions and "key" in c.partitions[0] else c for c in ts.collectives]
+    extra = {k: v for k, v in ts.manifest.extra.items() if not k.startswith("measured_")}
+    extra["byteps"] = {**extra["byteps"], "partition_bytes": int(partition_bytes)}
+    return replace(ts, manifest=replace(ts.manifest, extra=extra), collectives=colls)
 
 
 def with_bandwidth(model: CommModel, mbps: float, efficiency: float = TCP_EFFICIENCY) -> CommModel:
@@ -380,10 +427,13 @@ class WhatIf:
     cycle_time_ms: float | None = None
     #: parameter-server jobs: number of servers (:func:`scale_servers`)
     servers: int | None = None
+    #: BytePS: BYTEPS_PARTITION_BYTES (:func:`byteps_partition_bytes`)
+    partition_bytes: int | None = None
 
     def any(self) -> bool:
         return self.bucket_mb is not None or self.bandwidth_mbps is not None or self.world_size is not None \
-            or self.fusion_threshold_mb is not None or self.cycle_time_ms is not None or self.servers is not None
+            or self.fusion_threshold_mb is not None or self.cycle_time_ms is not None or self.servers is not None \
+            or self.partition_bytes is not None
 
     def describe(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None and (k != "first_bucket_mb" or
@@ -427,10 +477,13 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
         ts = scale_world(ts, w.world_size)
     if w.servers is not None:
         ts = scale_servers(ts, w.servers)
+    if w.partition_bytes is not None:
+        ts = byteps_partition_bytes(ts, int(w.partition_bytes))
     if w.bandwidth_mbps is not None:
         model = with_bandwidth(model, w.bandwidth_mbps)
     return ts, model
 
 
-__all__ = ["DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "ddp_bucket_assignment", "horovod_knobs",
+__all__ = ["DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
+           "ddp_bucket_assignment", "horovod_knobs",
            "rebucket", "scale_servers", "scale_world", "WhatIf", "with_bandwidth"]

@@ -39,6 +39,9 @@ Examples:
 @click.option("--servers", type=click.IntRange(1), default=None,
               help="What if (parameter server): this many servers, tensors re-partitioned as the job's "
                    "kvstore does (docs/ps.md).")
+@click.option("--partition-bytes", type=click.IntRange(1), default=None,
+              help="What if (BytePS): BYTEPS_PARTITION_BYTES of this many bytes, tensors re-partitioned and "
+                   "placed as BytePS does (docs/byteps.md).")
 @session_options()
 @click.option("--schedule", default="graph", show_default=True,
               type=click.Choice(["graph", "fifo", "tic", "tac", "random"]),
@@ -49,7 +52,7 @@ Examples:
 def replay(trace: Path, iterations: int, timeline: Path | None, measured_timeline: Path | None, top: int,
            bucket_mb: float | None, first_bucket_mb: float | None, bandwidth_mbps: float | None,
            world_size: int | None, fusion_threshold_mb: float | None, cycle_time_ms: float | None,
-           servers: int | None, no_align: bool, per_iteration: bool | None, schedule: str, as_json: bool, quiet: bool) -> None:
+           servers: int | None, partition_bytes: int | None, no_align: bool, per_iteration: bool | None, schedule: str, as_json: bool, quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
     TRACE is a trace directory (with manifest.json) or a graph file written by
@@ -65,6 +68,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     progress = Progress(not (quiet or as_json))
     wi = make_whatif(bucket_mb, first_bucket_mb, bandwidth_mbps, world_size, fusion_threshold_mb, cycle_time_ms)
     wi.servers = servers
+    wi.partition_bytes = partition_bytes
     session = open_session(trace, no_align=no_align, per_iteration=per_iteration, whatif=wi, progress=progress)
     g, info, ts = session.graph, session.info, session.profiled
     if measured_timeline is not None and ts is None:

@@ -16,7 +16,7 @@ _EXPORTS = {
     "register_pass": "passes",
     "SearchOptions": "search", "SearchResult": "search", "Searcher": "search",
     "BaseJob": "state", "Strategy": "state", "build": "state", "extract_base": "state", "initial_strategy": "state",
-    "HorovodKnobs": "horovod",
+    "HorovodKnobs": "horovod", "BytePSPartition": "byteps",
     "theorem1_fuse_ops": "theory", "theorem2_fuse_tensors": "theory", "theorem3_joint": "theory",
 }
 

@@ -16,9 +16,9 @@ What runs, in order (docs/optimizer.md):
    traced configuration;
 6. the plan (:func:`dpro_kit.optimize.plan.make_plan`).
 
-A trace that a knob pass applies to (a Horovod job: :mod:`dpro_kit.optimize.horovod`) gets
-that pass's plan instead: the framework's runtime settings, searched on the replayer
-(:mod:`dpro_kit.optimize.knobs`).
+A trace that a knob pass applies to (a Horovod job: :mod:`dpro_kit.optimize.horovod`; a
+BytePS job: :mod:`dpro_kit.optimize.byteps`) gets that pass's plan instead: the framework's
+runtime settings, searched on the replayer (:mod:`dpro_kit.optimize.knobs`).
 
 References
 ----------
@@ -335,7 +335,7 @@ def optimize(session: "Session", options: OptimizeOptions | None = None) -> Opti
                             hint="record the trace with `dpro profile --shapes`, or use --fusion-timing auto|model")
     # knob passes (Horovod's fusion threshold and cycle time): the framework decides the tensor groups at run
     # time from its settings, so the plan is those settings, searched on the replayer
-    from . import horovod  # noqa: F401  (registers the horovod_knobs pass)
+    from . import byteps, horovod  # noqa: F401  (register the byteps_partition and horovod_knobs passes)
     from .passes import PASSES
     for cls in PASSES.values():
         if getattr(cls, "knobs", False):

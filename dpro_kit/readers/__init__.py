@@ -107,6 +107,12 @@ from . import tf as _tf  # noqa: E402  (imports no TensorFlow)
 
 register_reader(_tf.FORMAT, _tf.read_node)
 register_discoverer("dpro_tf", _tf.discover)
+# BytePS communication timelines (comm.json per GPU + dpro's byteps_meta.json; untested against real BytePS);
+# before the plain-Kineto discoverer, which would take comm.json for a torch.profiler trace
+from . import byteps as _byteps  # noqa: E402
+
+register_reader(_byteps.FORMAT, _byteps.read_node)
+register_discoverer("byteps", _byteps.discover)
 register_discoverer(kineto_plain.FORMAT, kineto_plain.discover)
 
 # MXNet parameter-server folders (collectors/mxnet); imports no MXNet
