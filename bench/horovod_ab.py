@@ -81,8 +81,12 @@ def converged_ms(times: Path, log: Path, min_iters: int) -> tuple[float | None, 
     info.update(converged_at_iteration=last, measured_iterations=max(0, n))
     if n < min_iters:
         return None, {**info, "why": f"converged at iteration {last} of {len(sizes)}: fewer than {min_iters} after"}
-    best = log.read_text().splitlines()[-1] if log.exists() else ""
+    lines = log.read_text().splitlines() if log.exists() else []
+    # when it converged the autotuner appends its best setting, a copy of one sampled line (params and score)
+    best = lines[-1] if lines else ""
     info["best_line"] = best     # hierarchical_allreduce,hierarchical_allgather,torus,cache,cycle_ms,threshold_mb,score
+    if best not in lines[1:-1]:
+        return None, {**info, "why": "the log does not end with the autotuner's best setting: not converged"}
     per_rank = [statistics.median(ts[start:]) for ts in doc["iteration_times_s"].values()]
     return max(per_rank) * 1e3, info
 
@@ -96,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=40, help="measured iterations (default, plan; autotune after it "
                                                           "converged)")
     ap.add_argument("--configs", default="", help="MODEL-RATE,... instead of --models x --rates (e.g. cnn-100,mlp-300)")
-    ap.add_argument("--autotune-iters", type=int, default=2200,
+    ap.add_argument("--autotune-iters", type=int, default=3000,
                     help="iterations of an autotune run: Horovod 0.28.1's autotuner with its default sampling "
-                         "converged after ~1975 iterations here (40 samples of 5 x 10 steps), --iters to spare")
+                         "converged after 1975 and 2178 iterations in two runs here (~40 samples of 5 x 10 "
+                         "steps), --iters to spare")
     ap.add_argument("--autotune-env", default="", help="extra HOROVOD_AUTOTUNE_* settings, KEY=VALUE,...")
     ap.add_argument("--prof-steps", default="12:17")
     ap.add_argument("--cpus-per-host", type=float, default=1.0)
