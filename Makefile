@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean horovod mxnet
+.PHONY: demo test venv bench clean horovod mxnet pslite
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,12 @@ demo: $(STAMP)
 horovod: $(STAMP)
 	bash patches/horovod/build.sh $(BIN)/python
 
+# ps-lite (BytePS's fork, from the byteps==0.2.5.post15 sdist) with patches/ps-lite, against Debian's
+# libzmq3-dev; its test programs are cached in ~/.cache/dpro-kit/ps-lite/<hash>/ (~20 s once, then instant).
+# DPRO_PSLITE_BUILD=0: never compile (the real ps-lite test then skips and says why).
+pslite: $(STAMP)
+	@bash patches/ps-lite/build.sh $(BIN)/python >/dev/null || [ $$? = 3 ]
+
 # MXNet 1.9.1 in its own venv (it needs numpy<1.24; dpro's core does not share it): cached in
 # ~/.cache/dpro-kit/mxnet-venv, rebuilt only when the requirement set below changes (pip's cache
 # keeps a rebuild fast). collectors/mxnet (standard library only) is loaded into it by `dpro profile`.
@@ -40,7 +46,7 @@ mxnet:
 	  $(MXNET_VENV)/bin/python -c 'import mxnet' && echo '$(MXNET_REQ)' > $(MXNET_VENV)/.req; } || \
 	  echo "note: MXNet venv not built; the MXNet job tests will be skipped"
 
-test: $(STAMP) horovod mxnet
+test: $(STAMP) horovod mxnet pslite
 	@# the report's browser tests need Chromium: installed when root (as in CI), else skipped with a note
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || echo "note: chromium missing; browser tests will be skipped"
 	$(BIN)/python -m pytest -q

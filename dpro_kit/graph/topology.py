@@ -247,10 +247,13 @@ def ps_async_push_pull(ctx: CommContext, coll: Collective) -> None:
         kin, kout = ctx.in_out(coll, w)
         for p, part in enumerate(parts):
             server, nbytes = str(part["server"]), int(part["bytes"])
-            kagg = op_key(server, f"AGG {coll.tensor} p{p} {w}")
+            agg_op = f"AGG {coll.tensor} p{p} {w}"
+            kagg = op_key(server, agg_op)
+            agg_m = ctx.measured.get(f"AGG {agg_op}")   # the server's handler span (patches/ps-lite)
             add_op(ctx.graph, kagg, node=server, device=compute_device(server, "compute"), kind=OpKind.AGG.value,
                    name=f"AGG {coll.tensor}", tensor=coll.tensor, bytes=nbytes, phase="update", chunk=p,
-                   peer=w, dur=0.0, source="model", priority=coll.priority)
+                   peer=w, dur=agg_m if agg_m is not None else 0.0, source="trace" if agg_m is not None else "model",
+                   priority=coll.priority)
             ks, kr = ctx.transfer(coll, phase="push", step=0, chunk=p, src=w, dst=server, nbytes=nbytes)
             ctx.graph.add_edge(kin, ks)
             ctx.graph.add_edge(kr, kagg)

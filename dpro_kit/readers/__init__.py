@@ -100,6 +100,13 @@ from . import dpro_torch_discover, kineto_plain  # noqa: E402
 
 register_discoverer(dpro_torch_discover.FORMAT, dpro_torch_discover.discover)  # per-host dpro profile folders
 
+# ps-lite message timestamps (patches/ps-lite): a folder of pslite-*.json files; before kineto_plain,
+# which would try any JSON file
+from . import pslite as _pslite  # noqa: E402
+
+register_reader(_pslite.FORMAT, _pslite.read_node)
+register_discoverer(_pslite.FORMAT, _pslite.discover)
+
 register_reader(kineto_plain.FORMAT, kineto_plain.read_node)
 
 # TensorFlow collector folders (collectors/tf): reader + manifest-less discovery (multi-host)
