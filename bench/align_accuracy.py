@@ -43,7 +43,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dpro_kit.align import align, aligned_traceset, apply_offsets, shift_trace_dir  # noqa: E402
+from dpro_kit.align import align, aligned_traceset, apply_offsets, shift_probe_readings, shift_trace_dir  # noqa: E402
 from dpro_kit.trace import load_trace  # noqa: E402
 
 
@@ -117,8 +117,24 @@ def shift_raw_trace(src: Path, dst: Path, shifts_us: dict[str, float]) -> Path:
                 doc = _shift_ns_fields(doc, d_ns)
             with op(f, "wt", encoding="utf-8") as fh:
                 json.dump(doc, fh)
-        (nd / "meta.json").write_text(json.dumps(_shift_ns_fields(meta, d_ns)))
+        meta = _shift_ns_fields(meta, d_ns)
+        probe = meta.get("clock_probe")
+        if isinstance(probe, dict):   # the clock probe's readings (lists of ns, no field names)
+            meta["clock_probe"] = shift_probe_readings({"n": probe}, {"n": d_ns / 1000})["n"]
+        (nd / "meta.json").write_text(json.dumps(meta))
+    probes = man.get("extra", {}).get("clock_probe")
+    if isinstance(probes, dict):      # the manifest's copy of every node's probe readings
+        man["extra"]["clock_probe"] = shift_probe_readings(
+            probes, {n: shifts_us.get(info["host"], 0.0) for n, info in man["nodes"].items()})
+        (dst / "manifest.json").write_text(json.dumps(man))
     return dst
+
+
+def without_probe(ts):
+    """``ts`` as if the collector had not probed the clocks (collective-level information only)."""
+    from dataclasses import replace
+    extra = {k: v for k, v in ts.manifest.extra.items() if k != "clock_probe"}
+    return replace(ts, manifest=replace(ts.manifest, extra=extra))
 
 
 def recovery(trace: Path, injections: list[float], work: Path) -> list[dict]:
@@ -134,12 +150,18 @@ def recovery(trace: Path, injections: list[float], work: Path) -> list[dict]:
         hs = {h: (0.0 if k == 0 else v * (-1) ** (k + 1)) for k, h in enumerate(hosts)}
         dst = shift_raw_trace(trace, work / "shifted" / f"{trace.name}-inj{int(v)}", hs) if v else trace
         t0 = time.perf_counter()
-        res = align(load_trace(dst))
+        loaded = load_trace(dst)
+        res = align(loaded)
         wall = time.perf_counter() - t0
         truth = {n: hs[ts.manifest.nodes[n].host] - hs[ts.manifest.nodes[ref].host] for n in nodes}
         other = [n for n in nodes if ts.manifest.nodes[n].host != ts.manifest.nodes[ref].host]
         err = {n: res.estimate_us.get(n, res.offsets_us[n]) - truth[n] for n in other}
+        nop = align(without_probe(loaded)) if res.probe_us else None
         rows.append({"trace": trace.name, "injected_us": v, "mode": res.mode, "align_s": round(wall, 3),
+                     # the same trace aligned from its collectives only (as plain torch.profiler input would be)
+                     "error_no_probe_us": ({n: nop.estimate_us.get(n, nop.offsets_us[n]) - truth[n] for n in other}
+                                           if nop else None),
+                     "probe_rtt_min_us": {n: res.probe_us[n].get("rtt_min_us") for n in other if n in res.probe_us},
                      "error_us": err, "undetermined": [n for n in res.undetermined if n in other],
                      "uncertainty_us": res.uncertainty_us,
                      "bounds_us": {n: res.bounds_us.get(n) for n in other},
@@ -164,6 +186,10 @@ def print_recovery(rows: list[dict]) -> None:
     n_all = sum(len(r["error_us"]) for r in rows)
     print(f"all: {n_all - n_und} determined offsets, median |err| {np.median(det) if det else float('nan'):.1f} us, "
           f"max {np.max(det) if det else float('nan'):.1f} us; {n_und} undetermined")
+    nop = [abs(e) for r in rows if r.get("error_no_probe_us") for e in r["error_no_probe_us"].values()]
+    if nop:
+        print(f"the same traces from their collectives only (clock probe removed): median |err| {np.median(nop):.1f} us, "
+              f"max {np.max(nop):.1f} us over {len(nop)} offsets")
     est = [abs(e) for r in rows for e in r["error_us"].values()]
     print(f"best estimates of all {n_all} offsets (undetermined ones included): median |err| {np.median(est):.1f} us, "
           f"max {np.max(est):.1f} us; proven intervals hold the truth in {sum(r['bounds_hold'] for r in rows)}"

@@ -30,6 +30,12 @@ What the traces give us (derivation and assumptions in ``docs/alignment.md``):
   ``undetermined_us`` is reported undetermined with the interval the
   constraints prove (:func:`_proven_bounds`).
 
+* **clock probe** (``dpro profile`` traces, :mod:`dpro_torch.clockprobe`): ping-pong
+  readings between rank 0 and one rank per other host prove ``t3 - t4 <= theta_peer -
+  theta_0 <= t2 - t1`` per ping (:func:`probe_offsets`).  On collective-level traces the
+  probe's estimate replaces the collective-end estimate of the probed machines, with the
+  proven half-width as its error bound; on every trace its intervals join the proven bounds.
+
 * **objective** ``alpha * sum_families Var(D) + beta * sum_machines spread(theta)``:
   a family is a group of records whose transfer times should be alike (same
   byte size over the same kind of link; coarse: the same tensor).  The
@@ -66,7 +72,7 @@ import pandas as pd
 from .errors import DproError, atomic_write_text
 from .trace import TraceSet
 
-ALIGN_VERSION = 3
+ALIGN_VERSION = 4
 ALIGNED_DIR = "aligned"
 SOLVERS = ("CLARABEL", "OSQP", "SCS")
 
@@ -166,6 +172,8 @@ class AlignResult:
     uncertainty_us: dict[str, float] = field(default_factory=dict)
     #: per non-reference node, [lo, hi] that the dependency constraints prove (None: unbounded)
     bounds_us: dict[str, list[float | None]] = field(default_factory=dict)
+    #: per probed non-reference node: the clock probe's estimate, proven [lo, hi] and fastest round trip (us)
+    probe_us: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -177,7 +185,7 @@ class AlignResult:
             "constraints": self.n_constraints, "objective": self.objective, "residuals": self.residuals,
             "binding": self.binding, "violated": self.violated, "undetermined": self.undetermined,
             "fingerprint": self.fingerprint, "estimate_us": self.estimate_us,
-            "uncertainty_us": self.uncertainty_us, "bounds_us": self.bounds_us,
+            "uncertainty_us": self.uncertainty_us, "bounds_us": self.bounds_us, "probe_us": self.probe_us,
         }
 
     @classmethod
@@ -192,7 +200,8 @@ class AlignResult:
                    objective=d.get("objective"), residuals=d.get("residuals", {}), binding=d.get("binding", []),
                    violated=d.get("violated", []), undetermined=d.get("undetermined", []),
                    fingerprint=d.get("fingerprint", ""), estimate_us=d.get("estimate_us", {}),
-                   uncertainty_us=d.get("uncertainty_us", {}), bounds_us=d.get("bounds_us", {}))
+                   uncertainty_us=d.get("uncertainty_us", {}), bounds_us=d.get("bounds_us", {}),
+                   probe_us=d.get("probe_us", {}))
 
 
 # --------------------------------------------------------------------------- records from a trace
@@ -718,6 +727,95 @@ def _undetermined(rec: Records, n: int, ref: int, machines: list[list[int]]) -> 
     return [i for i in range(n) if i not in reach]
 
 
+def _probe_pair(client: dict[str, Any], server: dict[str, Any], server_node: str) -> dict[str, float] | None:
+    """``theta_server - theta_client`` (us) from one probed pair's readings, or None if unusable."""
+    rows_c = (client.get("peers") or {}).get(server_node)
+    rows_s = server.get("rows")
+    if not isinstance(rows_c, list) or not isinstance(rows_s, list):
+        return None
+    skip = int(client.get("skip", 0) or 0)
+    try:
+        # t1 t4 t2 t3, ns since the epoch: differences in integers (a float64 of ~1.7e18 ns steps by 256 ns)
+        t = np.array([[int(a), int(d), int(b), int(c)]
+                      for (a, d), (b, c) in list(zip(rows_c, rows_s))[skip:]], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if len(t) < 1:
+        return None
+    t1, t4, t2, t3 = (t[:, j] for j in range(4))
+    lo_i, hi_i = (t3 - t4) / 1e3, (t2 - t1) / 1e3
+    rtt = ((t4 - t1) - (t3 - t2)) / 1e3
+    mid = (lo_i + hi_i) / 2
+    fast = np.argsort(rtt)[:max(3, len(rtt) // 4)]
+    est = float(np.median(mid[fast]))
+    lo, hi = float(lo_i.max()), float(hi_i.min())
+    consistent = lo <= hi
+    if not consistent:           # the intervals contradict each other (a clock stepped mid-probe): fastest ping only
+        k = int(np.argmin(rtt))
+        lo, hi = float(lo_i[k]), float(hi_i[k])
+    return {"estimate_us": est, "lo_us": lo, "hi_us": hi, "rtt_min_us": float(rtt.min()), "pings": int(len(t)),
+            "consistent": bool(consistent)}
+
+
+def probe_offsets(ts: TraceSet) -> dict[str, dict[str, float]]:
+    """Per node, its clock offset to the reference node (the first) from the clock probe.
+
+    The collector (:mod:`dpro_torch.clockprobe`) pings one rank of every other host from
+    rank 0; every node of a probed host gets that host's offset (one machine, one clock).
+
+    Parameters
+    ----------
+    ts : TraceSet
+        A trace whose manifest has ``extra.clock_probe`` (``dpro profile`` traces of multi-host
+        DDP jobs); otherwise the result is empty.
+
+    Returns
+    -------
+    dict
+        node -> ``estimate_us`` (the median midpoint of the fastest quarter of the round trips:
+        symmetric one-way delays), ``lo_us`` / ``hi_us`` (the intersection of every ping's
+        causality interval: proven), ``rtt_min_us``, ``pings``, ``consistent`` (False when the
+        intervals contradicted each other and only the fastest ping's is used); the reference
+        node's host is not listed.
+
+    References
+    ----------
+    .. [1] D. L. Mills, "Internet time synchronization: the Network Time Protocol", IEEE Trans.
+           Communications 39(10), 1991 (the offset and delay of one exchange).
+    """
+    probes = ts.manifest.facts.clock_probe if hasattr(ts.manifest, "facts") else {}
+    if not probes:
+        return {}
+    nodes = ts.nodes()
+    host = {n: ts.manifest.nodes[n].host for n in nodes}
+    clients = [n for n, d in probes.items() if d.get("role") == "client" and n in host]
+    if len(clients) != 1:
+        return {}
+    client = clients[0]
+    per_host: dict[str, dict[str, float]] = {host[client]: {"estimate_us": 0.0, "lo_us": 0.0, "hi_us": 0.0}}
+    for n, d in probes.items():
+        if d.get("role") != "server" or n not in host or d.get("peer") != client:
+            continue
+        r = _probe_pair(probes[client], d, n)
+        if r is not None:
+            per_host[host[n]] = r
+    ref_host = host[nodes[0]]
+    if ref_host not in per_host:
+        return {}
+    base = per_host[ref_host]
+    out = {}
+    for n in nodes:
+        h = host[n]
+        if h == ref_host or h not in per_host:
+            continue
+        r = per_host[h]
+        # theta_n - theta_ref = (theta_h - theta_client) - (theta_ref - theta_client)
+        out[n] = {"estimate_us": round(r["estimate_us"] - base["estimate_us"], 3),
+                  "lo_us": round(r["lo_us"] - base["hi_us"], 3), "hi_us": round(r["hi_us"] - base["lo_us"], 3),
+                  **{k: r[k] for k in ("rtt_min_us", "pings", "consistent") if k in r}}
+    return out
+
+
 def fingerprint(ts: TraceSet) -> str:
     """Identifies the trace content the offsets were computed from (cache key)."""
     ev = ts.events
@@ -874,6 +972,25 @@ def align(ts: TraceSet, *, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_B
     estimate = theta.copy()
     unc = _end_uncertainty(rec, theta, machines, ref) if rec.kind == "coarse" else {}
     proven = _proven_bounds(n, ref, machines, [pairs, spairs], [bounds, sbounds])
+    # the clock probe: its proven interval narrows every proven bound; on collective-level traces its
+    # estimate (error <= the interval's half-width) replaces the one from collective ends
+    probe = probe_offsets(ts)
+    for i, nd in enumerate(nodes):
+        p = probe.get(nd)
+        if p is None:
+            continue
+        lo, hi = proven[i] if proven else (-math.inf, math.inf)
+        if max(lo, p["lo_us"]) <= min(hi, p["hi_us"]):
+            lo, hi = max(lo, p["lo_us"]), min(hi, p["hi_us"])
+        else:   # the probe and the collectives disagree: the probe measured the clocks directly
+            lo, hi = p["lo_us"], p["hi_us"]
+        if proven is not None:
+            proven[i] = (lo, hi)
+        if rec.kind == "coarse" or i in undet:
+            est = min(max(p["estimate_us"], lo), hi)
+            estimate[i] = theta[i] = est
+            unc[i] = max(est - lo, hi - est)
+            undet = [j for j in undet if j != i]
     undet_all = sorted(set(undet) | {i for i, u in unc.items() if u > undetermined_us})
     for i in undet_all:
         lo, hi = proven[i] if proven else (-math.inf, math.inf)
@@ -888,7 +1005,8 @@ def align(ts: TraceSet, *, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_B
         uncertainty_us={nodes[i]: round(u, 3) for i, u in unc.items()},
         bounds_us={nd: [_finite_or_none(proven[i][0]), _finite_or_none(proven[i][1])]
                    for i, nd in enumerate(nodes) if i != ref} if proven else {},
-        mode=rec.kind, status=str(status), solver=solver, solve_time_s=round(time.perf_counter() - t0, 4),
+        probe_us={nd: p for nd, p in probe.items()},
+        mode=rec.kind + ("+probe" if probe else ""), status=str(status), solver=solver, solve_time_s=round(time.perf_counter() - t0, 4),
         rounds=rounds, alpha=alpha, beta=beta, statistic=statistic, n_records=len(rec.recv), n_families=len(rec.families),
         n_constraints=len(pairs) + len(spairs), objective=float(best_obj), residuals=res, binding=binding[:50],
         violated=violated, undetermined=[nodes[i] for i in undet_all], fingerprint=fp)
@@ -1135,7 +1253,25 @@ def shift_trace(ts: TraceSet, shifts_us: dict[str, float]) -> TraceSet:
     ev = ts.events.copy()
     ev["start"] = ev["start"].to_numpy(float) + ev["node"].astype(str).map(
         lambda n: float(shifts_us.get(n, 0.0))).to_numpy(float)
-    return TraceSet(manifest=ts.manifest, events=ev, edges=ts.edges, collectives=ts.collectives, path=None)
+    man = ts.manifest
+    probes = (man.extra or {}).get("clock_probe")
+    if isinstance(probes, dict) and any(shifts_us.get(n) for n in probes):
+        man = replace(man, extra={**man.extra, "clock_probe": shift_probe_readings(probes, shifts_us)})
+    return TraceSet(manifest=man, events=ev, edges=ts.edges, collectives=ts.collectives, path=None)
+
+
+def shift_probe_readings(probes: dict[str, Any], shifts_us: dict[str, float]) -> dict[str, Any]:
+    """``extra.clock_probe`` with every reading of node n moved by ``shifts_us[n]`` (its clock off)."""
+    out = {}
+    for n, d in probes.items():
+        d_ns = round(float(shifts_us.get(n, 0.0)) * 1000)
+        d = dict(d)
+        if d_ns and d.get("role") == "client":
+            d["peers"] = {q: [[a + d_ns, b + d_ns] for a, b in rows] for q, rows in (d.get("peers") or {}).items()}
+        elif d_ns and d.get("role") == "server":
+            d["rows"] = [[a + d_ns, b + d_ns] for a, b in (d.get("rows") or [])]
+        out[n] = d
+    return out
 
 
 def shift_trace_dir(src: str | os.PathLike, dst: str | os.PathLike, shifts_us: dict[str, float]) -> Path:
@@ -1149,10 +1285,14 @@ def format_report(res: AlignResult) -> str:
     lines = []
     if res.mode == "skipped":
         return f"alignment skipped: {res.skipped}"
-    lines.append(f"aligned {len(res.offsets_us)} nodes from {res.n_records} {res.mode}-grained records in "
+    lines.append(f"aligned {len(res.offsets_us)} nodes from {res.n_records} {res.mode.split('+')[0]}-grained records in "
                  f"{res.n_families} families ({res.n_constraints} pairwise constraints); solver {res.solver} "
                  f"({res.status}), {res.rounds} round(s), {res.solve_time_s:.3f} s")
     lines.append(f"reference node {res.reference}; aligned = raw - offset")
+    if res.probe_us:
+        lines.append("clock probe (ping-pong with rank 0 when the window opened): " + "; ".join(
+            f"{nd} {p['estimate_us']:.1f} us in [{p['lo_us']:.1f}, {p['hi_us']:.1f}] (fastest round trip "
+            f"{p.get('rtt_min_us', float('nan')):.0f} us)" for nd, p in res.probe_us.items()))
     # residual: rms of adjusted transfer times (per-chunk), median |end - common end| (collectives)
     lines.append(f"{'node':<28}{'offset us':>14}{'resid us':>14}{'+- us (95%)':>13}  proven interval us")
     pn = {**res.residuals.get("per_node_rms_us", {}), **res.residuals.get("end_median_abs_us", {})}
@@ -1191,5 +1331,5 @@ def _interval(b: list[float | None] | None) -> str:
 
 __all__ = ["AlignResult", "NoCommunicationError", "align", "align_cached", "align_trace", "aligned_traceset", "cache_dir", "apply_offsets",
            "build_records",
-           "fingerprint", "format_report", "load_cached", "offsets_path", "save_result", "shift_trace",
+           "fingerprint", "probe_offsets", "shift_probe_readings", "format_report", "load_cached", "offsets_path", "save_result", "shift_trace",
            "shift_trace_dir"]

@@ -137,6 +137,7 @@ cpu                 dict  optional  CPU affinity, machine id, CPU count (manifes
 grad_ready_markers  bool  optional  whether dpro::grad_ready/<i> markers were recorded
 optimizer           dict  optional  optimizer class and state_bytes (manifest extra.optimizer)
 comm_calibration    dict  optional  one-element allreduce times (manifest extra.comm_calibration)
+clock_probe         dict  optional  ping-pong clock readings to rank 0 (manifest extra.clock_probe)
 horovod             dict  optional  Horovod jobs: DistributedOptimizer parameters, timeline file, settings
 """)
 #: per DDP parameter (``ddp[].params[]``): index, name, shape, dtype, numel, bytes, and ``layer`` (the
@@ -161,6 +162,7 @@ profiled_iteration_ms           number  optional  the same inside the profiling 
 ddp                             dict    optional  DDP settings (bucket_cap_bytes, gradient_as_bucket_view, ...)
 optimizer                       dict    optional  optimizer class and state_bytes (rank 0)
 comm_calibration                dict    optional  median_us of a one-element allreduce (slowest rank)
+clock_probe                     dict    optional  node -> its own ping-pong clock readings (dpro_torch.clockprobe)
 cpu_placement                   dict    optional  node -> affinity, machine, count, threads
 layers                          dict    optional  parameter name -> its layer (the unit activation checkpointing takes)
 torch_kineto                    dict    optional  reader options: host_gaps (fold|keep), profiler_overhead
@@ -339,6 +341,9 @@ class Facts:
         Per-collective cost: the slowest rank's median one-element allreduce (``comm_calibration``).
     cpu_placement : dict
         Node -> {affinity, machine, count, threads} (read by :mod:`dpro_kit.placement`).
+    clock_probe : dict
+        Node -> its clock-probe readings (``role`` client: ``peers`` node -> [[t1, t4], ...];
+        server: ``peer``, ``rows`` [[t2, t3], ...]; ns on that node's clock; :mod:`dpro_kit.align`).
     layers : dict
         Parameter name -> its layer, as the collector recorded it (the module that
         ``checkpoint_sequential`` would take as one unit; :mod:`dpro_kit.optimize.memory`).
@@ -365,6 +370,7 @@ class Facts:
     optimizer_state_bytes: int | None = None
     collective_latency_us: float | None = None
     cpu_placement: dict[str, dict[str, Any]] = field(default_factory=dict)
+    clock_probe: dict[str, dict[str, Any]] = field(default_factory=dict)
     layers: dict[str, str] = field(default_factory=dict)
     host_gaps: str = "fold"
     profiler_overhead: str = "window"
@@ -424,6 +430,7 @@ class Facts:
             else None,
             collective_latency_us=_pos(cal.get("median_us")),
             cpu_placement={str(k): v for k, v in (get("cpu_placement", dict) or {}).items() if isinstance(v, dict)},
+            clock_probe={str(k): v for k, v in (get("clock_probe", dict) or {}).items() if isinstance(v, dict)},
             layers={str(k): str(v) for k, v in (get("layers", dict) or {}).items() if isinstance(v, str)},
             host_gaps=host_gaps, profiler_overhead=overhead,
             peak_memory_bytes={str(k): float(v) for k, v in (get("peak_memory_bytes", dict) or {}).items()

@@ -146,6 +146,49 @@ def test_coarse_collectives_are_shift_equivariant():
         assert abs((b.offsets_us[n] - a.offsets_us[n]) - shifts[n]) < 0.5
 
 
+def _probe_rows(theta_us: float, up_us: list[float], down_us: list[float], turn_us: float = 3.0):
+    """Hand-made probe readings (ns): rank 0 on the true clock, the peer's clock ahead by theta;
+    ping i takes up_us[i] to the peer and down_us[i] back."""
+    client, server, t = [], [], 1_700_000_000_000_000_000
+    for up, down in zip(up_us, down_us):
+        t1 = t
+        t2 = t1 + round((up + theta_us) * 1e3)        # arrival, read on the peer's clock
+        t3 = t2 + round(turn_us * 1e3)
+        t4 = t1 + round((up + turn_us + down) * 1e3)
+        client.append([t1, t4])
+        server.append([t2, t3])
+        t += 1_000_000
+    return client, server
+
+
+def test_clock_probe_hand_computed():
+    """Per ping t3 - t4 <= theta <= t2 - t1, i.e. [theta - down_i, theta + up_i].  Offset 1000 us,
+    pings (up, down) us = (999, 999) skipped, (40, 60), (30, 30), (100, 20), (50, 50):
+    lo = 1000 - min(down) = 980, hi = 1000 + min(up) = 1030; round trips 100, 60, 120, 100; the
+    fastest quarter (at least 3: 60, 100, 100) has midpoints 1000, 990, 1000 -> median 1000."""
+    from dataclasses import replace
+
+    from dpro_kit.align import probe_offsets, shift_probe_readings
+    ts = tiny_traceset(workers=2, hosts=2, iterations=3)
+    a, b = ts.nodes()
+    c, s = _probe_rows(1000.0, [999, 40, 30, 100, 50], [999, 60, 30, 20, 50])
+    probes = {a: {"role": "client", "skip": 1, "peers": {b: c}}, b: {"role": "server", "peer": a, "rows": s}}
+    ts2 = replace(ts, manifest=replace(ts.manifest, extra={**ts.manifest.extra, "clock_probe": probes}))
+    p = probe_offsets(ts2)[b]
+    assert p["lo_us"] == pytest.approx(1000 - 20) and p["hi_us"] == pytest.approx(1000 + 30)
+    assert p["estimate_us"] == pytest.approx(1000.0) and p["rtt_min_us"] == pytest.approx(60.0)
+    assert p["pings"] == 4 and p["consistent"]
+    # a collective-level trace: the probe pins the offset (error bound = the proven half-width, 30 us)
+    res = align(ts2)
+    assert res.mode == "coarse+probe" and res.undetermined == []
+    assert res.offsets_us[b] == pytest.approx(1000.0) and res.uncertainty_us[b] == pytest.approx(30.0)
+    assert res.bounds_us[b] == pytest.approx([980.0, 1030.0])
+    # the clock of b's host moved by +2 ms: every reading of b moves, the answer moves by 2 ms
+    sh = replace(ts2, manifest=replace(ts2.manifest, extra={**ts2.manifest.extra, "clock_probe":
+                                                           shift_probe_readings(probes, {b: 2000.0})}))
+    assert probe_offsets(sh)[b]["estimate_us"] == pytest.approx(3000.0)
+
+
 def test_cache_outside_the_trace_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("DPRO_CACHE", str(tmp_path / "cache"))
     ts, truth = align_speed.synthetic_fine_trace(4, noise=0.0, seed=2)
@@ -295,19 +338,31 @@ def test_real_two_host_run_with_injected_offsets(tmp_path):
     base = align(ts)
     ref, other = ts.nodes()
     dst = align_accuracy.shift_raw_trace(trace, tmp_path / "shifted", {"host1": 4800.0})
-    res = align(load_trace(dst))
-    assert base.mode == res.mode == "coarse"
+    loaded = load_trace(dst)
+    res = align(loaded)
+    # dpro profile's clock probe (ping-pong with rank 0 when the window opened) is in the trace
+    assert base.mode == res.mode == "coarse+probe" and set(res.probe_us) == {other}
     # the estimate follows the clock exactly, and carries no millisecond bias (issue 11: 6.3 ms)
     assert abs((res.estimate_us[other] - base.estimate_us[other]) - 4800.0) < 1.0
     err = res.estimate_us[other] - 4800.0
+    p = res.probe_us[other]
     print(f"real 2-host gloo run: estimate error {err:.1f} us, +-{res.uncertainty_us[other]:.1f} us, "
-          f"undetermined {res.undetermined}, proven {res.bounds_us[other]}")
+          f"undetermined {res.undetermined}, proven {res.bounds_us[other]}; probe fastest round trip "
+          f"{p['rtt_min_us']:.0f} us")
     lo, hi = res.bounds_us[other]
     assert lo <= 4800.0 <= hi                                   # the proven interval holds the truth
+    assert abs(err) <= res.uncertainty_us[other] + 1.0          # the probe's bound is proven, not statistical
+    assert hi - lo <= p["rtt_min_us"] + 1.0                     # no wider than the fastest round trip
     if other in res.undetermined:   # applied: the point of the interval nearest to 0, not the estimate
         assert res.offsets_us[other] == pytest.approx(min(max(0.0, lo), hi))
-    else:
-        assert abs(err) <= max(res.uncertainty_us[other], 300.0)
+    # without the probe: the collectives alone (what plain torch.profiler input has)
+    sys.path.insert(0, str(BENCH))
+    from align_accuracy import without_probe
+    nop = align(without_probe(loaded))
+    assert nop.mode == "coarse" and nop.probe_us == {}
+    assert nop.bounds_us[other][0] <= 4800.0 <= nop.bounds_us[other][1]
+    print(f"  collectives only: estimate error {nop.estimate_us[other] - 4800.0:.1f} us, "
+          f"+-{nop.uncertainty_us[other]:.1f} us, proven {nop.bounds_us[other]}")
 
 
 @pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
@@ -324,7 +379,7 @@ def test_real_two_host_ring_run_recovers_offsets_to_microseconds(tmp_path):
     dst = tmp_path / "shifted"
     shift_trace_dir(trace, dst, shifts)
     res = align(load_trace(dst))
-    assert res.mode == "fine" and res.statistic == "min"
+    assert res.mode == "fine+probe" and res.statistic == "min"   # per-chunk estimate, the probe bounds it
     ref = ts.nodes()[0]
     errs = {n: res.offsets_us[n] - (shifts[n] - shifts[ref]) for n in ts.nodes() if n != ref}
     print("real 2x2 ring run, errors (us):", {n: round(e, 1) for n, e in errs.items()})

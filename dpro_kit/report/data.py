@@ -235,6 +235,14 @@ def _alignment_facts(doc: dict[str, Any]) -> dict[str, Any]:
     if doc.get("undetermined"):   # dpro align: offsets the data cannot pin
         extra["undetermined"] = [str(x) for x in doc["undetermined"]]
         extra["bounds_us"] = {str(k): v for k, v in (doc.get("bounds_us") or {}).items()}
+    for nd, u in (doc.get("uncertainty_us") or {}).items():   # ~95 % (collective ends) or proven (clock probe)
+        if _finite(u):
+            extra[f"error bound {nd}"] = f"+-{float(u):.1f} us"
+    for nd, p in (doc.get("probe_us") or {}).items():          # dpro_torch.clockprobe round trips
+        if isinstance(p, dict) and all(_finite(p.get(k)) for k in ("estimate_us", "lo_us", "hi_us")):
+            extra[f"clock probe {nd}"] = (f"{p['estimate_us']:.1f} us, proven in [{p['lo_us']:.1f}, {p['hi_us']:.1f}]"
+                                          + (f", fastest round trip {p['rtt_min_us']:.0f} us"
+                                             if _finite(p.get("rtt_min_us")) else ""))
     res = doc.get("residuals")
     if isinstance(res, dict):
         extra.update({f"residuals.{k}": v for k, v in res.items() if _finite(v) or isinstance(v, str)})

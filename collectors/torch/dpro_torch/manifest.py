@@ -98,8 +98,29 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
                   "cpu_placement": {f"{by_rank[r][1]['host']}/{r}": {**(by_rank[r][1].get("cpu") or {}),
                                                                      "threads": by_rank[r][1].get("threads")}
                                     for r in range(world)},
+                  # each probed rank's own clock-probe readings (dpro_torch.clockprobe; dpro_kit.align)
+                  **({"clock_probe": probes} if (probes := _clock_probes(by_rank, world)) else {}),
                   **({"horovod": horovod_settings(hvd)} if hvd else {})},
     }
+
+
+def _clock_probes(by_rank: dict[int, tuple[Path, dict]], world: int) -> dict[str, Any]:
+    """node -> its clock-probe readings, peers named as nodes (``<host>/<rank>``)."""
+    name = {r: f"{by_rank[r][1]['host']}/{r}" for r in range(world)}
+    out: dict[str, Any] = {}
+    for r in range(world):
+        doc = by_rank[r][1].get("clock_probe")
+        if not isinstance(doc, dict) or doc.get("role") not in ("client", "server"):
+            continue
+        keep = {k: doc[k] for k in ("version", "clock", "skip", "role") if k in doc}
+        if doc["role"] == "client":
+            keep["peers"] = {name[int(q)]: rows for q, rows in (doc.get("peers") or {}).items()
+                             if str(q).isdigit() and int(q) in name}
+        else:
+            keep["peer"] = name.get(int(doc.get("peer", 0)), name[0])
+            keep["rows"] = doc.get("rows") or []
+        out[name[r]] = keep
+    return out
 
 
 def _slowest_calibration(docs: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -15,6 +15,10 @@ only while the profiler runs:
 * ``dpro::clock_sync`` - right after the profiler starts, bracketed by
   ``time.time_ns()`` readings stored in ``meta.json``.
 
+Just before the profiler starts, rank 0 pings one rank of every other host
+(:mod:`dpro_torch.clockprobe`, ``DPRO_CLOCK_PROBE=0`` turns it off): the
+readings in ``meta.json["clock_probe"]`` bound each host's clock offset.
+
 When the window opens the recorder measures the profiler's cost per recorded
 event in this process (:class:`_Calibration`: a C++ loop of tiny ops timed
 just before and just after the profiler starts, the latter inside a
@@ -275,6 +279,10 @@ class Recorder:
         # time a few tiny allreduces when the window opens: the per-collective cost of this job's
         # process group (the comm model's latency; a 2-bucket trace cannot separate it from bandwidth)
         self.comm_calibrate = _env_flag("DPRO_COMM_CALIBRATE", True)
+        # measure the hosts' clock offsets to rank 0 by ping-pong when the window opens (dpro_torch.clockprobe):
+        # what aligns collective-level traces to tens of us where the collectives' ends cannot
+        self.clock_probe = _env_flag("DPRO_CLOCK_PROBE", True)
+        self._probe: dict[str, Any] | None = None
         self._comm_cal: dict[str, Any] | None = None
         self._ring_hooks: list[Any] = []
         # a Horovod rank: every rank writes a timeline into its node folder (patches/horovod's '%r')
@@ -646,6 +654,8 @@ class Recorder:
                 self._comm_cal = self._time_tiny_allreduce()
             except Exception as exc:  # never break the user's job
                 _log(f"communication calibration failed: {exc!r}")
+        if self.clock_probe:
+            self._probe = self._run_clock_probe()
         cal = None
         if self.calibrate:
             try:
@@ -731,6 +741,22 @@ class Recorder:
         return {"op": "allreduce", "bytes": int(t.element_size()), "world_size": self._ddps[0]["world_size"],
                 "times_us": [round(x, 1) for x in times], "skipped": skip,
                 "median_us": round(statistics.median(used), 1), "min_us": round(min(used), 1)}
+
+    def _run_clock_probe(self) -> dict[str, Any] | None:
+        """Clock offsets to rank 0, measured by ping-pong on the first DDP module's process group
+        (:mod:`dpro_torch.clockprobe`); None for one host or no DDP module."""
+        if not self._ddps or self._ddps[0]["world_size"] < 2:
+            return None
+        ddp = self._ddps[0]["ref"]()
+        if ddp is None:
+            return None
+        from .clockprobe import probe
+        dev = torch.device(self._ddps[0]["device"]) if self._ddps[0]["device"].startswith("cuda") else None
+        try:
+            return probe(ddp.process_group, self.host, device=dev)
+        except Exception as exc:  # never break the user's job
+            _log(f"clock probe failed: {exc!r}")
+            return None
 
     def _stop_profiler(self, reason: str) -> None:
         if not self._profiling:
@@ -829,6 +855,7 @@ class Recorder:
             "grad_ready_markers": self.grad_ready,
             "optimizer": self._optimizer_meta or self._optimizer_info(),
             "comm_calibration": self._comm_cal,
+            "clock_probe": self._probe,
             "horovod": self._hvd,
         }
 
