@@ -2,7 +2,7 @@
 """How well does dpro predict real MXNet parameter-server training?  (docs/ps.md)
 
 For every configuration (servers x workers x link rate) the REAL job of
-``examples/mxnet/train.py`` (MXNet 1.9.1, Gluon MLP, ``dist_sync``) runs with one role per
+``examples/mxnet/train.py`` (MXNet 1.9.1, Gluon MLP or CNN, ``dist_sync`` or ``--kvstore dist_async``) runs with one role per
 emulated host (network namespaces + tbf at R Mbit/s per host link, a CPU budget per host),
 launched by ``dpro_kit.jobs.run_job``; alternating, per round:
 
@@ -48,7 +48,8 @@ def run(args, work: Path, servers: int, workers: int, rate: float, *, profile: P
     """One job; the measured iteration time (ms) of its json-out, or None when it failed."""
     out = work / f"times-{tag}-w{{w}}.json"
     steps = args.steps if profile is None else args.prof_start + args.prof_steps + 8
-    argv = [mxnet_python(), str(TRAIN), "--servers", str(servers), "--workers", str(workers), "--model", args.model,
+    argv = [mxnet_python(), str(TRAIN), "--kvstore", args.kvstore, "--servers", str(servers), "--workers", str(workers),
+            "--model", args.model,
             "--batch", str(args.batch), "--steps", str(steps), "--warmup", str(args.warmup), "--json-out", str(out)]
     with open(work / "jobs.log", "a") as log:
         log.write(f"=== {tag}\n")
@@ -79,7 +80,9 @@ def main() -> int:
     ap.add_argument("--servers", default="1,2")
     ap.add_argument("--workers", default="2,3")
     ap.add_argument("--rates", default="200,500", help="Mbit/s per host link")
-    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--model", default="mlp", help="examples/mxnet/train.py --model (mlp, cnn)")
+    ap.add_argument("--kvstore", default="dist_sync", choices=["dist_sync", "dist_async"],
+                    help="dist_async: every worker at its own pace; measured = the slowest worker's median step gap")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=5)

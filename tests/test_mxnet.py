@@ -122,3 +122,39 @@ def test_async_scheme_updates_per_worker():
     assert len(aggs) == 12 * 2 and {d["phase"] for d in aggs} == {"update"}     # one update per worker and key
     assert "ps_async" in SCHEMES
     assert replay(g).iteration_time_us > 0
+
+
+def test_asynchronous_workers_are_replayed_to_their_steady_state():
+    """Hand-computed: 2 asynchronous workers, each: compute 10 -> push 5 on the server's download
+    link -> update (0) -> pull 5 on its upload link -> the next iteration's compute.
+
+    One iteration (both start at 0): w1's push waits for w0's, w1 ends at 10 + 5 + 5 + 5 = 25.
+    Steady state: w1 runs 5 behind w0, their transfers interleave and neither waits: each worker's
+    iteration is 10 + 5 + 5 = 20."""
+    import networkx as nx
+
+    from dpro_kit.graph import add_op
+    from dpro_kit.graph.schemes import asynchronous_workers
+    from dpro_kit.replay import replay
+    from dpro_kit.session import ASYNC_ITERATIONS, _replay
+    g = nx.DiGraph()
+    it_edges = []
+    for w in ("w0", "w1"):
+        c = add_op(g, f"{w}|C", node=w, device=f"{w}:compute", kind="BW", dur=10.0)
+        p = add_op(g, f"{w}|push", node=w, device="link:s:download", kind="SEND", phase="push", dur=5.0)
+        a = add_op(g, f"s|AGG {w}", node="s", device="s:compute", kind="AGG", phase="update", dur=0.0)
+        q = add_op(g, f"{w}|pull", node="s", device="link:s:upload", kind="SEND", phase="pull", dur=5.0)
+        g.add_edges_from([(c, p), (p, a), (a, q)])
+        it_edges.append((q, c))
+    g.graph["iteration_edges"] = it_edges
+    assert asynchronous_workers(g) == ["w0", "w1"]
+    assert replay(g).iteration_time_us == pytest.approx(25.0)           # the start-up transient
+    res = _replay(g, 1)
+    assert res.iterations == ASYNC_ITERATIONS
+    assert res.worker_steady_us() == pytest.approx({"w0": 20.0, "w1": 20.0})
+    assert res.iteration_time_us == pytest.approx(20.0)
+    # a synchronous graph (aggregate, not update) keeps the one-iteration makespan
+    for k in list(g):
+        if g.nodes[k]["kind"] == "AGG":
+            g.nodes[k]["phase"] = "aggregate"
+    assert asynchronous_workers(g) == [] and _replay(g, 1).iterations == 1

@@ -42,7 +42,7 @@ from ..errors import GraphError
 from ..trace import Collective, OpKind
 from .topology import CommContext, ps_async_push_pull, ps_push_pull, ring_allreduce, split_bytes
 
-__all__ = ["CommScheme", "TensorGroup", "SCHEMES", "register_scheme", "get_scheme", "scheme_for_op",
+__all__ = ["asynchronous_workers", "CommScheme", "TensorGroup", "SCHEMES", "register_scheme", "get_scheme", "scheme_for_op",
            "is_allreduce", "recognise", "ps_server_of"]
 
 
@@ -90,6 +90,9 @@ class CommScheme:
     uses_servers: bool = False
     servers_of: Callable[[Collective, list[str]], list[str]] | None = None
     allreduce: bool = False
+    #: workers do not wait for each other (asynchronous PS): an iteration time is each worker's steady
+    #: state over several replayed iterations, not one iteration's makespan (:func:`asynchronous_workers`)
+    asynchronous: bool = False
 
 
 SCHEMES: dict[str, CommScheme] = {}
@@ -220,4 +223,20 @@ register_scheme(CommScheme(name="ps", op="push_pull", build=ps_push_pull, collec
 register_scheme(CommScheme(name="ps_async", op="push_pull_async", build=ps_async_push_pull,
                            collectives=_ps_collectives,
                            recognise=lambda g, in_ops: _ps_recognise(g, in_ops, phase="update"),
-                           uses_servers=True, servers_of=_ps_servers_of))
+                           uses_servers=True, servers_of=_ps_servers_of, asynchronous=True))
+
+
+def asynchronous_workers(g: nx.DiGraph) -> list[str]:
+    """The worker nodes of ``g`` when its communication is asynchronous, else ``[]``.
+
+    A graph is asynchronous when it has a server-side update op (``AGG`` in phase ``update``:
+    :func:`dpro_kit.graph.topology.ps_async_push_pull`, one update per worker's push). Its
+    workers then run at their own pace, coupled only through links and servers, and the first
+    replayed iteration (every worker starting at 0, all pushes at once) is a transient the real
+    job leaves after one step: :meth:`dpro_kit.session.Session.replay` reports the steady state.
+    """
+    if not any(d.get("kind") == OpKind.AGG.value and d.get("phase") == "update" for _, d in g.nodes(data=True)):
+        return []
+    servers = {d.get("node") for _, d in g.nodes(data=True) if d.get("kind") == OpKind.AGG.value}
+    return sorted({str(d["node"]) for _, d in g.nodes(data=True)
+                   if d.get("node") and d.get("node") not in servers})

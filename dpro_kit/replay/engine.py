@@ -221,6 +221,9 @@ class ReplayResult:
     crit_pred: np.ndarray
     dev_prev: np.ndarray
     _nx: nx.DiGraph | None = None
+    #: asynchronous jobs: worker node -> its op indices in one iteration; ``iteration_time_us`` is then
+    #: the slowest worker's steady state (see there)
+    steady: dict[str, np.ndarray] | None = None
 
     @property
     def n(self) -> int:
@@ -232,13 +235,31 @@ class ReplayResult:
 
     @property
     def iteration_time_us(self) -> float:
-        """One iteration: the makespan when replaying one; else the steady-state gap between the last two."""
+        """One iteration: the makespan when replaying one; else the steady-state gap between the last two.
+
+        With ``steady`` set (asynchronous workers, :func:`dpro_kit.graph.schemes.asynchronous_workers`)
+        and at least 4 iterations: per worker, the mean gap between the ends of its consecutive
+        iterations over the second half of the replay (its own pace once the start-up transient,
+        every worker pushing at once, has passed); the slowest worker's.
+        """
+        if self.steady and self.iterations >= 4:
+            return max(self.worker_steady_us().values())
         if self.iterations == 1:
             return self.makespan_us
         n = self.n
         last = self.end[(self.iterations - 1) * n:].max(initial=0.0)
         prev = self.end[(self.iterations - 2) * n:(self.iterations - 1) * n].max(initial=0.0)
         return float(last - prev)
+
+    def worker_steady_us(self) -> dict[str, float]:
+        """Per node of ``steady``: its mean iteration gap over the second half of the replayed iterations."""
+        n, k = self.n, self.iterations
+        out = {}
+        for node, idx in (self.steady or {}).items():
+            ends = np.array([self.end[i * n + idx].max(initial=0.0) for i in range(k)])
+            gaps = np.diff(ends)[(k - 1) // 2:]
+            out[node] = float(gaps.mean()) if gaps.size else float(ends[-1])
+        return out
 
     def iteration_of(self, row: np.ndarray | int) -> np.ndarray | int:
         return row // self.n
