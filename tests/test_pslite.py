@@ -73,6 +73,22 @@ def test_scheme_is_async_for_the_benchmark_server():
     assert {c.algorithm for c in cols} == {"ps_async"} and len(cols) == 4
 
 
+def test_one_worker_is_synchronous(tmp_path):
+    # the fixture's real records with worker 11 left out (its file removed, the job declared 1-worker):
+    # every pull then leaves after all (one) pushes of its key, so the scheme is ps with one AGG per key
+    t = _copy(tmp_path)
+    next(t.glob("pslite-worker-11.*.json")).unlink()
+    for f in t.glob("pslite-*.json"):
+        doc = json.loads(f.read_text())
+        f.write_text(json.dumps({**doc, "num_workers": 1}))
+    job = pslite.transfers(t)
+    assert job["sync"] is True and {x["worker"] for x in job["xfers"]} == {"host2/worker0"}
+    s = Session(str(t))
+    aggs = [d for _, d in s.graph.nodes(data=True) if d["kind"] == "AGG"]
+    assert len(aggs) == 4 and {d["phase"] for d in aggs} == {"aggregate"} and {d["source"] for d in aggs} == {"trace"}
+    assert s.iteration_time_ms() > 0
+
+
 def _copy(tmp_path: Path) -> Path:
     dst = tmp_path / "t"
     shutil.copytree(FIXTURE, dst)
@@ -140,6 +156,19 @@ def test_real_benchmark_on_emulated_hosts_is_read_and_replayed(tmp_path):
     res = pslite_job.run(binary, trace=trace, workers=workers, servers=1, rate_mbit=200, length=length,
                          keys_per_server=keys, rounds=10, port=9310, log_dir=tmp_path / "logs")
     got = check_pairs(trace, length, workers=workers, keys=keys)
+    # the trace's own round per worker (previous round's last response handled -> this round's) is the
+    # round the program timed with its own clock
+    job = pslite.transfers(trace)
+    b = job["bounds"]
+    diffs = []
+    for w in {w for w, _ in b}:
+        prog = res["round_ms"][w.split("/")[0]]
+        for i in job["iterations"]:
+            traced = (b[(w, i)][1] - b[(w, i - 1)][1]) / 1e3
+            diffs.append(abs(prog[i - 1] - traced))
+    print(f"program's rounds vs the trace's: median |diff| {statistics.median(diffs):.3f} ms, max {max(diffs):.3f} ms "
+          f"over {len(diffs)} rounds")
+    assert statistics.median(diffs) < 5.0
     r = _dpro("replay", "--json", str(trace))
     assert r.returncode == 0, r.stderr
     pred = json.loads(r.stdout)["iteration_time_ms"]
