@@ -127,6 +127,17 @@ def test_unknown_version_and_bad_record(tmp_path):
     assert f.name in msg and "[records[5]]" in msg
 
 
+def test_two_requests_with_one_timestamp_are_refused(tmp_path):
+    t = _copy(tmp_path)
+    f = next(t.glob("pslite-worker-9.*.json"))
+    doc = json.loads(f.read_text())
+    sends = [r for r in doc["records"] if r[0] == "send" and r[6] == 1]
+    sends[1][5] = sends[0][5]                  # a second customer's request numbered like the first
+    f.write_text(json.dumps(doc))
+    msg = _one_line_error(t)
+    assert f.name in msg and "two requests to server id 8 with timestamp" in msg
+
+
 def test_missing_worker_and_mixed_runs(tmp_path):
     t = _copy(tmp_path)
     w = next(t.glob("pslite-worker-11.*.json"))

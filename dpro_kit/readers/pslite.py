@@ -213,6 +213,10 @@ def _transfers(stamp: tuple) -> dict[str, Any]:
             it = pushes[key] if push else pushes[key] - 1
             if push:
                 pushes[key] += 1
+            if (snd, rcv, ts) in req:
+                raise TraceFormatError(f"two requests to server id {rcv} with timestamp {ts}", path=d["path"],
+                                       hint="ps-lite numbers requests per customer; a worker with several "
+                                            "KVWorkers (customers) is not supported by this reader")
             req[(snd, rcv, ts)] = {"push": bool(push), "key": key, "it": it, "t0": t0, "t1": t1,
                                    "bytes": nbytes, "val_bytes": vbytes}
     # the other three ends of each exchange, and the handlers
