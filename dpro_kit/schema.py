@@ -40,7 +40,8 @@ __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "MANIFEST_VERSIONS", "TORCH_ME
            "TORCH_META_VERSIONS", "TORCH_RAW_FORMAT", "TF_META_FORMAT", "TF_META_VERSION", "TF_META_VERSIONS",
            "TF_RAW_FORMAT", "HOROVOD_RAW_FORMAT", "MXNET_META_FORMAT", "MXNET_META_VERSION", "MXNET_META_VERSIONS",
            "MXNET_RAW_FORMAT", "MARKER_PREFIX", "MARKERS", "PHASE_MARKERS", "Field",
-           "MANIFEST_FIELDS", "NODE_FIELDS", "TORCH_META_FIELDS", "TORCH_PARAM_FIELDS", "EXTRA_FIELDS", "OVERHEAD_MODES",
+           "MANIFEST_FIELDS", "NODE_FIELDS", "TORCH_META_FIELDS", "TORCH_PARAM_FIELDS", "TORCH_WINDOW_FIELDS",
+           "TORCH_STEP_FIELDS", "TORCH_MEASURED_FIELDS", "TORCH_CLOCK_SYNC_FIELDS", "EXTRA_FIELDS", "OVERHEAD_MODES",
            "HOST_GAP_MODES", "Facts", "find_offsets", "validate_manifest", "validate_torch_meta"]
 
 # --------------------------------------------------------------------------- fields
@@ -63,10 +64,16 @@ class Field:
                                        record=record or None, hint=hint)
             return
         v = obj[self.name]
+        rec = f"{record}.{self.name}" if record else self.name
         if isinstance(v, bool) and bool not in self.types or not isinstance(v, self.types):
             want = "a number" if self.types == _NUM else " or ".join(_JSON_NAME.get(t, t.__name__) for t in self.types)
             raise TraceFormatError(f"field {self.name!r} must be {want}, got {v!r:.60}", path=path,
-                                   record=f"{record}.{self.name}" if record else self.name, hint=hint)
+                                   record=rec, hint=hint)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise TraceFormatError(f"field {self.name!r} must be a finite number, got {v!r}", path=path,
+                                   record=rec, hint=hint)
+        if isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63:
+            raise TraceFormatError(f"field {self.name!r} is out of range ({v:.3e})", path=path, record=rec, hint=hint)
 
 
 _JSON_NAME = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object",
@@ -150,6 +157,29 @@ shape  list  optional  tensor shape
 dtype  str   optional  dtype without 'torch.'
 numel  int   optional  number of elements
 layer  str   optional  its layer (dpro_torch.recorder.layer_names)
+""")
+#: ``meta.json`` ``window``: the profiled steps (the reader numbers the iterations with them)
+TORCH_WINDOW_FIELDS = _table("""
+start_step      int   optional  first profiled step
+stop_step       int   optional  step after the last profiled one
+profiled_steps  list  required  the profiled steps, one integer per iteration in the trace
+""")
+#: ``meta.json`` ``steps[]``: wall time of every iteration
+TORCH_STEP_FIELDS = _table("""
+step         int     optional  step number
+dur_us       number  required  wall time of the step (us)
+profiled     bool    optional  whether it was inside the profiling window
+end_time_ns  int     optional  time.time_ns() at its end
+""")
+#: ``meta.json`` ``measured``: the job's own iteration times
+TORCH_MEASURED_FIELDS = _table("""
+median_unprofiled_us  number  optional  median wall time of the unprofiled steps (us)
+median_profiled_us    number  optional  the same inside the window
+""")
+#: ``meta.json`` ``clock.sync[]``: time.time_ns() read around each dpro::clock_sync marker
+TORCH_CLOCK_SYNC_FIELDS = _table("""
+time_ns_before  int  required  time.time_ns() before the marker
+time_ns_after   int  required  time.time_ns() after it
 """)
 #: ``manifest.extra``: the job facts collectors record and modules read, each parsed once into
 #: :class:`Facts` (name, types, meaning)
@@ -259,6 +289,33 @@ def validate_torch_meta(doc: Any, path: Any = None) -> dict[str, Any]:
                                hint=f"this reader understands versions {list(TORCH_META_VERSIONS)}")
     for f in TORCH_META_FIELDS:
         f.check(doc, path=path, record="", hint=_FIX_META)
+    _check_object(doc, "window", TORCH_WINDOW_FIELDS, path=path, hint=_FIX_META)
+    steps = doc["window"]["profiled_steps"]
+    for k, st in enumerate(steps):
+        if isinstance(st, bool) or not isinstance(st, int) or not 0 <= st < 2**62:
+            raise TraceFormatError(f"a profiled step must be a non-negative integer, got {st!r:.40}", path=path,
+                                   record=f"window.profiled_steps[{k}]", hint=_FIX_META)
+    if len(set(steps)) != len(steps):
+        raise TraceFormatError("a profiled step is listed twice", path=path, record="window.profiled_steps",
+                               hint=_FIX_META)
+    for k, st in enumerate(doc.get("steps") or []):
+        _check_object({"s": st}, "s", TORCH_STEP_FIELDS, path=path, hint=_FIX_META, record=f"steps[{k}]")
+        if st["dur_us"] < 0:
+            raise TraceFormatError(f"negative step time {st['dur_us']!r}", path=path, record=f"steps[{k}].dur_us",
+                                   hint=_FIX_META)
+    if doc.get("measured") is not None:
+        _check_object(doc, "measured", TORCH_MEASURED_FIELDS, path=path, hint=_FIX_META)
+    clock = doc.get("clock")
+    if clock is not None:
+        if not isinstance(clock, dict) or not isinstance(clock.get("sync", []), list):
+            raise TraceFormatError("'clock' must be an object with a 'sync' list", path=path, record="clock",
+                                   hint=_FIX_META)
+        for k, row in enumerate(clock.get("sync") or []):
+            rec = f"clock.sync[{k}]"
+            _check_object({"r": row}, "r", TORCH_CLOCK_SYNC_FIELDS, path=path, hint=_FIX_META, record=rec)
+            if row["time_ns_after"] < row["time_ns_before"]:
+                raise TraceFormatError("time_ns_after is before time_ns_before", path=path, record=rec,
+                                       hint=_FIX_META)
     for j, d in enumerate(doc["ddp"]):
         rec = f"ddp[{j}]"
         if not isinstance(d, dict):
@@ -270,6 +327,9 @@ def validate_torch_meta(doc: Any, path: Any = None) -> dict[str, Any]:
                                        hint=_FIX_META)
             for f in TORCH_PARAM_FIELDS:
                 f.check(p, path=path, record=f"{rec}.params[{k}]", hint=_FIX_META)
+            if p["bytes"] < 0 or p["index"] < 0:
+                raise TraceFormatError("a parameter's index and bytes must be >= 0", path=path,
+                                       record=f"{rec}.params[{k}]", hint=_FIX_META)
             known.add(p["index"])
         for b, bucket in enumerate(d.get("buckets") or []):
             idx = bucket.get("params") if isinstance(bucket, dict) else None
@@ -283,6 +343,17 @@ def validate_torch_meta(doc: Any, path: Any = None) -> dict[str, Any]:
             f"profiling window was {w.get('start_step')}:{w.get('stop_step')})", path=path,
             hint="profile iterations the job actually reaches (DPRO_STEPS)")
     return doc
+
+
+def _check_object(doc: dict[str, Any], key: str, fields: tuple[Field, ...], *, path: Any, hint: str,
+                  record: str | None = None) -> None:
+    """``doc[key]`` is an object whose fields have the types ``fields`` say (one-line error otherwise)."""
+    obj = doc.get(key)
+    rec = record or key
+    if not isinstance(obj, dict):
+        raise TraceFormatError(f"{rec} must be an object, got {obj!r:.40}", path=path, record=rec, hint=hint)
+    for f in fields:
+        f.check(obj, path=path, record=rec, hint=hint)
 
 
 # --------------------------------------------------------------------------- typed facts

@@ -61,6 +61,10 @@ ANNOTATION_CATS = frozenset({"user_annotation", "python_function"})
 #: CUDA runtime calls that block the calling CPU thread until GPU work has finished
 SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+#: the largest |ts| (us) and dur (us) an event may have: ~3,000 years since the epoch, ~11.6 days.
+#: Larger values (a corrupt or overflowing number) would not fit the int64 nanoseconds downstream.
+MAX_ABS_TS_US = 1e17
+MAX_DUR_US = 1e12
 NCCL_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 #: bytes per element of the ``dtype`` names record_param_comms writes
 DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Short": 2, "Char": 1,
@@ -218,8 +222,8 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
         An event without a numeric ``ts``/``dur``, or a negative duration (naming the record).
     """
     path = Path(path)
-    base_ns = int(doc.get("baseTimeNanoseconds", 0) or 0)
-    base_us = float(doc.get("baseTimeNanoseconds", 0) or 0) / 1e3
+    base_ns = _base_time_ns(doc, path)
+    base_us = base_ns / 1e3
     cpu: dict[tuple[Any, Any], list[KEvent]] = defaultdict(list)
     gpu: dict[Any, list[KEvent]] = defaultdict(list)
     names: dict[tuple[Any, Any], str] = {}
@@ -249,12 +253,15 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
             continue
         try:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise TraceFormatError("event without a numeric ts/dur", path=path, record=f"traceEvents[{i}]",
                                    hint="the file is corrupt; export it again") from None
-        if not dur >= 0:
-            raise TraceFormatError(f"negative or invalid duration {dur!r}", path=path, record=f"traceEvents[{i}]",
-                                   hint="the file is corrupt; export it again")
+        if not (math.isfinite(ts) and abs(ts) <= MAX_ABS_TS_US):
+            raise TraceFormatError(f"ts {ts!r} is not a finite time (|ts| <= {MAX_ABS_TS_US:.0e} us)", path=path,
+                                   record=f"traceEvents[{i}]", hint="the file is corrupt; export it again")
+        if not 0 <= dur <= MAX_DUR_US:
+            raise TraceFormatError(f"negative or invalid duration {dur!r} (0 <= dur <= {MAX_DUR_US:.0e} us)",
+                                   path=path, record=f"traceEvents[{i}]", hint="the file is corrupt; export it again")
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
         ev = KEvent(name=str(e.get("name", "")), cat=cat, pid=e.get("pid"), tid=e.get("tid"), ts=ts + base_us,
                     dur=dur, args=args, index=i, start_ns=_ns(ts) + base_ns, dur_ns=_ns(dur))
@@ -312,10 +319,24 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
         bw = ops_at.get((f_[0], f_[1], round(f_[2], 3)))
         if fw is not None and bw is not None:
             fwdbwd.append((fw, bw))
-    devices = [d for d in doc.get("deviceProperties") or [] if isinstance(d, dict)]
+    props = doc.get("deviceProperties")
+    devices = [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
     return KinetoTrace(path=path, cpu=dict(cpu), gpu=dict(gpu), launch=launch, steps=steps,
                        distributed=distributed_info(doc), thread_names=names, n_flows=len(pairs),
                        fwdbwd=fwdbwd, devices=devices)
+
+
+def _base_time_ns(doc: dict[str, Any], path: Path) -> int:
+    """``baseTimeNanoseconds`` (0 when absent): an integer of ns since the epoch, else a one-line error."""
+    v = doc.get("baseTimeNanoseconds")
+    if v is None:
+        return 0
+    if isinstance(v, float) and math.isfinite(v) and v == int(v):
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**62:
+        raise TraceFormatError(f"baseTimeNanoseconds must be an integer of nanoseconds since the epoch, got {v!r:.40}",
+                               path=path, record="baseTimeNanoseconds", hint="the file is corrupt; export it again")
+    return v
 
 
 def nest(evs: list[KEvent]) -> list[KEvent]:

@@ -374,6 +374,11 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
         o.op = f"{o.lane}/{name}#{counter[c]}"
         counter[c] += 1
 
+    if not ops:
+        raise TraceFormatError("no CPU or GPU op lies inside a ProfilerStep#N range", path=path,
+                               record=f"ProfilerStep#{windows[0][2]}" if windows else "ProfilerStep",
+                               hint="the step ranges or the op times are corrupt; export the trace again")
+
     # ---- dependencies -------------------------------------------------------------------------
     by_it: dict[int, list[_Op]] = defaultdict(list)
     for o in ops:

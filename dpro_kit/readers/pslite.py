@@ -94,13 +94,25 @@ def read_file(path: Path) -> dict[str, Any]:
         raise TraceFormatError(f"unsupported version {doc.get('version')!r}", path=path,
                                hint=f"this dpro reads versions {list(VERSIONS)}; rebuild ps-lite with this "
                                     "dpro-kit's patches/ps-lite")
-    try:
-        role, node_id, host, run = str(doc["role"]), int(doc["node_id"]), str(doc["host"]), str(doc["run"])
-        nw, ns = int(doc["num_workers"]), int(doc["num_servers"])
-        offset_ns = int(doc["clock_start"]["realtime_ns"]) - int(doc["clock_start"]["monotonic_ns"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TraceFormatError(f"header field missing or of the wrong type: {exc}", path=path,
-                               hint="the file was not written by patches/ps-lite; re-collect") from None
+    fix = "the file was not written by patches/ps-lite or was edited; re-collect"
+    clock = doc.get("clock_start")
+    if not isinstance(clock, dict):
+        raise TraceFormatError("header field 'clock_start' missing or not an object", path=path,
+                               record="clock_start", hint=fix)
+    for obj, key, low, rec in ((doc, "node_id", 0, "node_id"), (doc, "num_workers", 1, "num_workers"),
+                               (doc, "num_servers", 0, "num_servers"), (clock, "realtime_ns", 1, "clock_start.realtime_ns"),
+                               (clock, "monotonic_ns", 0, "clock_start.monotonic_ns")):
+        v = obj.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v < 2**63:
+            raise TraceFormatError(f"header field {key!r} must be an integer >= {low}, got {v!r:.40}", path=path,
+                                   record=rec, hint=fix)
+    for key in ("role", "host", "run"):
+        if not isinstance(doc.get(key), str) or not doc[key]:
+            raise TraceFormatError(f"header field {key!r} must be a non-empty string, got {doc.get(key)!r:.40}",
+                                   path=path, record=key, hint=fix)
+    role, node_id, host, run = doc["role"], doc["node_id"], doc["host"], doc["run"]
+    nw, ns = doc["num_workers"], doc["num_servers"]
+    offset_ns = clock["realtime_ns"] - clock["monotonic_ns"]
     if role not in ("worker", "server"):
         raise TraceFormatError(f"role {role!r} is neither worker nor server", path=path, record="role")
     if doc.get("columns") != COLUMNS:
@@ -112,8 +124,8 @@ def read_file(path: Path) -> dict[str, Any]:
     out = []
     for k, r in enumerate(recs):
         if (not isinstance(r, list) or len(r) != len(COLUMNS) or r[0] not in EVENTS
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in r[1:])):
-            raise TraceFormatError(f"record {k} is not [event, 11 integers] with event one of {list(EVENTS)}",
+                or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**62 for x in r[1:])):
+            raise TraceFormatError(f"record {k} is not [event, 11 integers >= 0] with event one of {list(EVENTS)}",
                                    path=path, record=f"records[{k}]", hint="re-collect this node")
         if r[2] < r[1]:
             raise TraceFormatError(f"record {k} ends before it starts", path=path, record=f"records[{k}]")

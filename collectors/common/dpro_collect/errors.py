@@ -38,19 +38,30 @@ class DproError(Exception):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        """``path [record]: what (hint)``."""
+        """``path [record]: what (hint)``; a record or message longer than :data:`MAX_PART` characters
+        (a damaged file's huge value quoted in it) is cut there, and line breaks become spaces."""
         where = ""
+        record = _short(self.record) if self.record else self.record
         if self.path:
             where = self.path
-            if self.record:
-                where += f" [{self.record}]"
+            if record:
+                where += f" [{record}]"
             where += ": "
-        elif self.record:
-            where = f"[{self.record}]: "
-        msg = f"{where}{self.what}"
+        elif record:
+            where = f"[{record}]: "
+        msg = f"{where}{_short(self.what)}"
         if self.hint:
             msg += f" ({self.hint})"
         return msg
+
+
+#: longest record or message :meth:`DproError.one_line` shows (characters)
+MAX_PART = 300
+
+
+def _short(text: str) -> str:
+    text = " ".join(str(text).splitlines())
+    return text if len(text) <= MAX_PART else text[:MAX_PART] + f"... ({len(text):,} characters)"
 
 
 class TraceFormatError(DproError):
