@@ -53,14 +53,36 @@ class CommModel:
     default: LinkModel = field(default_factory=lambda: LinkModel(DEFAULT_LATENCY_US, DEFAULT_BANDWIDTH_BPS))
     per_link: dict[str, LinkModel] = field(default_factory=dict)
     origin: str = "default"  # default | fitted | user
+    #: host -> factor on the bandwidth of every network link that host's interface carries
+    #: (``dpro replay --slow-link HOST=F``; :func:`link_hosts` says which hosts a link touches)
+    host_bandwidth_factor: dict[str, float] = field(default_factory=dict)
 
     def transfer_us(self, nbytes: float, link: str = "") -> float:
-        return self.per_link.get(link, self.default).time_us(nbytes)
+        lm = self.per_link.get(link, self.default)
+        if self.host_bandwidth_factor:
+            f = min((self.host_bandwidth_factor.get(h, 1.0) for h in link_hosts(link)), default=1.0)
+            if f != 1.0:
+                return lm.latency_us + float(nbytes) / (lm.bandwidth_Bps * f) * 1e6
+        return lm.time_us(nbytes)
 
     def describe(self) -> dict[str, Any]:
         return {"origin": self.origin, "latency_us": self.default.latency_us,
                 "bandwidth_Mbps": self.default.bandwidth_Bps * 8 / 1e6,
                 "per_link": {k: asdict(v) for k, v in self.per_link.items()}}
+
+
+def link_hosts(link: str) -> list[str]:
+    """The hosts whose network interface a link device uses: ``link:A->B`` (hosts A and B),
+    ``link:H:upload`` / ``link:H:download`` (host H); none for a link between two nodes of one
+    host (``link:host0/0->host0/1``: node names, no network)."""
+    if not link.startswith("link:"):
+        return []
+    body = link[5:]
+    if "->" in body:
+        ends = body.split("->", 1)
+        return [] if any("/" in e for e in ends) else ends
+    host, _, _direction = body.rpartition(":")
+    return [host] if host else []
 
 
 def fit_from_trace(ts: Any) -> CommModel:
@@ -268,5 +290,5 @@ def calibrate_ps_by_replay(ts: Any, model: CommModel, rounds: int = 3) -> CommMo
                      origin="fitted (ps push-pull groups, calibrated by replay)")
 
 
-__all__ = ["DEFAULT_BANDWIDTH_BPS", "calibrate_ps_by_replay", "fit_ps_groups", "DEFAULT_LATENCY_US", "LATENCY_SHARE_MAX", "collective_latency_us", "CommModel",
+__all__ = ["DEFAULT_BANDWIDTH_BPS", "calibrate_ps_by_replay", "link_hosts", "fit_ps_groups", "DEFAULT_LATENCY_US", "LATENCY_SHARE_MAX", "collective_latency_us", "CommModel",
            "fit_from_events", "fit_from_trace", "fit_ring_allreduce", "LinkModel"]

@@ -18,7 +18,8 @@ evidence), then transformed — see :func:`apply`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -412,6 +413,109 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
                    collectives=new_colls + others)
 
 
+#: event kinds that are computation (what --slow-rank / --like-median scale); transfers and collectives come
+#: from the link model
+COMPUTE_KINDS = ("FW", "BW", "UPDATE", "OTHER", "IO", "AGG")
+
+
+def _rank_nodes(ts: TraceSet, rank: int, what: str) -> list[str]:
+    nodes = [n for n, i in ts.manifest.nodes.items() if i.role == "worker" and int(i.rank) == int(rank)]
+    if not nodes:
+        ranks = sorted(int(i.rank) for i in ts.manifest.nodes.values() if i.role == "worker")
+        raise DproError(f"{what}: the job has no worker of rank {rank}", path=ts.path,
+                        hint=f"ranks of this trace: {', '.join(map(str, ranks))}")
+    return nodes
+
+
+def slow_ranks(ts: TraceSet, factors: dict[int, float]) -> TraceSet:
+    """The job with the computation of worker rank ``r`` taking ``factors[r]`` times as long.
+
+    Every computation event (:data:`COMPUTE_KINDS`) of that rank's node is scaled; its transfers
+    keep the link model's times (a slow CPU, not a slow network: see ``slow_links``).
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The profiled job.
+    factors : dict
+        Rank -> factor (> 0; 1.5 = 50 % slower, 0.8 = 20 % faster).
+    """
+    ev = ts.events.copy()
+    comp = ev["kind"].astype(str).isin(COMPUTE_KINDS).to_numpy()
+    dur = ev["dur"].to_numpy(float).copy()
+    for r, f in factors.items():
+        if not (f > 0 and math.isfinite(f)):
+            raise DproError(f"--slow-rank {r}={f}: the factor must be a positive number", path=ts.path,
+                            hint="e.g. --slow-rank 1=1.5 (rank 1's computation 1.5x as long)")
+        sel = comp & ev["node"].astype(str).isin(_rank_nodes(ts, r, "--slow-rank")).to_numpy()
+        dur[sel] *= float(f)
+    ev["dur"] = dur
+    return _retimed(ts, ev)
+
+
+def like_median(ts: TraceSet, ranks: list[int]) -> TraceSet:
+    """The job with each of ``ranks`` computing as fast as the median worker.
+
+    Per computation op (same op id and iteration on every worker: data parallelism), the rank's
+    duration becomes the median of that op's durations over the *other* workers (with 2 workers:
+    the other one); an op the others do not have is scaled by the ratio of their median total
+    computation to this rank's.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The profiled job.
+    ranks : list of int
+        Worker ranks to replace.
+    """
+    ev = ts.events.copy()
+    workers = [n for n, i in ts.manifest.nodes.items() if i.role == "worker"]
+    comp = ev["kind"].astype(str).isin(COMPUTE_KINDS) & ev["node"].astype(str).isin(workers)
+    c = ev[comp]
+    totals = c.groupby(c["node"].astype(str), observed=True)["dur"].sum()
+    dur = ev["dur"].to_numpy(float).copy()
+    for r in ranks:
+        for node in _rank_nodes(ts, r, "--like-median"):
+            others = c[c["node"].astype(str) != node]
+            med = others.groupby(["op", "iteration"], observed=True)["dur"].median()
+            rest = totals.drop(node, errors="ignore")
+            scale = float(rest.median() / totals[node]) if len(rest) and totals.get(node, 0) > 0 else 1.0
+            sel = (comp & (ev["node"].astype(str) == node)).to_numpy()
+            keys = list(zip(ev.loc[sel, "op"], ev.loc[sel, "iteration"]))
+            dur[sel] = [float(med.get(k, d * scale)) for k, d in zip(keys, dur[sel])]
+    ev["dur"] = dur
+    return _retimed(ts, ev)
+
+
+def _retimed(ts: TraceSet, ev: Any) -> TraceSet:
+    """``ts`` with new event durations; the measured iteration times no longer describe it."""
+    extra = {k: v for k, v in ts.manifest.extra.items() if not k.startswith("measured_")}
+    return replace(ts, manifest=replace(ts.manifest, extra=extra), events=ev)
+
+
+def slow_links(model: CommModel, ts: TraceSet, factors: dict[str, float]) -> CommModel:
+    """The link model with host ``h``'s network interface at ``factors[h]`` times its bandwidth.
+
+    Parameters
+    ----------
+    model : CommModel
+        The fitted link model.
+    ts : TraceSet
+        The job (names the hosts).
+    factors : dict
+        Host -> bandwidth factor (0.5 = half the bandwidth).
+    """
+    hosts = sorted({i.host for i in ts.manifest.nodes.values()})
+    for h, f in factors.items():
+        if h not in hosts:
+            raise DproError(f"--slow-link: the job has no host {h!r}", path=ts.path,
+                            hint=f"hosts of this trace: {', '.join(hosts)}")
+        if not (f > 0 and math.isfinite(f)):
+            raise DproError(f"--slow-link {h}={f}: the factor must be a positive number", path=ts.path,
+                            hint="e.g. --slow-link host1=0.5 (host1's link at half its bandwidth)")
+    return replace(model, host_bandwidth_factor={**model.host_bandwidth_factor, **factors})
+
+
 @dataclass
 class WhatIf:
     """A set of what-if changes, as the CLI takes them."""
@@ -429,15 +533,20 @@ class WhatIf:
     servers: int | None = None
     #: BytePS: BYTEPS_PARTITION_BYTES (:func:`byteps_partition_bytes`)
     partition_bytes: int | None = None
+    #: stragglers: rank -> computation factor (:func:`slow_ranks`), ranks made median (:func:`like_median`),
+    #: host -> link bandwidth factor (:func:`slow_links`)
+    slow_rank: dict[int, float] = field(default_factory=dict)
+    like_median: list[int] = field(default_factory=list)
+    slow_link: dict[str, float] = field(default_factory=dict)
 
     def any(self) -> bool:
         return self.bucket_mb is not None or self.bandwidth_mbps is not None or self.world_size is not None \
             or self.fusion_threshold_mb is not None or self.cycle_time_ms is not None or self.servers is not None \
-            or self.partition_bytes is not None
+            or self.partition_bytes is not None or bool(self.slow_rank or self.like_median or self.slow_link)
 
     def describe(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None and (k != "first_bucket_mb" or
-                                                                           self.bucket_mb is not None)}
+        return {k: v for k, v in self.__dict__.items() if v is not None and v != {} and v != [] and
+                (k != "first_bucket_mb" or self.bucket_mb is not None)}
 
 
 def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommModel]:
@@ -479,11 +588,18 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
         ts = scale_servers(ts, w.servers)
     if w.partition_bytes is not None:
         ts = byteps_partition_bytes(ts, int(w.partition_bytes))
+    if w.slow_rank:
+        ts = slow_ranks(ts, dict(w.slow_rank))
+    if w.like_median:     # after --slow-rank: "what if the slowed rank were fixed"
+        ts = like_median(ts, list(w.like_median))
     if w.bandwidth_mbps is not None:
         model = with_bandwidth(model, w.bandwidth_mbps)
+    if w.slow_link:
+        model = slow_links(model, ts, dict(w.slow_link))
     return ts, model
 
 
-__all__ = ["DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
+__all__ = ["COMPUTE_KINDS", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
+           "like_median", "slow_links", "slow_ranks",
            "ddp_bucket_assignment", "horovod_knobs",
            "rebucket", "scale_servers", "scale_world", "WhatIf", "with_bandwidth"]

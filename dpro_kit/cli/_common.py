@@ -135,6 +135,36 @@ def whatif_options(bucket_help: str | None = None, first_bucket_help: str | None
     return deco
 
 
+def _pairs(kind: Callable[[str], Any], what: str) -> Callable[[Any, Any, tuple[str, ...]], dict[Any, float]]:
+    def parse(ctx: Any, param: Any, values: tuple[str, ...]) -> dict[Any, float]:
+        out = {}
+        for v in values:
+            k, sep, f = v.partition("=")
+            try:
+                out[kind(k.strip())] = float(f)
+            except ValueError:
+                sep = ""
+            if not sep:
+                raise click.BadParameter(f"{v!r}: expected {what}=FACTOR, e.g. {'1' if kind is int else 'host1'}=1.5")
+        return out
+    return parse
+
+
+def straggler_options() -> Callable[[F], F]:
+    """``--slow-rank``, ``--like-median``, ``--slow-link``: stragglers, what if (docs/stragglers.md)."""
+    def deco(f: F) -> F:
+        return _apply([
+            click.option("--slow-rank", "slow_rank", multiple=True, callback=_pairs(int, "RANK"), metavar="R=F",
+                         help="What if worker rank R's computation took F times as long (1.5: 50 % slower, "
+                              "0.8: faster). Repeatable."),
+            click.option("--like-median", "like_median", multiple=True, type=int, metavar="R",
+                         help="What if worker rank R computed as fast as the median worker (per op). Repeatable."),
+            click.option("--slow-link", "slow_link", multiple=True, callback=_pairs(str, "HOST"), metavar="HOST=F",
+                         help="What if HOST's network interface had F times its bandwidth (0.5: half). Repeatable."),
+        ], f)
+    return deco
+
+
 def horovod_options() -> Callable[[F], F]:
     """``--fusion-threshold-mb``, ``--cycle-time-ms``: Horovod's knobs, what if (docs/horovod.md)."""
     def deco(f: F) -> F:

@@ -8,7 +8,7 @@ import click
 
 from ..errors import DproError
 from ._common import (Progress, echo_json, horovod_options, make_whatif, open_session, output_options,
-                      session_options, whatif_options)
+                      session_options, straggler_options, whatif_options)
 
 EPILOG = """\b
 Examples:
@@ -36,6 +36,7 @@ Examples:
               help="How many of the longest critical-path ops to list.")
 @whatif_options()
 @horovod_options()
+@straggler_options()
 @click.option("--servers", type=click.IntRange(1), default=None,
               help="What if (parameter server): this many servers, tensors re-partitioned as the job's "
                    "kvstore does (docs/ps.md).")
@@ -48,11 +49,16 @@ Examples:
               help="Order of the transfers on each link / server: as the graph says (traced: FIFO), or "
                    "TicTac's TIC / TAC order of a parameter-server job's transfers, or a random one "
                    "(docs/tictac.md).")
+@click.option("--stragglers", is_flag=True,
+              help="Rank the workers by what they cost the job: the iteration time saved if each computed like "
+                   "the median worker (one more replay per rank), and how late it enters collectives "
+                   "(docs/stragglers.md).")
 @output_options()
 def replay(trace: Path, iterations: int, timeline: Path | None, measured_timeline: Path | None, top: int,
            bucket_mb: float | None, first_bucket_mb: float | None, bandwidth_mbps: float | None,
            world_size: int | None, fusion_threshold_mb: float | None, cycle_time_ms: float | None,
-           servers: int | None, partition_bytes: int | None, no_align: bool, per_iteration: bool | None, schedule: str, as_json: bool, quiet: bool) -> None:
+           slow_rank: dict[int, float], like_median: tuple[int, ...], slow_link: dict[str, float],
+           servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, as_json: bool, quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
     TRACE is a trace directory (with manifest.json) or a graph file written by
@@ -69,6 +75,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     wi = make_whatif(bucket_mb, first_bucket_mb, bandwidth_mbps, world_size, fusion_threshold_mb, cycle_time_ms)
     wi.servers = servers
     wi.partition_bytes = partition_bytes
+    wi.slow_rank, wi.like_median, wi.slow_link = dict(slow_rank), list(like_median), dict(slow_link)
     session = open_session(trace, no_align=no_align, per_iteration=per_iteration, whatif=wi, progress=progress)
     g, info, ts = session.graph, session.info, session.profiled
     if measured_timeline is not None and ts is None:
@@ -101,6 +108,10 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
         out["warnings"] = placement_warnings(ts.manifest.extra)
         if world_size is not None:
             out["warnings"] += world_size_warnings(ts.manifest.extra, world_size)
+    if stragglers:
+        from ..stragglers import attribute
+        progress.note("replaying once more per rank (straggler attribution)")
+        out["stragglers"] = attribute(session)
     if timeline is not None:
         out["timeline"] = str(timeline)
     if measured_timeline is not None:
@@ -156,6 +167,10 @@ def print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
     echo(f"critical path: {len(cp['ops'])} ops ({kinds})")
     for t in cp["top"]:
         echo(f"  {t['start_ms']:>10.3f} ms  {t['dur_ms']:>9.3f} ms  {t['kind']:<7} {t['device']:<28} {t['name']}")
+    if out.get("stragglers"):
+        from ..stragglers import format_attribution
+        echo("")
+        echo(format_attribution(out["stragglers"]))
     for w in out.get("warnings") or []:
         echo(click.style("warning: ", fg="yellow") + w, err=True)
     if out.get("timeline"):

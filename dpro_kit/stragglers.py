@@ -1,0 +1,107 @@
+"""Straggler attribution: which worker holds the job back, and what fixing it would buy.
+
+For every worker rank the job is replayed twice more: with that rank computing as fast as the
+median worker (:func:`dpro_kit.whatif.like_median`; the time saved is what its slow
+computation costs the whole job) and, when its host is not alone on the link model, with its
+host's link at the others' rate (not separable from one fitted link model: reported as not
+measured). From the trace itself: how late the rank enters collectives compared with the
+earliest rank (median over collective instances; HTA's late-start signal, here next to the
+replayed saving that HTA cannot give). Ranked by time saved.
+
+Stateless: takes a :class:`dpro_kit.session.Session`, returns plain dicts (``dpro replay
+--stragglers``, the HTML report).
+
+References
+----------
+.. [1] Hu et al., "dPRO", MLSys 2022, §4.3 (replay) and §6 (what-if analysis)
+       (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+#: at most this many ranks are replayed (the slowest by traced computation); the others are listed
+MAX_REPLAYED_RANKS = 16
+
+
+def late_start_ms(ts: Any) -> dict[str, float]:
+    """Per node: median over collective instances of (its entry - the earliest rank's entry), ms."""
+    ev = ts.events
+    comm = ev[ev["kind"].astype(str) == "COMM"]
+    if comm.empty:
+        return {}
+    first = comm.groupby(["op", "iteration", "node"], observed=True)["start"].min().reset_index()
+    first["late"] = first["start"] - first.groupby(["op", "iteration"], observed=True)["start"].transform("min")
+    return {str(n): float(g["late"].median()) / 1e3 for n, g in first.groupby("node", observed=True)}
+
+
+def attribute(session: Any) -> dict[str, Any]:
+    """Per worker rank: the iteration time saved if it computed like the median of the other workers, its late start.
+
+    Parameters
+    ----------
+    session : dpro_kit.session.Session
+        A session on a trace directory (what-ifs are applied on copies of it).
+
+    Returns
+    -------
+    dict
+        ``baseline_ms`` (the session's prediction), ``ranks``: one dict per worker, most costly
+        first - ``node``, ``rank``, ``host``, ``compute_ms`` (traced computation per iteration),
+        ``compute_vs_median`` (ratio), ``like_median_ms`` (predicted if it computed like the
+        median worker), ``saved_ms`` / ``saved_pct``, ``late_start_ms``; ``first`` (the node
+        ranked first, or None when no rank saves more than 1 % of the iteration), ``note``.
+    """
+    from .session import Session
+    from .whatif import COMPUTE_KINDS, WhatIf
+
+    ts = session.trace          # the job asked about (a what-if applied), aligned
+    base = session.iteration_time_ms()
+    workers = [(n, i) for n, i in ts.manifest.nodes.items() if i.role == "worker"]
+    ev = ts.events
+    comp = ev[ev["kind"].astype(str).isin(COMPUTE_KINDS)]
+    n_it = max(1, int(ev["iteration"].nunique()))
+    per = comp.groupby(comp["node"].astype(str), observed=True)["dur"].sum() / n_it / 1e3
+    med = float(np.median([per.get(n, 0.0) for n, _ in workers])) if workers else 0.0
+    late = late_start_ms(ts)
+    order = sorted(workers, key=lambda w: -per.get(w[0], 0.0))
+    rows = []
+    prior = session.whatif or WhatIf()
+    for k, (node, info) in enumerate(order):
+        row: dict[str, Any] = {"node": node, "rank": int(info.rank), "host": info.host,
+                               "compute_ms": round(float(per.get(node, 0.0)), 3),
+                               "compute_vs_median": round(float(per.get(node, 0.0)) / med, 3) if med > 0 else None,
+                               "late_start_ms": round(late[node], 3) if node in late else None}
+        if k < MAX_REPLAYED_RANKS and len(workers) > 1:
+            wi = replace(prior, like_median=sorted(set(prior.like_median) | {int(info.rank)}))
+            t = Session(session.path, whatif=wi, align=session.align,
+                        per_iteration=session.per_iteration).iteration_time_ms()
+            row.update(like_median_ms=round(t, 3), saved_ms=round(base - t, 3),
+                       saved_pct=round(100.0 * (base - t) / base, 2) if base > 0 else None)
+        rows.append(row)
+    rows.sort(key=lambda r: -(r.get("saved_ms") if r.get("saved_ms") is not None else -1e18))
+    first = rows[0]["node"] if rows and (rows[0].get("saved_pct") or 0.0) > 1.0 else None
+    return {"baseline_ms": round(base, 3), "ranks": rows, "first": first,
+            "note": "saved = the replayed iteration time minus the same with that rank computing like the median "
+                    "worker (per op); late start = median lateness entering collectives vs the earliest rank "
+                    "(from the trace); a slow link is not separated from the fitted link model: use "
+                    "--slow-link HOST=F to ask"}
+
+
+def format_attribution(doc: dict[str, Any]) -> str:
+    """The text block ``dpro replay --stragglers`` prints."""
+    lines = [f"stragglers (predicted {doc['baseline_ms']:.3f} ms; saved = if this rank computed like the median of the other workers):",
+             f"  {'node':<22}{'rank':>5}{'compute ms':>12}{'x median':>10}{'saved ms':>10}{'saved %':>9}{'late start ms':>15}"]
+    for r in doc["ranks"]:
+        f = (lambda v, w, p: f"{v:>{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}")
+        lines.append(f"  {r['node']:<22}{r['rank']:>5}{f(r['compute_ms'], 12, 3)}{f(r['compute_vs_median'], 10, 2)}"
+                     f"{f(r.get('saved_ms'), 10, 3)}{f(r.get('saved_pct'), 9, 1)}{f(r.get('late_start_ms'), 15, 3)}")
+    lines.append(f"  -> {doc['first']} holds the job back most" if doc["first"] else
+                 "  -> no rank costs the job more than 1 % of an iteration")
+    return "\n".join(lines)
+
+
+__all__ = ["MAX_REPLAYED_RANKS", "attribute", "format_attribution", "late_start_ms"]

@@ -1,0 +1,80 @@
+"""Straggler what-ifs (--slow-rank, --like-median, --slow-link) and the attribution analyzer."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_traceset
+from dpro_kit.costmodel import CommModel, LinkModel, link_hosts
+from dpro_kit.errors import DproError
+from dpro_kit.whatif import COMPUTE_KINDS, like_median, slow_links, slow_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+TWO_HOST = ROOT / "examples" / "traces" / "ddp-2host-1000mbit"
+
+
+def _compute(ts, node):
+    ev = ts.events
+    sel = (ev["node"] == node) & ev["kind"].astype(str).isin(COMPUTE_KINDS)
+    return float(ev.loc[sel, "dur"].sum())
+
+
+def test_slow_rank_scales_only_that_ranks_computation():
+    ts = tiny_traceset(workers=3, hosts=3, iterations=2)
+    out = slow_ranks(ts, {1: 1.5})
+    assert _compute(out, "w1") == pytest.approx(1.5 * _compute(ts, "w1"))
+    assert _compute(out, "w0") == pytest.approx(_compute(ts, "w0"))
+    comm = lambda t: t.events.loc[t.events["kind"].astype(str) == "COMM", "dur"].sum()  # noqa: E731
+    assert comm(out) == pytest.approx(comm(ts))                  # transfers are the link model's
+    with pytest.raises(DproError, match="no worker of rank 7"):
+        slow_ranks(ts, {7: 2.0})
+    with pytest.raises(DproError, match="positive"):
+        slow_ranks(ts, {0: -1.0})
+
+
+def test_like_median_takes_the_other_workers_median_per_op():
+    """Rank 2 made 2x slower, then 'like the median of the others' (w0, w1 are identical): back to w0's."""
+    ts = tiny_traceset(workers=3, hosts=3, iterations=2)
+    slow = slow_ranks(ts, {2: 2.0})
+    fixed = like_median(slow, [2])
+    assert _compute(slow, "w2") == pytest.approx(2 * _compute(ts, "w0"))
+    assert _compute(fixed, "w2") == pytest.approx(_compute(ts, "w0"))
+
+
+def test_slow_link_hand_computed():
+    assert link_hosts("link:h0->h1") == ["h0", "h1"]
+    assert link_hosts("link:host0:download") == ["host0"]
+    assert link_hosts("link:host0/0->host0/1") == []                # two nodes of one host: no network
+    m = CommModel(default=LinkModel(10.0, 1e6))                      # 10 us + 1 us per byte
+    ts = tiny_traceset(workers=2, hosts=2)
+    s = slow_links(m, ts, {"h1": 0.5})
+    assert s.transfer_us(1000, "link:h0->h1") == pytest.approx(10 + 2000)   # h1's interface at half
+    assert s.transfer_us(1000, "link:h0:upload") == pytest.approx(10 + 1000)  # another host's interface
+    assert m.transfer_us(1000, "link:h0->h1") == pytest.approx(10 + 1000)   # the original is untouched
+    with pytest.raises(DproError, match="no host 'h9'"):
+        slow_links(m, ts, {"h9": 0.5})
+
+
+def _replay_json(*args):
+    p = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "replay", str(TWO_HOST), "--json", "-q", *args],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_cli_slowed_rank_is_named_first_and_slows_the_job():
+    """A real recorded 2-host trace: rank 0 made 1.5x slower is what the attribution names first."""
+    base = _replay_json()
+    slow = _replay_json("--slow-rank", "0=1.5", "--stragglers")
+    assert slow["iteration_time_ms"] > base["iteration_time_ms"]
+    st = slow["stragglers"]
+    assert st["first"] == "host0/0" and st["ranks"][0]["saved_ms"] > 0
+    link = _replay_json("--slow-link", "host1=0.5")
+    assert link["iteration_time_ms"] > base["iteration_time_ms"]
+    bad = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "replay", str(TWO_HOST), "--slow-rank", "1=x"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "expected RANK=FACTOR" in bad.stderr
