@@ -55,8 +55,9 @@ class DproError(Exception):
         return msg
 
 
-#: longest record or message :meth:`DproError.one_line` shows (characters)
-MAX_PART = 300
+#: longest record or message :meth:`DproError.one_line` shows (characters): room for a message naming the ops
+#: of a contradiction (~700), not for a megabyte string a mutated file put in a field
+MAX_PART = 2000
 
 
 def _short(text: str) -> str:
