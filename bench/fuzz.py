@@ -24,6 +24,9 @@ missing or duplicated) and runs the real command line on it, ``dpro replay CASE 
 ``crash`` / ``oom``
     the worker process died, or ran out of the per-case memory limit (``--memory-mb``).
 
+A replay (ok or repaired) whose iteration time moved more than 1 % from the unmutated seed's is
+listed in the summary: the mutation mattered, and without a warning it may be a silent wrong answer.
+
 Every case is reproducible from its number: ``python bench/fuzz.py --case 1234 --keep DIR``
 writes the mutated folder to DIR and prints its outcome.
 
@@ -64,6 +67,9 @@ REPO = Path(__file__).resolve().parents[1]
 #: outcome kinds (module docstring); the ones that are defects
 OUTCOMES = ("ok", "repaired", "refused", "bad_refusal", "bad_output", "traceback", "hang", "crash", "oom")
 DEFECTS = ("bad_refusal", "bad_output", "traceback", "hang", "crash", "oom")
+#: an ok replay whose iteration time moved more than this (%) from the seed's is listed for a look:
+#: a mutation that mattered without a warning may be a silent wrong answer
+CHANGED_PCT = 1.0
 
 #: files of a seed folder that are documentation or tools, not trace input
 _NOT_INPUT = {"README.md", "make_fixture.py"}
@@ -444,7 +450,7 @@ def classify(res: dict[str, Any], case: Path, baseline_warnings: set[str] = froz
         if len(errs) != 1:
             return "bad_refusal", " | ".join(err_lines)[:300]
         line = errs[0]
-        if str(case) not in line or len(line) > 2000:
+        if str(case) not in line or len(line) > 5000:
             return "bad_refusal", line[:300]
         return "refused", line.replace(str(case), "CASE")[:300]
     if rc != 0:
@@ -479,8 +485,9 @@ def _where(tb: str) -> str:
         return f
 
 
-def baseline(seeds: dict[str, Path], work: Path) -> dict[str, set[str]]:
-    """The warnings each unmutated seed gives (so only new ones count as repairs)."""
+def baseline(seeds: dict[str, Path], work: Path) -> dict[str, dict[str, Any]]:
+    """Per seed, what its unmutated folder gives: ``warnings`` (so only new ones count as repairs) and
+    ``iteration_time_ms`` (so an ok case that predicts another time is counted as ``changed``)."""
     out = {}
     for name, path in seeds.items():
         case = work / f"base-{name}"
@@ -490,28 +497,35 @@ def baseline(seeds: dict[str, Path], work: Path) -> dict[str, set[str]]:
         if kind not in ("ok", "repaired"):
             raise SystemExit(f"seed {name} does not replay cleanly: {kind}: {detail}")
         doc = json.loads(res["stdout"])
-        out[name] = set(doc.get("warnings") or []) | {ln for ln in res["stderr"].splitlines() if ln.strip()}
+        out[name] = {"warnings": sorted(set(doc.get("warnings") or []) |
+                                        {ln for ln in res["stderr"].splitlines() if ln.strip()}),
+                     "iteration_time_ms": float(doc["iteration_time_ms"])}
         shutil.rmtree(case)
     return out
 
 
-def run_case(number: int, seeds: dict[str, Path], work: Path, base: dict[str, set[str]], *,
+def run_case(number: int, seeds: dict[str, Path], work: Path, base: dict[str, dict[str, Any]], *,
              timeout: float = 0, keep: Path | None = None) -> dict[str, Any]:
     """Make case ``number`` under ``work``, replay it in-process and classify it.
 
     Returns
     -------
     dict
-        ``case``, ``seed``, ``mutations``, ``outcome``, ``detail``, ``seconds``.
+        ``case``, ``seed``, ``mutations``, ``outcome``, ``detail``, ``seconds``; for a replay
+        (ok, repaired) also ``change_pct``: its iteration time against the unmutated seed's.
     """
     case = keep if keep is not None else work / f"case-{number}"
     if case.exists():
         shutil.rmtree(case)
     name, muts = make_case(number, seeds, case)
     res = replay(case, timeout=timeout)
-    kind, detail = classify(res, case, base.get(name, set()))
+    b = base.get(name) or {}
+    kind, detail = classify(res, case, set(b.get("warnings") or ()))
     out = {"case": number, "seed": name, "mutations": muts, "outcome": kind, "detail": detail,
            "seconds": round(res["seconds"], 3)}
+    if kind in ("ok", "repaired") and b.get("iteration_time_ms"):
+        it = float(json.loads(res["stdout"])["iteration_time_ms"])
+        out["change_pct"] = round(100.0 * (it - b["iteration_time_ms"]) / b["iteration_time_ms"], 3)
     if res.get("traceback") and kind == "traceback":
         out["traceback"] = res["traceback"]
     if keep is None:
@@ -532,7 +546,6 @@ def _worker(args: argparse.Namespace) -> None:
     seeds = seed_folders(work / "seeds", large=not args.small)
     os.environ["DPRO_CACHE"] = str(work / "cache")
     base = json.loads(Path(args.base).read_text())
-    base = {k: set(v) for k, v in base.items()}
     real_out = sys.stdout
     sys.stdout = sys.stderr  # nothing but results on the pipe
     print("ready", file=real_out, flush=True)
@@ -600,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r, indent=1))
             return 0
         base_file = work / "base.json"
-        base_file.write_text(json.dumps({k: sorted(v) for k, v in base.items()}))
+        base_file.write_text(json.dumps(base))
         args.work = str(work)
         return _run_many(args, base_file, sorted(seeds))
 
@@ -672,6 +685,12 @@ def _summary(args: argparse.Namespace, results: list[dict[str, Any]], wall: floa
     print("  ".join(f"{k} {counts.get(k, 0)}" for k in OUTCOMES))
     for s, c in sorted(by_seed.items()):
         print(f"  {s:<28}" + "  ".join(f"{k} {c.get(k, 0)}" for k in OUTCOMES if c.get(k)))
+    changed = [r for r in results if abs(r.get("change_pct", 0.0)) > CHANGED_PCT]
+    print(f"replays whose iteration time moved more than {CHANGED_PCT:g} % from the unmutated seed's: "
+          f"{sum(r['outcome'] == 'ok' for r in changed)} without a warning, "
+          f"{sum(r['outcome'] == 'repaired' for r in changed)} with one")
+    for r in sorted(changed, key=lambda r: -abs(r["change_pct"]))[:15]:
+        print(f"  {r['change_pct']:+9.2f} %  {r['outcome']:<8} --case {r['case']} {r['seed']}: {'; '.join(r['mutations'])}"[:250])
     defects = [r for r in results if r["outcome"] in DEFECTS]
     groups = Counter((r["outcome"], r.get("detail", "")) for r in defects)
     for (kind, detail), n in groups.most_common(40):

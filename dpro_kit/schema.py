@@ -201,6 +201,7 @@ alignment                       dict    optional  clock offsets: offsets_us (nod
 offsets_us                      dict    optional  clock offsets (node -> us); also 'offsets'
 kineto_plain                    dict    optional  plain torch.profiler input: ranks_present, world_size
 notes                           list    optional  lines the commands print about the trace
+warnings                        list    optional  what the readers repaired or could not apply (docs/reliability.md)
 """)
 #: how the torch-kineto reader removes the profiler's cost (``extra.torch_kineto.profiler_overhead``)
 OVERHEAD_MODES = ("window", "calibrated", "keep")
@@ -429,6 +430,9 @@ class Facts:
         The manifest was built from plain torch.profiler files (no collector facts).
     notes : list of str
         Lines commands print about the trace.
+    warnings : list of str
+        What the readers repaired or could not apply, one line each (commands print them as
+        warnings; the allowed repairs are listed in docs/reliability.md).
     collector, run_id : str
         Who wrote the folder, and the run id.
     """
@@ -449,6 +453,7 @@ class Facts:
     offsets_us: dict[str, float] = field(default_factory=dict)
     plain_kineto: bool = False
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     collector: str = ""
     run_id: str = ""
 
@@ -509,4 +514,5 @@ class Facts:
             offsets_us=find_offsets(extra) or {},
             plain_kineto=bool(extra.get("kineto_plain")),
             notes=[str(x) for x in (get("notes", list) or [])],
+            warnings=[str(x) for x in (get("warnings", list) or [])],
             collector=str(extra.get("collector") or ""), run_id=str(extra.get("run_id") or ""))

@@ -117,6 +117,9 @@ EVENT_COLUMNS: dict[str, tuple[str, Any]] = {
     "peer": ("string", ""),          # the other node of a transfer
 }
 REQUIRED_EVENT_FIELDS = ("op", "kind", "iteration", "start", "dur")
+#: the longest a node's trace may span (us): an event's start more than this from the node's median
+#: start, or a duration longer than this, is a corrupt time (a profiled window is seconds to minutes)
+MAX_TRACE_SPAN_US = 86_400e6
 
 
 @dataclass
@@ -237,12 +240,14 @@ def empty_memory() -> pd.DataFrame:
 
 @dataclass
 class NodeTrace:
-    """What a reader returns for one node (``memory``: rows of MEMORY_COLUMNS without ``node``)."""
+    """What a reader returns for one node (``memory``: rows of MEMORY_COLUMNS without ``node``;
+    ``warnings``: what the reader repaired or could not apply, one line each, docs/reliability.md)."""
 
     events: pd.DataFrame
     edges: list[tuple[str, str]]
     collectives: list[dict[str, Any]]
     memory: pd.DataFrame | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -325,6 +330,15 @@ def make_events(records: Iterable[dict[str, Any]] | pd.DataFrame, *, path: str |
                 path=path, record=f"events[{i}] (op {df['op'].iloc[i]!r})",
                 hint="the trace is corrupt; re-collect this node")
         df[col] = vals
+    starts = df["start"].to_numpy(dtype="float64")
+    far = (np.abs(starts - np.median(starts)) > MAX_TRACE_SPAN_US) | (df["dur"].to_numpy(dtype="float64")
+                                                                     > MAX_TRACE_SPAN_US)
+    if far.any():
+        i = int(np.flatnonzero(far)[0])
+        raise TraceFormatError(
+            f"op starts {(starts[i] - np.median(starts)) / 86_400e6:+.1f} days from the node's other ops or lasts "
+            f"{df['dur'].iloc[i] / 86_400e6:.1f} days (at most 1 day)", path=path,
+            record=f"events[{i}] (op {df['op'].iloc[i]!r})", hint="a time in the trace is corrupt; re-collect this node")
     it = pd.to_numeric(df["iteration"], errors="coerce")
     bad_it = ~np.isfinite(it.to_numpy(dtype="float64", na_value=np.nan)) | (it % 1 != 0).to_numpy()
     if bad_it.any():
@@ -425,6 +439,7 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSe
     trace_dir = Path(trace_dir)
     manifest = load_manifest(trace_dir)
     frames, edges, raw_colls, mem = [], {}, [], []
+    warnings = [str(w) for w in manifest.facts.warnings]
     nodes = manifest.workers() + manifest.servers()
     for i, node in enumerate(nodes):
         info = manifest.nodes[node]
@@ -442,11 +457,14 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSe
         raw_colls.extend((node, c, ndir) for c in nt.collectives)
         if nt.memory is not None and not nt.memory.empty:
             mem.append(nt.memory.assign(node=node))
+        warnings.extend(f"{node}: {w}" for w in nt.warnings)
         if progress is not None:
             progress(i + 1, len(nodes))
     events = pd.concat(frames, ignore_index=True) if frames else empty_events()
     for col, (dtype, _) in EVENT_COLUMNS.items():
         events[col] = events[col].astype(dtype)
+    if warnings:   # what the readers repaired: the commands print manifest.facts.warnings
+        manifest.extra["warnings"] = list(dict.fromkeys(warnings))
     collectives = merge_collectives(raw_colls, manifest)
     memory = pd.concat(mem, ignore_index=True)[list(MEMORY_COLUMNS)] if mem else empty_memory()
     memory = memory.astype(MEMORY_COLUMNS)

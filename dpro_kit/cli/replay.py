@@ -105,7 +105,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
         from ..placement import placement_warnings, world_size_warnings
         # one line each about what the input is and cannot tell (e.g. plain torch.profiler folders)
         out["notes"] = [str(x) for x in (ts.manifest.extra.get("notes") or [])]
-        out["warnings"] = placement_warnings(ts.manifest.extra)
+        out["warnings"] = ts.manifest.facts.warnings + placement_warnings(ts.manifest.extra)
         if world_size is not None:
             out["warnings"] += world_size_warnings(ts.manifest.extra, world_size)
     if stragglers:

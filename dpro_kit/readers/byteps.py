@@ -164,6 +164,7 @@ def read_meta(trace_dir: Path) -> dict[str, Any]:
         raise TraceFormatError("'tensors' must map each tensor name to its size in bytes", path=path,
                                record="tensors", hint='e.g. {"byteps.gradient_0": 6000000}')
     for key, ok in (("servers", lambda v: isinstance(v, int) and v >= 1),
+                    ("workers", lambda v: isinstance(v, int) and v >= 1),
                     ("partition_bytes", lambda v: isinstance(v, int) and v >= 1),
                     ("start_step", lambda v: isinstance(v, int) and v >= 0)):
         if key in doc and (isinstance(doc[key], bool) or not ok(doc[key])):
@@ -248,6 +249,15 @@ def discover(trace_dir: Path) -> Manifest | None:
     if not workers:
         raise TraceFormatError(f"no worker folder with <local rank>/{COMM_FILE}", path=trace_dir,
                                hint="one folder per worker machine holding its BYTEPS_TRACE_DIR")
+    warnings = []
+    if "workers" in meta and meta["workers"] != len(workers):
+        raise TraceFormatError(f"byteps_meta.json says {meta['workers']} worker(s) ran; {len(workers)} folder(s) with "
+                               f"<local rank>/{COMM_FILE} are here ({', '.join(w.name for w in workers)})",
+                               path=trace_dir / META_FILE, record="workers",
+                               hint="copy the missing worker's BYTEPS_TRACE_DIR here, or remove extra folders")
+    if "workers" not in meta:
+        warnings.append(f"byteps_meta.json does not say how many workers ran (\"workers\": N); the {len(workers)} "
+                        "worker folder(s) found are taken as the whole job, a missing one would go unnoticed")
     nodes = {f"{w.name}/0": NodeInfo(host=w.name, role="worker", rank=i, dir=w.name) for i, w in enumerate(workers)}
     for j in range(int(meta.get("servers", 1))):
         nodes[f"server{j}/server{j}"] = NodeInfo(host=f"server{j}", role="server", rank=j, dir=".")
@@ -257,7 +267,7 @@ def discover(trace_dir: Path) -> Manifest | None:
                     comm_backend="byteps", world_size=len(workers), nodes=nodes,
                     iterations=list(range(start, start + len(steps))), raw_format=FORMAT,
                     tool_version=str(meta.get("tool_version", "")),
-                    extra={"strategy": "ps", "link_model": "interface",
+                    extra={"strategy": "ps", "link_model": "interface", **({"warnings": warnings} if warnings else {}),
                            "byteps": {"partition_bytes": int(meta.get("partition_bytes", DEFAULT_PARTITION_BYTES)),
                                       "key_hash": str(meta.get("key_hash", "djb2")),
                                       "servers": int(meta.get("servers", 1))}})

@@ -65,6 +65,8 @@ STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 #: Larger values (a corrupt or overflowing number) would not fit the int64 nanoseconds downstream.
 MAX_ABS_TS_US = 1e17
 MAX_DUR_US = 1e12
+#: the longest span of one file's complete events (us): one day
+MAX_SPAN_US = 86_400e6
 NCCL_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 #: bytes per element of the ``dtype`` names record_param_comms writes
 DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Short": 2, "Char": 1,
@@ -270,6 +272,7 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
             gpu[args.get("stream", e.get("tid"))].append(ev)
         else:
             cpu[(ev.pid, ev.tid)].append(ev)
+    _check_span([ev for evs in (*cpu.values(), *gpu.values()) for ev in evs], path)
     for evs in gpu.values():
         evs.sort(key=lambda x: (x.start_ns, x.index))
     for evs in cpu.values():
@@ -305,6 +308,12 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
             if m and ev.cat == "user_annotation":
                 steps.append(Step(int(m.group(1)), ev.ts, ev.end))
     steps.sort(key=lambda s: s.start)
+    for a, b in zip(steps, steps[1:]):
+        if b.number <= a.number or b.start < a.end:
+            raise TraceFormatError(
+                f"ProfilerStep#{b.number} starts before ProfilerStep#{a.number} ends, or the step numbers do not "
+                "increase with time", path=path, record=f"ProfilerStep#{b.number}",
+                hint="a step range's time or name is corrupt; export the trace again")
     # forward -> backward links: Kineto puts the flow's start on the forward op and its end on the
     # backward op, at their own ts; the outermost cpu_op there is the op
     ops_at: dict[tuple[Any, Any, float], KEvent] = {}
@@ -324,6 +333,20 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
     return KinetoTrace(path=path, cpu=dict(cpu), gpu=dict(gpu), launch=launch, steps=steps,
                        distributed=distributed_info(doc), thread_names=names, n_flows=len(pairs),
                        fwdbwd=fwdbwd, devices=devices)
+
+
+def _check_span(evs: list[KEvent], path: Path) -> None:
+    """Refuse an event more than :data:`MAX_SPAN_US` from the median start of the file's events
+    (a corrupt time: a profiling window lasts seconds to minutes)."""
+    if not evs:
+        return
+    ts = sorted(e.ts for e in evs)
+    mid = ts[len(ts) // 2]
+    for e in evs:
+        if abs(e.ts - mid) > MAX_SPAN_US or e.dur > MAX_SPAN_US:
+            raise TraceFormatError(f"event {e.name!r:.60} lies {(e.ts - mid) / 86_400e6:+.1f} days from the file's "
+                                   f"other events or lasts {e.dur / 86_400e6:.1f} days (at most 1 day)", path=path,
+                                   record=f"traceEvents[{e.index}]", hint="the file is corrupt; export it again")
 
 
 def _base_time_ns(doc: dict[str, Any], path: Path) -> int:

@@ -26,6 +26,7 @@ What becomes of the dump (docs/ps.md, "What MXNet 1.9.1 records"):
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -101,8 +102,11 @@ def _spans(doc: Any, path: Path) -> tuple[list[dict], list[dict]]:
             continue
         try:
             ts = float(e["ts"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise TraceFormatError("operator event without a numeric ts", path=path, record=f"traceEvents[{i}]") from None
+        if not (math.isfinite(ts) and 0 <= ts < 1e17):
+            raise TraceFormatError(f"ts {ts!r} is not a time in us since the epoch", path=path,
+                                   record=f"traceEvents[{i}]", hint="the dump is corrupt; profile again")
         k = (e.get("pid"), e.get("tid"), e.get("name"))
         if e["ph"] == "B":
             open_.setdefault(k, []).append(ts)
@@ -111,7 +115,10 @@ def _spans(doc: Any, path: Path) -> tuple[list[dict], list[dict]]:
             raise TraceFormatError(f"end of {e.get('name')!r} without a begin", path=path, record=f"traceEvents[{i}]",
                                    hint="the dump is truncated or not MXNet's; profile again")
         t0 = open_[k].pop()
-        rec = {"name": str(e.get("name")), "start": t0, "dur": max(0.0, ts - t0)}
+        if ts < t0:
+            raise TraceFormatError(f"{e.get('name')!r:.60} ends {t0 - ts:.3f} us before it begins", path=path,
+                                   record=f"traceEvents[{i}]", hint="the dump is corrupt; profile again")
+        rec = {"name": str(e.get("name")), "start": t0, "dur": ts - t0}
         if rec["name"] == PUSHPULL:
             comm.append(rec)
         elif rec["name"] not in DROP and str(dev.get(e.get("pid"), "")).startswith("cpu/"):

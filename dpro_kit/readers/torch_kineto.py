@@ -619,21 +619,27 @@ def _first_op_after_wait(seqs: dict[tuple[int, str], list[_Op]], win: _Window,
 
 
 def _subtract_profiler_cost(ops: list[_Op], sizes: dict[int, int], meta: dict[str, Any], overhead: str,
-                            main: list[K.KEvent], markers: list[K.KEvent]) -> None:
+                            main: list[K.KEvent], markers: list[K.KEvent]) -> str | None:
     """Every CPU op loses the per-event profiler cost (:data:`OVERHEAD_MODES`) times the events
-    recorded inside it, floored at 0."""
+    recorded inside it, floored at 0.  Returns a warning when the "window" mode lacks the step
+    times it needs (meta.json ``steps`` / ``measured``) and only the calibration loop was used."""
     if overhead == "keep":
-        return
+        return None
     per_event = profiler_overhead_ns(meta, main, markers)  # the collector's micro-calibration
+    warning = None
     if overhead == "window":
         cpu_ops = [o for o in ops if not o.thread.startswith("gpu")]
         n_iter = len({o.iteration for o in cpu_ops}) or 1
         w = window_overhead_ns(meta, sum(sizes.get(id(o.ev), 1) for o in cpu_ops) / n_iter)
         per_event = max(per_event, w) if w is not None else per_event
+        if w is None and not ((meta.get("measured") or {}).get("median_unprofiled_us") and meta.get("steps")):
+            warning = ("meta.json has no step times ('steps', 'measured'): the profiler's cost is the calibration "
+                       "loop's only, not measured on the job's own iterations (re-collect for the usual correction)")
     if per_event > 0:
         for o in ops:
             if not o.thread.startswith("gpu"):
                 o.dur = max(0, o.dur - round(per_event * sizes.get(id(o.ev), 1)))
+    return warning
 
 
 def _memory(doc: dict[str, Any], win: _Window, offset_ns: int) -> pd.DataFrame | None:
@@ -711,7 +717,7 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
 
     if fold_gaps:
         _fold_host_gaps(seqs, win, wait_op, waits)
-    _subtract_profiler_cost(ops, sizes, meta, overhead, main, markers)
+    cost_warning = _subtract_profiler_cost(ops, sizes, meta, overhead, main, markers)
 
     rows = [{"op": o.op, "name": o.ev.name, "kind": o.kind, "iteration": o.iteration,
              "start": (o.start + offset_ns) / 1e3, "dur": o.dur / 1e3, "stream": o.stream} for o in ops]
@@ -724,7 +730,8 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
                                {b["tensor"] for b in bucket_info}))
     events = make_events(rows, path=str(path))
     edges = _edges(ops, win.steps)
-    return NodeTrace(events=events, edges=edges, collectives=collectives, memory=_memory(doc, win, offset_ns))
+    return NodeTrace(events=events, edges=edges, collectives=collectives, memory=_memory(doc, win, offset_ns),
+                     warnings=[cost_warning] if cost_warning else [])
 
 
 def _ring_rows(doc: Any, path: Path, iteration_of: Any, offset_ns: int, node_of_rank: dict[int, str],

@@ -406,7 +406,7 @@ def collect(trace_dir: str | Path, *, plan: str | Path | None = None, iterations
                              "iterations_replayed": iterations, "comm_model": g.graph.get("meta", {}).get("comm_model"),
                              "durations": session.info["durations"]}
     from ..placement import placement_warnings
-    facts["warnings"] = placement_warnings(m.extra)
+    facts["warnings"] = m.facts.warnings + placement_warnings(m.extra)
     from ..job import JobFacts
     measured = JobFacts.from_manifest(m).measured_iteration_ms
     if measured is not None:

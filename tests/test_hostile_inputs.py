@@ -1,0 +1,115 @@
+"""Regression tests for the damaged inputs bench/fuzz.py found (issue 19, docs/reliability.md).
+
+Each test damages a copy of a real recorded trace folder the way one fuzz case did and runs
+``dpro replay --json`` through the real command line: the trace must be refused with one line
+naming the file and the record (exit 2), or replay with a warning naming the repair.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dpro_kit.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO / "examples" / "traces"
+
+
+def _copy(tmp_path: Path, name: str) -> Path:
+    src = TRACES / name if (TRACES / name).is_dir() else REPO / "tests" / "fixtures" / name
+    return Path(shutil.copytree(src, tmp_path / name))
+
+
+def _edit(path: Path, fn) -> None:
+    raw = path.read_bytes()
+    gz = path.suffix == ".gz"
+    doc = json.loads(gzip.decompress(raw) if gz else raw)
+    fn(doc)
+    out = json.dumps(doc).encode()
+    path.write_bytes(gzip.compress(out) if gz else out)
+
+
+def _replay(trace: Path, capsys, monkeypatch, tmp_path) -> tuple[int, str, str]:
+    monkeypatch.setenv("DPRO_CACHE", str(tmp_path / "cache"))
+    rc = main(["replay", str(trace), "--json"])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def _first_x(doc, **where):
+    return next(e for e in doc["traceEvents"] if e.get("ph") == "X" and all(e.get(k) == v for k, v in where.items()))
+
+
+CASES = {
+    # (seed, file, edit, words the one-line refusal must contain)
+    "base time NaN": ("ddp-2rank-gloo", "host0/0/kineto_trace.json",
+                      lambda d: d.update(baseTimeNanoseconds=float("nan")), ["[baseTimeNanoseconds]", "integer"]),
+    "base time string": ("ddp-2rank-gloo", "host0/0/kineto_trace.json",
+                         lambda d: d.update(baseTimeNanoseconds="A" * 5000), ["[baseTimeNanoseconds]"]),
+    "ts NaN": ("ddp-2rank-gloo", "host0/1/kineto_trace.json",
+               lambda d: _first_x(d, cat="cpu_op").update(ts=float("nan")), ["not a finite time"]),
+    "ts -inf": ("ddp-2host-1000mbit", "host1/1/kineto_trace.json.gz",
+                lambda d: _first_x(d, cat="cpu_op").update(ts=float("-inf")), ["not a finite time"]),
+    "ts 31 years later": ("ddp-2rank-gloo", "host0/0/kineto_trace.json",
+                          lambda d: _first_x(d, name="gloo:all_reduce").update(ts=_first_x(d)["ts"] + 1e15),
+                          ["days from the file's other events"]),
+    "profiled step not an int": ("ddp-2rank-gloo", "host0/0/meta.json",
+                                 lambda d: d["window"]["profiled_steps"].__setitem__(0, "x" * 10**6),
+                                 ["[window.profiled_steps[0]]"]),
+    "step time NaN": ("ddp-2rank-gloo", "host0/1/meta.json",
+                      lambda d: d["steps"][3].update(dur_us=float("nan")), ["[steps[3].dur_us]", "finite"]),
+    "rank overflows int64": ("ddp-2rank-gloo", "host0/1/meta.json", lambda d: d.update(rank=2**64 + 1),
+                             ["[rank]", "out of range"]),
+    "mxnet negative ts": ("mxnet-ps-2w1s-loopback", "host2/worker0/profile.json",
+                          lambda d: next(e for e in d["traceEvents"] if e.get("ph") == "B").update(ts=-5.0),
+                          ["not a time in us since the epoch"]),
+    "mxnet end before begin": ("mxnet-ps-2w1s-loopback", "host1/worker1/profile.json",
+                               lambda d: next(e for e in d["traceEvents"] if e.get("ph") == "E"
+                                              and e.get("cat") == "operator").update(ts=1.0),
+                               ["ends", "before it begins"]),
+    "pslite negative realtime": ("pslite-2w1s-200mbit", "pslite-worker-11.5159.json",
+                                 lambda d: d["clock_start"].update(realtime_ns=-10**6), ["[clock_start.realtime_ns]"]),
+    "pslite infinite node id": ("pslite-2w1s-200mbit", "pslite-server-8.5158.json",
+                                lambda d: d.update(node_id=float("inf")), ["[node_id]"]),
+    "byteps worker missing": ("byteps-2w1s", None, None, ["[workers]", "1 folder(s)"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_refused_with_one_line(name, tmp_path, capsys, monkeypatch):
+    seed, rel, fn, words = CASES[name]
+    trace = _copy(tmp_path, seed)
+    if rel is None:
+        shutil.rmtree(trace / "worker0")
+    else:
+        _edit(trace / rel, fn)
+    rc, out, err = _replay(trace, capsys, monkeypatch, tmp_path)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and out == "", (rc, out[:200], err)
+    assert len(lines) == 1 and lines[0].startswith("dpro: error: " + str(trace)), err
+    assert len(lines[0]) < 1000, len(lines[0])
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_missing_step_times_replay_with_a_warning(tmp_path, capsys, monkeypatch):
+    """A meta.json without step times: the profiler's cost comes from the calibration loop alone, and
+    the replay says so instead of quietly predicting another number (fuzz case 614: -10 %)."""
+    trace = _copy(tmp_path, "ddp-2rank-gloo")
+    _edit(trace / "host0/0/meta.json", lambda d: d.pop("steps"))
+    rc, out, err = _replay(trace, capsys, monkeypatch, tmp_path)
+    assert rc == 0, err
+    warns = json.loads(out)["warnings"]
+    assert any(w.startswith("host0/0: meta.json has no step times") for w in warns), warns
+
+
+def test_byteps_without_worker_count_warns(tmp_path, capsys, monkeypatch):
+    trace = _copy(tmp_path, "byteps-2w1s")
+    _edit(trace / "byteps_meta.json", lambda d: d.pop("workers"))
+    rc, out, err = _replay(trace, capsys, monkeypatch, tmp_path)
+    assert rc == 0, err
+    assert any("does not say how many workers" in w for w in json.loads(out)["warnings"])
