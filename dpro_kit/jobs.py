@@ -111,7 +111,12 @@ class CpuBudget:
     hosts:
         Number of groups (``host0`` .. ``host<hosts-1>``).
     cpus:
-        CPUs each group may use: ``cpu.cfs_quota_us = cpus * cpu.cfs_period_us`` (period 100 ms).
+        CPUs each group may use: ``cpu.cfs_quota_us = cpus * cpu.cfs_period_us`` (period 100 ms);
+        a sequence gives each host its own budget (a slowed host: stragglers).
+    period_us:
+        ``cpu.cfs_period_us`` (default 100 ms). A throttled group runs its quota and then stalls for
+        the rest of the period; with a short period (2 ms) a budget cut stretches every op instead of
+        adding 50 ms stalls between them (what a slower CPU does).
     prefix:
         Name prefix of the parent group (``<prefix>-<pid>-<n>``).
 
@@ -123,26 +128,30 @@ class CpuBudget:
 
     PERIOD_US = 100_000
 
-    def __init__(self, hosts: int, cpus: float, *, prefix: str = "dpro") -> None:
+    def __init__(self, hosts: int, cpus: "float | Sequence[float]", *, prefix: str = "dpro",
+                 period_us: int | None = None) -> None:
         root = cgroup_cpu_root()
         if root is None:
             raise DproError(f"no usable cgroup v1 cpu controller at {CGROUP_CPU_ROOT} (needs root and the "
                             "cgroup v1 `cpu` hierarchy mounted)",
                             hint="run without a CPU budget (cpus_per_host=None), or as root on a machine "
                                  "with /sys/fs/cgroup/cpu")
-        if cpus <= 0:
-            raise DproError(f"cpus_per_host must be > 0, got {cpus}")
+        per_host = [float(c) for c in cpus] if isinstance(cpus, (list, tuple)) else [float(cpus)] * hosts
+        if len(per_host) != hosts or min(per_host) <= 0:
+            raise DproError(f"cpus_per_host must be > 0 for each of the {hosts} hosts, got {cpus}")
         with _LOCK:
             n = next(_COUNTER)
         self.parent = root / f"{prefix}-{os.getpid()}-{n}"
         self.groups = [self.parent / f"host{i}" for i in range(hosts)]
-        self.quota_us = int(round(cpus * self.PERIOD_US))
+        self.period_us = int(period_us or self.PERIOD_US)
+        self.quotas_us = [int(round(c * self.period_us)) for c in per_host]
+        self.quota_us = self.quotas_us[0]
         self.parent.mkdir()
         try:
-            for g in self.groups:
+            for g, q in zip(self.groups, self.quotas_us):
                 g.mkdir()
-                (g / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
-                (g / "cpu.cfs_quota_us").write_text(str(self.quota_us))
+                (g / "cpu.cfs_period_us").write_text(str(self.period_us))
+                (g / "cpu.cfs_quota_us").write_text(str(q))
         except BaseException:
             self.close()
             raise
@@ -227,7 +236,8 @@ def _wait(procs: list[subprocess.Popen], timeout: float, fail_fast: bool) -> lis
 
 
 def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None = 1,
-            rate_mbit: float | None = None, cluster: bool | None = None, cpus_per_host: float | None = None,
+            rate_mbit: float | None = None, cluster: bool | None = None,
+            cpus_per_host: "float | Sequence[float] | None" = None, cpu_period_us: int | None = None,
             profile: str | os.PathLike | None = None, steps: str = "10:15", profile_flags: Sequence[str] = (),
             env: Mapping[str, str] | None = None, host_env: Callable[[int], Mapping[str, str]] | None = None,
             log: IO | None = None, timeout: float = 600.0, fail_fast: bool = False,
@@ -253,7 +263,9 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
         Force (True) an emulated cluster with unshaped links when ``rate_mbit`` is None; default:
         a cluster exactly when ``rate_mbit`` is given.
     cpus_per_host:
-        CPU budget of each host (a :class:`CpuBudget` cgroup), or None for none.
+        CPU budget of each host (a :class:`CpuBudget` cgroup; a list: one per host), or None for none.
+    cpu_period_us:
+        The budget's ``cpu.cfs_period_us`` (:class:`CpuBudget`; default 100 ms).
     profile:
         Folder for ``dpro profile --out``; every host's launcher is ``dpro profile --host host<i>``.
     steps:
@@ -285,7 +297,8 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
         raise DproError(f"hosts must be >= 1, got {hosts}")
     use_cluster = rate_mbit is not None if cluster is None else cluster
     out = subprocess.DEVNULL if log is None else log
-    budget = CpuBudget(hosts, cpus_per_host, prefix=prefix) if cpus_per_host is not None else None
+    budget = CpuBudget(hosts, cpus_per_host, prefix=prefix, period_us=cpu_period_us) \
+        if cpus_per_host is not None else None
     emu = None
     procs: list[subprocess.Popen] = []
     t0 = time.time()

@@ -78,3 +78,4 @@ def test_cli_slowed_rank_is_named_first_and_slows_the_job():
     bad = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "replay", str(TWO_HOST), "--slow-rank", "1=x"],
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "expected RANK=FACTOR" in bad.stderr
+
