@@ -113,10 +113,8 @@ class CpuBudget:
     cpus:
         CPUs each group may use: ``cpu.cfs_quota_us = cpus * cpu.cfs_period_us`` (period 100 ms);
         a sequence gives each host its own budget (a slowed host: stragglers).
-    period_us:
-        ``cpu.cfs_period_us`` (default 100 ms). A throttled group runs its quota and then stalls for
-        the rest of the period; with a short period (2 ms) a budget cut stretches every op instead of
-        adding 50 ms stalls between them (what a slower CPU does).
+        A throttled group runs its quota and then stalls for the rest of the 100 ms period: a cut
+        budget shows in a trace as stalls, often between ops, not as uniformly slower ops.
     prefix:
         Name prefix of the parent group (``<prefix>-<pid>-<n>``).
 
@@ -128,8 +126,7 @@ class CpuBudget:
 
     PERIOD_US = 100_000
 
-    def __init__(self, hosts: int, cpus: "float | Sequence[float]", *, prefix: str = "dpro",
-                 period_us: int | None = None) -> None:
+    def __init__(self, hosts: int, cpus: "float | Sequence[float]", *, prefix: str = "dpro") -> None:
         root = cgroup_cpu_root()
         if root is None:
             raise DproError(f"no usable cgroup v1 cpu controller at {CGROUP_CPU_ROOT} (needs root and the "
@@ -143,7 +140,7 @@ class CpuBudget:
             n = next(_COUNTER)
         self.parent = root / f"{prefix}-{os.getpid()}-{n}"
         self.groups = [self.parent / f"host{i}" for i in range(hosts)]
-        self.period_us = int(period_us or self.PERIOD_US)
+        self.period_us = self.PERIOD_US
         self.quotas_us = [int(round(c * self.period_us)) for c in per_host]
         self.quota_us = self.quotas_us[0]
         self.parent.mkdir()
@@ -237,7 +234,7 @@ def _wait(procs: list[subprocess.Popen], timeout: float, fail_fast: bool) -> lis
 
 def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None = 1,
             rate_mbit: float | None = None, cluster: bool | None = None,
-            cpus_per_host: "float | Sequence[float] | None" = None, cpu_period_us: int | None = None,
+            cpus_per_host: "float | Sequence[float] | None" = None,
             profile: str | os.PathLike | None = None, steps: str = "10:15", profile_flags: Sequence[str] = (),
             env: Mapping[str, str] | None = None, host_env: Callable[[int], Mapping[str, str]] | None = None,
             log: IO | None = None, timeout: float = 600.0, fail_fast: bool = False,
@@ -264,8 +261,6 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
         a cluster exactly when ``rate_mbit`` is given.
     cpus_per_host:
         CPU budget of each host (a :class:`CpuBudget` cgroup; a list: one per host), or None for none.
-    cpu_period_us:
-        The budget's ``cpu.cfs_period_us`` (:class:`CpuBudget`; default 100 ms).
     profile:
         Folder for ``dpro profile --out``; every host's launcher is ``dpro profile --host host<i>``.
     steps:
@@ -297,8 +292,7 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
         raise DproError(f"hosts must be >= 1, got {hosts}")
     use_cluster = rate_mbit is not None if cluster is None else cluster
     out = subprocess.DEVNULL if log is None else log
-    budget = CpuBudget(hosts, cpus_per_host, prefix=prefix, period_us=cpu_period_us) \
-        if cpus_per_host is not None else None
+    budget = CpuBudget(hosts, cpus_per_host, prefix=prefix) if cpus_per_host is not None else None
     emu = None
     procs: list[subprocess.Popen] = []
     t0 = time.time()
