@@ -61,6 +61,7 @@ import hashlib
 import math
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -1106,6 +1107,16 @@ def apply_offsets(ts: TraceSet, offsets_us: dict[str, float], *, clip_recv: bool
     return replace(ts, events=ev, memory=memory if memory is not None else ts.memory)
 
 
+_SAID: set[str] = set()
+
+
+def _say_once(key: str, line: str) -> None:
+    """Print ``line`` on stderr the first time ``key`` comes up in this process."""
+    if key not in _SAID:
+        _SAID.add(key)
+        print(line, file=sys.stderr)
+
+
 def cache_dir() -> Path:
     """Where alignment results are cached: ``$DPRO_CACHE/aligned`` (default ``~/.cache/dpro-kit/aligned``).
 
@@ -1204,8 +1215,9 @@ def align_cached(ts: TraceSet, trace_dir: str | os.PathLike | None = None, *, re
     if trace_dir is not None and write and res.mode != "skipped":   # skipping is free to recompute
         try:
             save_result(res, trace_dir, ts)   # (keyed by res.fingerprint: no second pass over the events)
-        except OSError:
-            pass  # an unwritable cache: the offsets are still used, just not cached
+        except OSError as exc:   # an unwritable cache: the offsets are still used, just not cached
+            _say_once("cache", f"dpro: note: cannot write the alignment cache in {cache_dir()} ({exc.strerror or exc}); "
+                               "clocks are aligned again on every run (set DPRO_CACHE to a writable folder)")
     return res
 
 

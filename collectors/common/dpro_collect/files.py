@@ -3,17 +3,25 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_text", "find_metas"]
+__all__ = ["atomic_write_text", "find_metas", "sweep_stale_temps"]
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` so that readers never see a half-written file.
 
-    The content goes to a temporary file in the same directory, is flushed and
-    fsync'ed, then renamed over the target (``os.replace`` is atomic on POSIX).
+    The content goes to a temporary file of its own in the same directory
+    (``.NAME.tmp-PID-RANDOM``, created exclusively, so concurrent writers in several
+    processes or threads never share one), is flushed and fsync'ed, then renamed over the
+    target (``os.replace`` is atomic on POSIX: a reader sees the old file or the new one,
+    and of two concurrent writers the last rename wins whole).  The temporary file is removed
+    when the write fails or the process is interrupted (``dpro`` turns SIGTERM into an exit
+    that runs this cleanup); one left by a process killed with SIGKILL is removed by the next
+    write of the same file once its process is gone (:func:`sweep_stale_temps`).
 
     Parameters
     ----------
@@ -24,9 +32,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with open(tmp, "x", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -34,6 +42,49 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+    sweep_stale_temps(path)
+
+
+def sweep_stale_temps(path: str | os.PathLike, *, min_age_s: float = 60.0) -> list[Path]:
+    """Remove the temporary files :func:`atomic_write_text` left beside ``path`` when its process
+    was killed (SIGKILL, power loss): those whose process no longer runs on this machine and that
+    are older than ``min_age_s`` (a writer on another machine sharing the folder is not removed
+    while it writes).  Returns the files removed.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The target file.
+    min_age_s : float
+        Only temporary files not modified for this long are candidates.
+    """
+    path = Path(path)
+    removed = []
+    try:
+        candidates = list(path.parent.glob(f".{path.name}.tmp-*"))
+    except OSError:
+        return removed
+    now = time.time()
+    for tmp in candidates:
+        try:
+            pid = int(tmp.name.rsplit(".tmp-", 1)[1].split("-")[0])
+            if now - tmp.stat().st_mtime < min_age_s or _alive(pid):
+                continue
+            tmp.unlink()
+            removed.append(tmp)
+        except (ValueError, IndexError, OSError):
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def find_metas(root: str | os.PathLike, fmt: str) -> list[tuple[Path, dict[str, Any]]]:
