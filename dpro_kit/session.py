@@ -200,6 +200,10 @@ class Session:
 
         def build_job(ts_: "TraceSet") -> tuple["Job", "nx.DiGraph"]:
             job = Job.from_trace(ts_, comm_model=model)
+            if self.whatif is not None and self.whatif.bandwidth_mbps is not None:
+                # another line rate: every transfer from the link model at that rate, not as measured
+                # (a trace of per-transfer times - ps-lite, TF PS - kept them and ignored the what-if)
+                job.measured = {k: v for k, v in job.measured.items() if not k.startswith(("SEND ", "RECV "))}
             g_ = build(job, identity(job), check=False)
             validate(g_, where=ts_.path)
             return job, g_

@@ -66,6 +66,17 @@ def test_fixture_reads_pairs_and_replays():
     assert _dpro("align", str(FIXTURE)).returncode == 0
 
 
+def test_bandwidth_whatif_replaces_measured_transfers():
+    # measured per-transfer times used to win over --bandwidth-mbps: the what-if replayed the trace unchanged
+    from dpro_kit.whatif import WhatIf
+    base = Session(str(FIXTURE)).replay().iteration_time_us
+    slow = Session(str(FIXTURE), whatif=WhatIf(bandwidth_mbps=20)).replay().iteration_time_us
+    fast = Session(str(FIXTURE), whatif=WhatIf(bandwidth_mbps=2000)).replay().iteration_time_us
+    assert fast < slow and slow > base
+    g = Session(str(FIXTURE), whatif=WhatIf(bandwidth_mbps=20)).graph
+    assert {d.get("source") for _, d in g.nodes(data=True) if d["kind"] == "SEND"} == {"model"}
+
+
 def test_scheme_is_async_for_the_benchmark_server():
     # the benchmark's server answers each pull at once: some pull left before the other worker's push arrived
     assert pslite.transfers(FIXTURE)["sync"] is False

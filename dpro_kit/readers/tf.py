@@ -125,6 +125,9 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
         raise TraceFormatError(f"not a {TF_META_FORMAT} meta.json of version {list(TF_META_VERSIONS)}",
                                path=node_dir / "meta.json",
                                hint="re-collect with `dpro profile --framework tensorflow`")
+    if meta.get("strategy") == "ps":     # ParameterServerStrategy, traced by the coordinator
+        from .tf_ps import read_node as read_ps_node
+        return read_ps_node(manifest, node, node_dir)
     odoc = _load(node_dir, "tf_ops.json", "dpro-tf-ops")
     gdoc = _load(node_dir, "tf_graph.json", "dpro-tf-graph")
     gops, gedges = _graph(gdoc, node_dir / "tf_graph.json")

@@ -61,6 +61,8 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
         "raw_format": RAW_FORMAT, "tool_version": f"dpro_tf/{__version__} tensorflow/{d0.get('tf_version', '?')}",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "extra": {"collector": "dpro_tf", "run_id": d0.get("run_id", ""), "strategy": strategy,
+                  # a PS job is a star: every host's one interface carries its traffic (topology.Links)
+                  **({"link_model": "interface"} if strategy == "ps" else {}),
                   "measured_iteration_ms": round(max(known) / 1e3, 4) if known else None,
                   "measured_iteration_ms_per_node": {n: (round(v / 1e3, 4) if v else None)
                                                      for n, v in measured.items()},

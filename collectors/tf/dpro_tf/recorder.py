@@ -92,7 +92,16 @@ class Recorder:
 
     # -- wiring -------------------------------------------------------------------------------
     def install(self) -> None:
-        """Wrap ``Function.__call__`` (the Python object ``@tf.function`` returns)."""
+        """Wrap ``Function.__call__`` (the Python object ``@tf.function`` returns); in the coordinator
+        of a ParameterServerStrategy job (the ``chief`` of a cluster with ``ps`` tasks) install
+        :class:`dpro_tf.ps.CoordinatorRecorder` instead."""
+        self.coordinator = None
+        if self.cluster.get("ps") and self.task_type == "chief":
+            from .ps import CoordinatorRecorder
+            self.coordinator = CoordinatorRecorder(str(self.out), (self.start, self.end), self.host, self.task,
+                                                   self.cluster, self.run_id(), self.log)
+            self.coordinator.install()
+            return
         from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf
         orig = pf.Function.__call__
         rec = self
@@ -109,10 +118,12 @@ class Recorder:
         """At exit: say in one line why this task wrote no trace (never silent)."""
         if self.done:
             return
-        if self.step_fn is None:
+        if self.step_fn is None and self.cluster.get("ps") and self.task_type in ("ps", "worker"):
+            self.log("no trace written here: a ParameterServerStrategy server task is traced by the coordinator "
+                     "(the chief under dpro profile, through the server's profiler service)")
+        elif self.step_fn is None:
             self.log("no trace written: no top-level @tf.function that updates variables ran in this process "
-                     "(an eager training loop, or a ParameterServerStrategy task: not traced yet; "
-                     "docs/tensorflow.md)")
+                     "(an eager training loop?; docs/tensorflow.md)")
         elif not self.done:
             self.log(f"no trace written: the job ran {self.count} step(s), the window {self.start}:{self.end} "
                      f"needs {self.end}; profile earlier steps with --steps")
