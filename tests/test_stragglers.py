@@ -79,3 +79,11 @@ def test_cli_slowed_rank_is_named_first_and_slows_the_job():
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "expected RANK=FACTOR" in bad.stderr
 
+
+
+def test_report_shows_the_attribution(tmp_path):
+    from dpro_kit.report import data
+    d = data.collect(TWO_HOST, iterations=1)
+    att = d.stragglers["attribution"]
+    assert {r["node"] for r in att["ranks"]} == {"host0/0", "host1/1"}
+    assert all(r["saved_ms"] is not None for r in att["ranks"])

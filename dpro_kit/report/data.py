@@ -429,8 +429,16 @@ def collect(trace_dir: str | Path, *, plan: str | Path | None = None, iterations
             rec[f"replayed_{k}"] = v
         bd.append(rec)
     by_kind, top, n_last, length = critical_in_last_iteration(res, g, crit_rows, top=15)
+    st = stragglers(ts)
+    if sum(1 for i in ts.manifest.nodes.values() if i.role == "worker") >= 2:
+        from ..stragglers import attribute
+        note("replaying once more per rank (straggler attribution)")
+        try:
+            st["attribution"] = attribute(session)
+        except DproError as exc:     # a what-if this trace cannot take: say so in the section
+            st["attribution_error"] = exc.one_line() if hasattr(exc, "one_line") else str(exc)
     return ReportData(trace_dir=str(trace_dir), facts=facts, replay=rs, measured_tl=meas, replayed_tl=rep_tl,
-                      breakdown=bd, buckets=buckets(ts, res, g), stragglers=stragglers(ts),
+                      breakdown=bd, buckets=buckets(ts, res, g), stragglers=st,
                       alignment=al, memory=memory(ts), plan=plan_data,
                       critical_top=top, critical_by_kind=by_kind, critical_ops_last=n_last,
                       critical_length_ms=length, ts=ts, graph=g, result=res)
