@@ -98,6 +98,10 @@ def fit_from_trace(ts: Any) -> CommModel:
     if not comm.empty and (comm["phase"] == "push_pull").all():
         model = fit_ps_groups(comm, ts.manifest.world_size, max(1, len(ts.manifest.servers())))
         return calibrate_ps_by_replay(ts, model) if model.origin != "default" else model
+    if comm.empty and ts.manifest.servers():
+        model = fit_ps_transfers(ts.events)
+        if model.origin != "default":
+            return model
     events = ts.events
     if ts.manifest.raw_format == "horovod-torch":
         # Horovod's timeline covers the whole run: the allreduces outside the profiler's window time the
@@ -189,6 +193,32 @@ def fit_from_events(events: pd.DataFrame, world_size: int, collective_latency_us
                             collective_latency_us)
     origin = "fitted" if collective_latency_us is None else "fitted (latency calibrated)"
     return CommModel(default=lm, origin=origin) if lm is not None else CommModel()
+
+
+def fit_ps_transfers(events: pd.DataFrame) -> CommModel:
+    """Link model from measured parameter-server transfers (RECV events: a link's service time per message).
+
+    A PS trace with per-transfer times (ps-lite, TF ParameterServerStrategy) replays its own
+    transfers as measured; transfers it does not have (workers a what-if adds) need a link model.
+    Per message ``dur = latency + bytes / B``: least squares over the RECV events of at least
+    1 KiB (smaller ones are latency only), ``latency`` clipped at 0; with one size only,
+    ``B = sum bytes / sum durations``.
+
+    Parameters
+    ----------
+    events : pandas.DataFrame
+        The trace's events (``kind``, ``bytes``, ``dur``).
+    """
+    r = events[(events["kind"] == "RECV") & (events["bytes"] >= 1024) & (events["dur"] > 0)]
+    if r.empty:
+        return CommModel()
+    x, y = r["bytes"].to_numpy(dtype=float), r["dur"].to_numpy(dtype=float)
+    lat, bw = 0.0, float(x.sum() / y.sum()) * 1e6
+    if len(np.unique(x)) >= 2:
+        slope, icpt = np.polyfit(x, y, 1)
+        if slope > 0 and icpt >= 0:
+            lat, bw = float(icpt), 1e6 / float(slope)
+    return CommModel(default=LinkModel(latency_us=lat, bandwidth_Bps=bw), origin="fitted (measured ps transfers)")
 
 
 def fit_ps_groups(comm: pd.DataFrame, workers: int = 1, servers: int = 1) -> CommModel:
@@ -290,5 +320,5 @@ def calibrate_ps_by_replay(ts: Any, model: CommModel, rounds: int = 3) -> CommMo
                      origin="fitted (ps push-pull groups, calibrated by replay)")
 
 
-__all__ = ["DEFAULT_BANDWIDTH_BPS", "calibrate_ps_by_replay", "link_hosts", "fit_ps_groups", "DEFAULT_LATENCY_US", "LATENCY_SHARE_MAX", "collective_latency_us", "CommModel",
+__all__ = ["DEFAULT_BANDWIDTH_BPS", "calibrate_ps_by_replay", "link_hosts", "fit_ps_groups", "fit_ps_transfers", "DEFAULT_LATENCY_US", "LATENCY_SHARE_MAX", "collective_latency_us", "CommModel",
            "fit_from_events", "fit_from_trace", "fit_ring_allreduce", "LinkModel"]

@@ -343,3 +343,24 @@ def test_ps_servers_do_not_get_iteration_sources():
     res = replay(g, iterations=3)
     assert res.makespan_us == approx(174)       # 3 * 58
     assert res.iteration_time_us == approx(58)
+
+
+def test_ps_step_pulls_wait_for_every_update():
+    # ps_step (TF ParameterServerStrategy): 1 worker, 2 partitions of 9 bytes on s0 (T = 12 each).
+    # pushes share link:h0->hs: p0 [30, 42], p1 [42, 54]; AGGs (0 us) at 42 and 54; "Updated" at 54;
+    # only then the pulls, on link:hs->h0: p0 [54, 66], p1 [66, 78]; UPDATE [78, 82].
+    # (ps / ps_async pull p0 right after its own AGG: [42, 54], p1 [54, 66], UPDATE ends at 70.)
+    from dataclasses import replace
+    ts = make_job({"w0": "h0"}, op="push_pull", nbytes=18, servers={"s0": "hs"},
+                  partitions=[{"bytes": 9, "server": "s0"}, {"bytes": 9, "server": "s0"}])
+    step = replace(ts, collectives=[replace(c, algorithm="ps_step", op="push_pull_step") for c in ts.collectives])
+    g = build_global_dfg(step, comm_model=MODEL)
+    res = replay(g)
+    assert res.iteration_time_us == approx(82)
+    df = res.to_frame(g)
+    pulls = df[(df["kind"] == "SEND") & (df["phase"] == "pull")].set_index("chunk")
+    assert pulls.loc[0, "start"] == approx(54) and pulls.loc[1, "end"] == approx(78)
+    assert replay(build_global_dfg(ts, comm_model=MODEL)).iteration_time_us == approx(70)
+    # a graph file of it is recognised as ps_step again
+    from dpro_kit.graph.schemes import recognise
+    assert recognise(g, {"w0": "w0|In grad"})[0] == "ps_step"

@@ -5,7 +5,7 @@ host when the cgroup controller is there): host 0 runs the PS, host 1 the coordi
 ``chief``, under ``dpro profile --framework tensorflow``), host 2 the worker; the PS and the worker
 run ``examples/tf/train.py --serve`` unchanged and unprofiled: the coordinator traces them
 through their profiler service (collectors/tf/dpro_tf/ps.py). Then ``dpro replay`` builds the
-PS DFG (per variable: push, the PS's update, pull; ``ps_async``) and its iteration time is
+PS DFG (per variable: push, the PS's update; after all updates of the step, the pulls; ``ps_step``) and its iteration time is
 printed beside the coordinator's measured step time (sanity bound only: wall-clock accuracy
 belongs to bench/, docs/tensorflow.md).
 """
@@ -94,6 +94,11 @@ def test_servers_traced_by_the_coordinator(ps_trace):
         if x["phase"] == "push" and x["agg"] is not None:
             assert x["agg"][0] >= x["arr"] - 1000     # ns; one clock on emulated hosts
     assert any(x["agg"] for x in pushes.values())
+    # one ps_step collective per step: a partition per variable, on the PS
+    from dpro_kit.trace import load_trace
+    (coll,) = load_trace(out).collectives
+    assert coll.algorithm == "ps_step" and {p["variable"] for p in coll.partitions} >= set(kernels)
+    assert all(p["server"].endswith("/ps0") for p in coll.partitions)
 
 
 def test_replay_against_measured(ps_trace):

@@ -24,8 +24,9 @@ about one way of synchronising tensors, so that no module branches on
   with the reduced tensor): its collectives are the gradient buckets that what-ifs
   re-bucket and the memory model counts (:func:`is_allreduce`).
 
-Built in: ``ring`` (ring AllReduce), ``ps`` (parameter-server push/pull) and ``ps_async``
-(asynchronous PS: per-worker updates).
+Built in: ``ring`` (ring AllReduce), ``ps`` (parameter-server push/pull), ``ps_async``
+(asynchronous PS: per-worker updates) and ``ps_step`` (asynchronous PS whose step ends when all its
+updates are done: TensorFlow's ParameterServerStrategy).
 Adding one (tree, hierarchical, Horovod fusion, BytePS partitions): write its
 topology builder in :mod:`dpro_kit.graph.topology` and ``register_scheme(...)``
 it here (docs/architecture.md, "Adding a communication scheme").
@@ -40,7 +41,7 @@ import networkx as nx
 
 from ..errors import GraphError
 from ..trace import Collective, OpKind
-from .topology import CommContext, ps_async_push_pull, ps_push_pull, ring_allreduce, split_bytes
+from .topology import CommContext, ps_async_push_pull, ps_push_pull, ps_step_push_pull, ring_allreduce, split_bytes
 
 __all__ = ["asynchronous_workers", "CommScheme", "TensorGroup", "SCHEMES", "register_scheme", "get_scheme", "scheme_for_op",
            "is_allreduce", "recognise", "ps_server_of"]
@@ -223,6 +224,23 @@ register_scheme(CommScheme(name="ps", op="push_pull", build=ps_push_pull, collec
 register_scheme(CommScheme(name="ps_async", op="push_pull_async", build=ps_async_push_pull,
                            collectives=_ps_collectives,
                            recognise=lambda g, in_ops: _ps_recognise(g, in_ops, phase="update"),
+                           uses_servers=True, servers_of=_ps_servers_of, asynchronous=True))
+
+
+
+def _ps_step_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], list[str], list[dict]] | None:
+    first = next(iter(in_ops.values()))
+    tensor = g.nodes[first]["tensor"]
+    node = g.nodes[first]["node"]
+    if f"Updated {tensor}" not in {g.nodes[k].get("name") for k in g.nodes if g.nodes[k].get("node") == node
+                                   and g.nodes[k].get("kind") == OpKind.VIRTUAL.value}:
+        return None
+    return _ps_recognise(g, in_ops, phase="update")
+
+
+# asynchronous PS with a step barrier (TF ParameterServerStrategy: a step ends when all its updates are done)
+register_scheme(CommScheme(name="ps_step", op="push_pull_step", build=ps_step_push_pull,
+                           collectives=_ps_collectives, recognise=_ps_step_recognise,
                            uses_servers=True, servers_of=_ps_servers_of, asynchronous=True))
 
 

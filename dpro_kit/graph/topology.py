@@ -262,4 +262,61 @@ def ps_async_push_pull(ctx: CommContext, coll: Collective) -> None:
             ctx.graph.add_edge(kr, kout)
 
 
-__all__ = ["CommContext", "Links", "ps_async_push_pull", "ps_push_pull", "ring_allreduce", "split_bytes", "txn_id"]
+def ps_step_push_pull(ctx: CommContext, coll: Collective) -> None:
+    """Asynchronous PS with a step barrier (TensorFlow ParameterServerStrategy): one collective per step.
+
+    ``coll`` stands for every variable a worker's step reads and updates; each partition is one
+    variable on its server. Per worker: In -> SEND push of every variable (link) -> RECV on its
+    server -> AGG (this worker's update alone, phase ``update``) -> ``Updated <tensor>`` (a
+    zero-time op on the worker: TF ends a step only when every update is done, through the
+    cross-device control edges of the partitioned function) -> SEND pull of every variable (the
+    next step's reads, issued once the step was dispatched again) -> RECV on the worker -> Out.
+    Unlike :func:`ps_async_push_pull` no variable's read overlaps another's update.
+
+    Parameters
+    ----------
+    ctx : CommContext
+        The graph under construction.
+    coll : dpro_kit.trace.Collective
+        The step's variables; ``partitions`` (``{"bytes", "server", "variable"}``) as traced.
+
+    References
+    ----------
+    .. [1] Li, Yan, Paolieri, Golubchik, "Throughput Prediction of Asynchronous SGD in TensorFlow",
+           ICPE 2020, §2 (a worker's step: read every variable, compute, send every gradient; the
+           PS applies each worker's update alone) (``/work/shared/seeds/004_a5ba4320ea17d3b0.txt``).
+    """
+    servers = ctx.manifest.servers()
+    if not servers:
+        from ..errors import GraphError
+        raise GraphError(f"tensor {coll.tensor!r} uses push_pull but the manifest lists no server node")
+    parts = coll.partitions or [{"bytes": coll.bytes,
+                                 "server": servers[zlib.crc32(coll.tensor.encode()) % len(servers)]}]
+    g = ctx.graph
+    for w in coll.participants:
+        kin, kout = ctx.in_out(coll, w)
+        kdone = op_key(w, f"Updated {coll.tensor}")
+        add_op(g, kdone, node=w, kind=OpKind.VIRTUAL.value, name=f"Updated {coll.tensor}", tensor=coll.tensor,
+               bytes=coll.bytes, priority=coll.priority)
+        for p, part in enumerate(parts):
+            server, nbytes = str(part["server"]), int(part["bytes"])
+            agg_op = f"AGG {coll.tensor} p{p} {w}"
+            kagg = op_key(server, agg_op)
+            agg_m = ctx.measured.get(f"AGG {agg_op}")
+            add_op(g, kagg, node=server, device=compute_device(server, "compute"), kind=OpKind.AGG.value,
+                   name=f"AGG {part.get('variable', coll.tensor)}", tensor=coll.tensor, bytes=nbytes,
+                   phase="update", chunk=p, peer=w, dur=agg_m if agg_m is not None else 0.0,
+                   source="trace" if agg_m is not None else "model", priority=coll.priority)
+            ks, kr = ctx.transfer(coll, phase="push", step=0, chunk=p, src=w, dst=server, nbytes=nbytes)
+            g.add_edge(kin, ks)
+            g.add_edge(kr, kagg)
+            g.add_edge(kagg, kdone)
+        for p, part in enumerate(parts):
+            server, nbytes = str(part["server"]), int(part["bytes"])
+            ks, kr = ctx.transfer(coll, phase="pull", step=1, chunk=p, src=server, dst=w, nbytes=nbytes)
+            g.add_edge(kdone, ks)
+            g.add_edge(kr, kout)
+
+
+__all__ = ["CommContext", "Links", "ps_async_push_pull", "ps_push_pull", "ps_step_push_pull", "ring_allreduce",
+           "split_bytes", "txn_id"]

@@ -6,8 +6,9 @@ kernels, ``_Recv`` start/done pairs, step ids, and ``step_of``: step id -> ``{wo
 and the scheduled function's ``tf_graph.json``. A step's function runs on its worker and its
 components on the PS tasks under one step id, so rows of every task join by id.
 
-What becomes of it (the ``ps_async`` scheme of :mod:`dpro_kit.graph.schemes`; TF's
-ParameterServerStrategy is asynchronous, each worker's gradients are applied alone):
+What becomes of it (the ``ps_step`` scheme of :mod:`dpro_kit.graph.schemes`: TF's
+ParameterServerStrategy is asynchronous, each worker's gradients are applied alone, and a worker's
+step ends only when all its updates are done):
 
 * **transfers**: a ``_Send`` on one task and the ``_Recv`` on another of one step are one
   transfer (graph partitioning names the pair ``<tensor producer>/_<n>`` and ``.../_<n+1>``).
@@ -21,6 +22,8 @@ ParameterServerStrategy is asynchronous, each worker's gradients are applied alo
   sender = the ``_Send`` kernel; ``RECV`` on the receiver starts at the later of the posting and
   the previous arrival on the same link device (:class:`~dpro_kit.graph.topology.Links`), so its
   duration is the link's service time, not its queueing (as for ps-lite).
+* **one collective per step**, tensor :data:`TENSOR`: every variable the workers both read and
+  update is one partition (``chunk`` = its index in name order) on the PS that holds it;
 * **iterations** (dPRO's PS order within one iteration: push -> update -> pull): iteration ``j``
   of a worker = step ``j``'s forward/backward ops, its gradients' pushes, the PS's update of each
   (``AGG``: the PS kernels from the gradient's consumer to the variable write, summed), and the
@@ -45,9 +48,11 @@ from typing import Any
 from ..errors import TraceFormatError
 from ..trace import Manifest, NodeInfo, NodeTrace, OpKind, make_events, read_json
 
-__all__ = ["OPS_FORMAT", "job_transfers", "read_node"]
+__all__ = ["OPS_FORMAT", "TENSOR", "job_transfers", "read_node"]
 
 OPS_FORMAT = "dpro-tf-task-ops"
+#: the one collective of a worker's step: every variable it reads and updates, one partition each
+TENSOR = "variables"
 LAUNCH = "dpro/step_launch"
 _WRITES = re.compile(r"^(Assign(Sub|Add)?VariableOp|ResourceApply.*|ResourceSparseApply.*|ResourceScatter.*)$")
 _NUM = re.compile(r"^(.*)/_(\d+)$")
@@ -192,6 +197,18 @@ def _job(root: str, nodes: tuple[tuple[str, str, str, str, int], ...], link_mode
                           "from": frm, "to": to, "agg_ops": agg_ops})
     if unnamed:
         warnings.append(f"{unnamed} transfer(s) carried no variable (cross-device control edges): not DFG transfers")
+    # the step's variables: pushed and pulled (a read-only or write-only one is not a PS exchange)
+    both = {x["tensor"] for x in xfers if x["phase"] == "push"} & {x["tensor"] for x in xfers if x["phase"] == "pull"}
+    one_way = sorted({x["tensor"] for x in xfers} - both)
+    if one_way:
+        warnings.append(f"variable(s) {one_way} only read or only written by the workers: not in the DFG")
+    variables = sorted(both)
+    chunk = {v: i for i, v in enumerate(variables)}
+    server_of: dict[str, str] = {}
+    xfers = [x for x in xfers if x["tensor"] in chunk]
+    for x in xfers:
+        x["chunk"] = chunk[x["tensor"]]
+        server_of.setdefault(x["tensor"], x["server"])
     man = Manifest(job="", framework="", comm_backend="", world_size=len(worker_node),
                    nodes={n: NodeInfo(host=h, role=ro, rank=rk) for n, _r, h, ro, rk in nodes},
                    iterations=[], extra={"link_model": link_model} if link_model else {})
@@ -202,7 +219,7 @@ def _job(root: str, nodes: tuple[tuple[str, str, str, str, int], ...], link_mode
         dev = links.device(x["src"], x["dst"])
         x["rstart"] = min(max(x["posted"], last.get(dev, x["posted"])), x["arr"])
         last[dev] = x["arr"]
-        x["txn"] = txn_id(x["tensor"], x["phase"], 0 if x["phase"] == "push" else 1, 0, x["src"], x["dst"])
+        x["txn"] = txn_id(TENSOR, x["phase"], 0 if x["phase"] == "push" else 1, x["chunk"], x["src"], x["dst"])
     # the PS's update of each pushed gradient: its kernels from the consumer to the variable write
     ops_by: dict[tuple[str, str], dict[str, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
     for n, d in docs.items():
@@ -232,7 +249,7 @@ def _job(root: str, nodes: tuple[tuple[str, str, str, str, int], ...], link_mode
              for w, s in have.items()}
     sid_of = {(w, j): sid for sid, (w, j) in step_of.items()}
     return {"xfers": xfers, "iters": iters, "per_step": per_step, "docs": docs, "metas": metas, "graph": g,
-            "sid_of": sid_of, "warnings": warnings}
+            "sid_of": sid_of, "warnings": warnings, "variables": variables, "server_of": server_of}
 
 
 def job_transfers(manifest: Manifest, root: Path) -> dict[str, Any]:
@@ -268,8 +285,8 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     for x in job["xfers"]:
         if x["it"] not in ok.get(x["worker"], ()):
             continue
-        common = {"iteration": x["it"], "stream": "comm", "tensor": x["tensor"], "phase": x["phase"],
-                  "step": 0 if x["phase"] == "push" else 1, "chunk": 0, "txn": x["txn"], "bytes": x["bytes"]}
+        common = {"iteration": x["it"], "stream": "comm", "tensor": TENSOR, "phase": x["phase"],
+                  "step": 0 if x["phase"] == "push" else 1, "chunk": x["chunk"], "txn": x["txn"], "bytes": x["bytes"]}
         if x["src"] == node:
             rows.append({**common, "kind": OpKind.SEND.value, "op": f"SEND {x['txn']}", "name": f"SEND {x['tensor']}",
                          "start": x["send"][0] / 1e3, "dur": x["send"][1] / 1e3, "peer": x["dst"]})
@@ -277,10 +294,10 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
             rows.append({**common, "kind": OpKind.RECV.value, "op": f"RECV {x['txn']}", "name": f"RECV {x['tensor']}",
                          "start": x["rstart"] / 1e3, "dur": (x["arr"] - x["rstart"]) / 1e3, "peer": x["src"]})
             if x["phase"] == "push" and x["agg"] is not None:
-                rows.append({"op": f"AGG {x['tensor']} p0 {x['worker']}", "name": f"AGG {x['tensor']}",
+                rows.append({"op": f"AGG {TENSOR} p{x['chunk']} {x['worker']}", "name": f"AGG {x['tensor']}",
                              "kind": OpKind.AGG.value, "iteration": x["it"], "start": x["agg"][0] / 1e3,
-                             "dur": x["agg"][1] / 1e3, "tensor": x["tensor"], "bytes": x["bytes"], "phase": "update",
-                             "chunk": 0, "peer": x["worker"]})
+                             "dur": x["agg"][1] / 1e3, "tensor": TENSOR, "bytes": x["bytes"], "phase": "update",
+                             "chunk": x["chunk"], "peer": x["worker"]})
     colls: list[dict[str, Any]] = []
     edges: list[tuple[str, str]] = []
     g = job["graph"]
@@ -311,17 +328,18 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
         ran = {r["op"] for r in rows if r["kind"] in (OpKind.FW.value, OpKind.BW.value, OpKind.UPDATE.value)}
         edges = [(a, b) for a, bs in g.succ.items() for b in bs]
         edges += [(LAUNCH, op) for op in ran]
-        pushes = {}
-        for x in job["xfers"]:
-            if x["worker"] == node and x["phase"] == "push":
-                pushes.setdefault(x["tensor"], x)
-        pulled = {x["tensor"] for x in job["xfers"] if x["worker"] == node and x["phase"] == "pull"}
-        for t, x in sorted(pushes.items()):
-            if t not in pulled:
-                continue
-            colls.append({"tensor": t, "op": "push_pull_async", "algorithm": "ps_async", "bytes": x["bytes"],
-                          "inputs": _nearest(x["from"], g.pred, ran) or [LAUNCH], "outputs": [], "params": [t],
-                          "partitions": [{"bytes": x["bytes"], "server": x["server"]}]})
+        pushes = [x for x in job["xfers"] if x["worker"] == node and x["phase"] == "push"]
+        inputs = sorted({op for x in pushes for op in _nearest(x["from"], g.pred, ran)}) or [LAUNCH]
+        nbytes = {}
+        for x in pushes:
+            nbytes.setdefault(x["tensor"], x["bytes"])
+        variables = [v for v in job["variables"] if v in nbytes]
+        if variables:
+            colls.append({"tensor": TENSOR, "op": "push_pull_step", "algorithm": "ps_step",
+                          "bytes": sum(nbytes[v] for v in variables), "inputs": inputs, "outputs": [],
+                          "params": variables,
+                          "partitions": [{"bytes": nbytes[v], "server": job["server_of"][v], "variable": v}
+                                         for v in variables]})
     if not rows:
         raise TraceFormatError(f"no replayable step of {node} (a worker step needs the steps before and after it "
                                "traced)", path=node_dir / "tf_ps_ops.json",
