@@ -1,0 +1,697 @@
+"""DeFT (Meng & Sun; seed ``002``): communication scheduling as 0/1 (multi-)knapsack problems with delayed updates.
+
+DeFT removes the hard dependency between a gradient bucket's synchronisation
+and the next forward pass (*delayed updates*) and decides, per stage, which
+bucket synchronisations run while the computation runs:
+
+* **bucket times** (DeFT §IV-B, the Profiler): per DDP gradient bucket its
+  backward computation time (the compute between the previous bucket becoming
+  ready and this one), its communication time (the longest path through its
+  collective's ops), and the forward stage's time: :func:`bucket_times`, read
+  from a global DFG (:mod:`dpro_kit.graph`) built from a trace;
+* **knapsacks** (DeFT §III-B, Problem 1): the items are bucket communications,
+  weight = profit = communication time, the capacity a stage's computation
+  time: :func:`knapsack` (exact, dynamic programming), :func:`recursive_knapsack`
+  (Algorithm 1);
+* **multi-knapsack over heterogeneous links** (DeFT §III-C, Problem 2): one
+  knapsack per link, capacity scaled by the link's speed: :func:`greedy_multi_knapsack`
+  (the paper's greedy) and :func:`exact_multi_knapsack` (brute force, small cases);
+* **the two-stage schedule with current and future queues** (DeFT §III-B,
+  the four cases; Algorithm 2 of the paper is an image lost in the text, this
+  is the prose's algorithm): :func:`schedule`, iteration by iteration, until the
+  queue state repeats (steady state);
+* **partition constraint** (DeFT §III-D): :func:`partition_counts`.
+
+Every formula, and where this module had to choose because the text is
+ambiguous, is in ``docs/deft.md``.  Times are microseconds throughout.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import networkx as nx
+
+__all__ = ["Bucket", "BucketTimes", "bucket_times", "knapsack", "recursive_knapsack", "greedy_multi_knapsack",
+           "exact_multi_knapsack", "multi_knapsack", "partition_counts", "partitioned", "Item", "Stage", "Step", "Schedule",
+           "schedule", "link_speeds"]
+
+_REF = ("Meng and Sun, \"DeFT: Mitigating Data Dependencies for Flexible Communication Scheduling in "
+        "Distributed Training\" (``/work/shared/seeds/002_d6311c65601a268e.txt``)")
+
+
+# --------------------------------------------------------------------------- bucket times
+
+@dataclass(frozen=True)
+class Bucket:
+    """One gradient bucket: its name, bytes and times (us).
+
+    ``backward_us`` is the backward computation of the bucket's layers (from the
+    previous bucket's ready point to this one's); ``forward_us`` an estimate of
+    its layers' forward computation (the forward stage split in proportion to
+    ``backward_us``: the trace does not tie forward ops to parameters);
+    ``comm_us`` its synchronisation on the reference link (link 0).
+    """
+
+    name: str
+    bytes: int
+    backward_us: float
+    forward_us: float
+    comm_us: float
+
+
+@dataclass
+class BucketTimes:
+    """Bucket-level times of one node (DeFT §IV-B, the Profiler's output), buckets in backward-ready order.
+
+    ``forward_us`` is the forward *stage*: every computation between the end of one
+    backward pass and the start of the next (optimizer update, data loading and the
+    forward pass: delayed communication overlaps all of it); ``backward_us`` the
+    backward stage (first backward op to the last bucket's ready point);
+    ``tail_us`` backward computation after the last bucket is ready (counted in
+    neither capacity: DDP copies the reduced buckets back there).
+    """
+
+    node: str
+    buckets: list[Bucket]
+    forward_us: float
+    backward_us: float
+    tail_us: float = 0.0
+
+    @property
+    def comm_us(self) -> float:
+        return sum(b.comm_us for b in self.buckets)
+
+    @property
+    def coverage_rate(self) -> float:
+        """DeFT's CR = T_comm / (T_forward + T_backward) (§I); > 1: communication cannot all be hidden."""
+        cap = self.forward_us + self.backward_us
+        return self.comm_us / cap if cap > 0 else math.inf
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "forward_us": self.forward_us, "backward_us": self.backward_us,
+                "tail_us": self.tail_us, "comm_us": self.comm_us, "coverage_rate": self.coverage_rate,
+                "buckets": [b.__dict__ | {} for b in self.buckets]}
+
+
+def _collective_span(g: "nx.DiGraph", ops: list[str]) -> float:
+    """Longest path (sum of op durations) through the subgraph ``ops`` induces."""
+    keep = set(ops)
+    best: dict[str, float] = {}
+    import networkx as nx
+    for k in nx.topological_sort(g.subgraph(ops)):
+        before = max((best[u] for u in g.predecessors(k) if u in keep), default=0.0)
+        best[k] = before + float(g.nodes[k].get("dur", 0.0))
+    return max(best.values(), default=0.0)
+
+
+def bucket_times(g: "nx.DiGraph", node: str | None = None) -> BucketTimes:
+    """Bucket-level forward/backward computation and communication times of a DDP job's global DFG.
+
+    For each AllReduce tensor (a DDP bucket, :func:`dpro_kit.graph.schemes.is_allreduce`)
+    the op that makes it ready is the computation op before its ``In`` op; buckets
+    are ordered by when that op runs on ``node``'s compute stream (a one-iteration
+    replay of ``g``).  A bucket's backward time is the summed durations of the
+    compute ops after the previous bucket's ready op up to and including its own;
+    the forward stage is every compute op before the first backward (BW) op plus
+    the ops after the last ready op that are not backward ops (the optimizer
+    update of the previous iteration runs there); its communication time is the
+    longest path through its collective's ops (SEND/RECV/In/Out of that tensor),
+    the largest over the nodes.
+
+    Parameters
+    ----------
+    g : networkx.DiGraph
+        A one-iteration global DFG (``Session(trace).graph``).
+    node : str or None
+        The worker whose computation gives the capacities; None: the first worker (by name).
+
+    Raises
+    ------
+    ValueError
+        ``g`` has no AllReduce bucket (DeFT schedules DDP / AllReduce buckets only).
+
+    References
+    ----------
+    .. [1] {ref}, §IV-B (Profiler: operator level to bucket level) and Table II.
+    """
+    from ..replay import replay
+    from ..trace import OpKind
+
+    nodes = g.nodes
+    tensors: dict[str, list[str]] = {}
+    for k, d in g.nodes(data=True):
+        if d.get("tensor") and d.get("kind") in (OpKind.SEND.value, OpKind.RECV.value, OpKind.VIRTUAL.value):
+            tensors.setdefault(d["tensor"], []).append(k)
+    workers = sorted({d["node"] for _, d in g.nodes(data=True) if d.get("node")})
+    if node is None:
+        node = next((w for w in workers if any(nodes[k]["node"] == w for ops in tensors.values() for k in ops)), None)
+    if not tensors or node is None:
+        raise ValueError("the graph has no gradient bucket (AllReduce collective): DeFT schedules DDP buckets")
+    res = replay(g)
+    row = {k: i for i, k in enumerate(res.graph.keys)}
+    compute = [k for k, d in g.nodes(data=True)
+               if d["node"] == node and d.get("device", "").endswith(":compute")]
+    compute.sort(key=lambda k: (res.start[row[k]], res.graph.tiebreak[row[k]]))
+    pos = {k: i for i, k in enumerate(compute)}
+    ready: dict[str, int] = {}
+    for t, ops in tensors.items():
+        ins = [k for k in ops if nodes[k]["node"] == node and nodes[k]["kind"] == OpKind.VIRTUAL.value
+               and any(nodes[u]["node"] == node and u in pos for u in g.predecessors(k))]
+        if ins:
+            ready[t] = max(pos[u] for k in ins for u in g.predecessors(k) if u in pos)
+    if not ready:
+        raise ValueError(f"no bucket of {node!r} is fed by its computation: cannot place buckets in its backward pass")
+    order = sorted(ready, key=lambda t: (ready[t], t))
+    dur = [float(nodes[k].get("dur", 0.0)) for k in compute]
+    bw = [nodes[k].get("kind") == OpKind.BW.value for k in compute]
+    first_bw = next((i for i, b in enumerate(bw) if b), 0)
+    last = ready[order[-1]]
+    forward = sum(dur[:first_bw]) + sum(d for d, b in zip(dur[last + 1:], bw[last + 1:]) if not b)
+    tail = sum(d for d, b in zip(dur[last + 1:], bw[last + 1:]) if b)
+    seg, prev = [], first_bw
+    for t in order:
+        seg.append(sum(dur[prev:ready[t] + 1]))
+        prev = ready[t] + 1
+    backward = sum(seg)
+    buckets = []
+    for t, s in zip(order, seg):
+        ops = tensors[t]
+        parts = {nodes[k]["node"] for k in ops if nodes[k]["node"]}
+        chunk = max((int(nodes[k].get("bytes", 0)) for k in ops if nodes[k]["kind"] == OpKind.SEND.value), default=0)
+        buckets.append(Bucket(name=t, bytes=chunk * max(len(parts), 1), backward_us=s,
+                              forward_us=forward * s / backward if backward > 0 else forward / len(order),
+                              comm_us=_collective_span(g, ops)))
+    return BucketTimes(node=node, buckets=buckets, forward_us=forward, backward_us=backward, tail_us=tail)
+
+
+bucket_times.__doc__ = bucket_times.__doc__.replace("{ref}", _REF)
+
+
+# --------------------------------------------------------------------------- knapsacks
+
+def knapsack(weights: Sequence[float], capacity: float, *, resolution: float = 1e-6) -> list[int]:
+    """Exact 0/1 knapsack with profit = weight (subset sum): the indices of a subset of largest sum <= ``capacity``.
+
+    Dynamic programming over the reachable sums (each sum kept once, with the
+    lexicographically smallest index set reaching it, so results are
+    deterministic); exact for any real weights, at most ``2**n`` states
+    (DeFT's bucket lists are short: "less than 20", §III-C).
+
+    Parameters
+    ----------
+    weights : sequence of float
+        Item weights (communication times, us); negative weights are refused.
+    capacity : float
+        The knapsack capacity (a stage's computation time, us).
+    resolution : float, default 1e-6
+        Sums closer than this are the same state (float round-off).
+
+    Returns
+    -------
+    list of int
+        Chosen indices, ascending.
+
+    References
+    ----------
+    .. [1] {ref}, §III-B, Problem 1 (NaiveKnapsack of Algorithm 1).
+    """
+    if any(w < 0 for w in weights):
+        raise ValueError("knapsack weights must be >= 0")
+    states: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
+    for i, w in enumerate(weights):
+        if w > capacity + resolution:
+            continue
+        new = dict(states)
+        for s, chosen in states.values():
+            t = s + w
+            if t <= capacity + resolution:
+                key = round(t / resolution)
+                cand = (t, chosen + (i,))
+                if key not in new or cand[1] < new[key][1]:
+                    new[key] = cand
+        states = new
+    best = max(states.values(), key=lambda v: (v[0], tuple(-i for i in v[1])))
+    return list(best[1])
+
+
+knapsack.__doc__ = knapsack.__doc__.replace("{ref}", _REF)
+
+
+def greedy_multi_knapsack(weights: Sequence[float], capacities: Sequence[float]) -> list[int]:
+    """DeFT's greedy for the 0/1 multi-knapsack: knapsacks by ascending capacity, items by descending weight.
+
+    For each knapsack (smallest capacity first), place every not yet placed item,
+    longest first, that still fits.  O(N * M) after sorting.  Not optimal in
+    general (a 0/1 multi-knapsack is NP-hard): ``docs/deft.md`` and the tests
+    show a case where it is and one where it is not.
+
+    Parameters
+    ----------
+    weights : sequence of float
+        Item weights in reference-link time (us).
+    capacities : sequence of float
+        Each knapsack's capacity in the same unit.
+
+    Returns
+    -------
+    list of int
+        ``assign[i]`` = the knapsack of item ``i``, or -1 if not placed.
+
+    References
+    ----------
+    .. [1] {ref}, §III-C, Problem 2 and its greedy strategy.
+    """
+    assign = [-1] * len(weights)
+    items = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
+    for j in sorted(range(len(capacities)), key=lambda j: (capacities[j], j)):
+        room = capacities[j]
+        for i in items:
+            if assign[i] < 0 and weights[i] <= room + 1e-9:
+                assign[i] = j
+                room -= weights[i]
+    return assign
+
+
+greedy_multi_knapsack.__doc__ = greedy_multi_knapsack.__doc__.replace("{ref}", _REF)
+
+
+def exact_multi_knapsack(weights: Sequence[float], capacities: Sequence[float], *, max_items: int = 14) -> list[int]:
+    """Optimal 0/1 multi-knapsack (profit = weight) by brute force over all ``(M+1)**N`` assignments.
+
+    For checking the greedy on small cases; ties go to the lexicographically
+    smallest assignment vector (unplaced = -1 first).
+
+    Parameters
+    ----------
+    weights, capacities : sequence of float
+        As :func:`greedy_multi_knapsack`.
+    max_items : int, default 14
+        Refuse larger instances (the enumeration is exponential).
+
+    References
+    ----------
+    .. [1] {ref}, §III-C, Problem 2.
+    """
+    n, m = len(weights), len(capacities)
+    if n > max_items:
+        raise ValueError(f"exact_multi_knapsack enumerates (M+1)^N assignments; N={n} > max_items={max_items}")
+    best, best_val = [-1] * n, -1.0
+    for assign in itertools.product(range(-1, m), repeat=n):
+        load = [0.0] * m
+        for i, j in enumerate(assign):
+            if j >= 0:
+                load[j] += weights[i]
+        if any(load[j] > capacities[j] + 1e-9 for j in range(m)):
+            continue
+        val = sum(load)
+        if val > best_val + 1e-9:
+            best, best_val = list(assign), val
+    return best
+
+
+exact_multi_knapsack.__doc__ = exact_multi_knapsack.__doc__.replace("{ref}", _REF)
+
+
+def multi_knapsack(weights: Sequence[float], capacities: Sequence[float], method: str = "greedy") -> list[int]:
+    """One stage's placement: exact :func:`knapsack` for one link; for several, ``greedy`` (the paper) or ``exact``.
+
+    Returns ``assign[i]`` = link of item ``i`` or -1 (not placed).
+    """
+    if len(capacities) == 1:
+        chosen = set(knapsack(weights, capacities[0]))
+        return [0 if i in chosen else -1 for i in range(len(weights))]
+    if method == "exact":
+        return exact_multi_knapsack(weights, capacities)
+    if method != "greedy":
+        raise ValueError(f"unknown multi-knapsack method {method!r}: greedy or exact")
+    return greedy_multi_knapsack(weights, capacities)
+
+
+def _placed(weights: Sequence[float], assign: Sequence[int]) -> float:
+    return sum(w for w, j in zip(weights, assign) if j >= 0)
+
+
+def recursive_knapsack(weights: Sequence[float], backward: Sequence[float], capacities: Sequence[float],
+                       speeds: Sequence[float] | None = None, method: str = "greedy") -> list[int]:
+    """Algorithm 1 (RecursiveKnapsack) of DeFT: place new buckets (backward-ready order) in the backward stage.
+
+    ``order1`` places the whole list (:func:`multi_knapsack`); ``order2`` drops
+    the first-ready bucket and removes its backward computation time from every
+    capacity, recursively; the larger placement wins, ``order2`` on a tie (so
+    among equally good placements the one that fits in the later, shorter part
+    of the backward pass, where more of the chosen buckets are ready, is kept).
+    With an exact knapsack ``order1`` is never smaller (more items, more room),
+    so the recursion only breaks ties; with the greedy it can win outright.
+
+    Parameters
+    ----------
+    weights : sequence of float
+        Communication times (reference link) of the items, first-ready first.
+    backward : sequence of float
+        Backward computation time of each item's bucket (same order).
+    capacities : sequence of float
+        Per link, the capacity in reference-link time.
+    speeds : sequence of float or None
+        Per link, its speed relative to the reference link (capacity of link ``j``
+        shrinks by ``backward * speeds[j]``); None: all 1.
+    method : str, default "greedy"
+        Several links: ``greedy`` (the paper) or ``exact``.
+
+    Returns
+    -------
+    list of int
+        ``assign[i]`` = link of item ``i`` or -1.
+
+    References
+    ----------
+    .. [1] {ref}, §III-B, Algorithm 1.  The printed pseudo-code subtracts
+           ``T_{{N-1}}`` when dropping ``C_N``; this module subtracts the dropped
+           bucket's own backward time ``T_N`` (docs/deft.md).
+    """
+    n = len(weights)
+    if n == 0:
+        return []
+    speeds = list(speeds) if speeds is not None else [1.0] * len(capacities)
+    order1 = multi_knapsack(weights, capacities, method)
+    rest = [c - backward[0] * s for c, s in zip(capacities, speeds)]
+    if any(c >= 0 for c in rest):
+        sub = recursive_knapsack(weights[1:], backward[1:], [max(c, 0.0) for c in rest], speeds, method)
+        order2 = [-1] + sub
+    else:
+        order2 = [-1] * n
+    return order1 if _placed(weights, order1) > _placed(weights, order2) + 1e-9 else order2
+
+
+recursive_knapsack.__doc__ = recursive_knapsack.__doc__.replace("{ref}", _REF)
+
+
+def link_speeds(rates: Sequence[float]) -> list[float]:
+    """Per link, its speed relative to link 0 (``rates[j] / rates[0]``); DeFT's ``1/mu`` for the slower link.
+
+    A bucket of ``c`` us on link 0 takes ``c / speed`` on link ``j``, so a stage of
+    ``T`` us holds ``T * speed`` us of link-0 communication on link ``j``.
+    """
+    if not rates or any(r <= 0 for r in rates):
+        raise ValueError(f"link rates must be > 0, got {list(rates)}")
+    return [float(r) / float(rates[0]) for r in rates]
+
+
+def partition_counts(times: BucketTimes, speeds: Sequence[float] = (1.0,)) -> dict[str, int]:
+    """DeFT §III-D: into how many equal parts each bucket must be split so that it fits the smallest knapsack.
+
+    The smallest knapsack is the shorter stage on the slowest link:
+    ``cap = min(T_forward, T_backward) * min(speeds)``; a bucket of ``c`` us
+    needs ``ceil(c / cap)`` parts (1 if it already fits).  DeFT first partitions
+    as ByteScheduler / US-Byte do and then enforces this constraint; the first
+    two steps are the optimizer's partition passes (:mod:`dpro_kit.optimize.passes`).
+
+    References
+    ----------
+    .. [1] {ref}, §III-D (tensor partition with the largest bucket below the smallest capacity).
+    """
+    cap = min(times.forward_us, times.backward_us) * min(speeds)
+    if cap <= 0:
+        raise ValueError("a stage has no computation time: no knapsack can hold a bucket")
+    return {b.name: max(1, math.ceil(b.comm_us / cap - 1e-9)) for b in times.buckets}
+
+
+partition_counts.__doc__ = partition_counts.__doc__.replace("{ref}", _REF)
+
+
+def partitioned(times: BucketTimes, counts: dict[str, int]) -> BucketTimes:
+    """``times`` with bucket ``b`` split into ``counts[b]`` equal parts (``b.p0``, ``b.p1``, ...).
+
+    Each part has ``1/count`` of the bucket's bytes, communication and forward
+    time; the bucket's backward time stays on its first part (all parts become
+    ready together, when the bucket's last gradient is computed).
+    """
+    out = []
+    for b in times.buckets:
+        k = int(counts.get(b.name, 1))
+        if k <= 1:
+            out.append(b)
+            continue
+        out.extend(Bucket(name=f"{b.name}.p{p}", bytes=b.bytes // k, backward_us=b.backward_us if p == 0 else 0.0,
+                          forward_us=b.forward_us / k, comm_us=b.comm_us / k) for p in range(k))
+    return BucketTimes(node=times.node, buckets=out, forward_us=times.forward_us, backward_us=times.backward_us,
+                       tail_us=times.tail_us)
+
+
+# --------------------------------------------------------------------------- the two-stage schedule
+
+@dataclass(frozen=True)
+class Item:
+    """A queued synchronisation: bucket index ``bucket`` holding the (summed) gradients of ``iterations``."""
+
+    bucket: int
+    iterations: tuple[int, ...]
+
+
+@dataclass
+class Stage:
+    """What one stage (``forward`` or ``backward``) of one iteration synchronises: ``(item, link)`` pairs."""
+
+    name: str
+    case: int
+    capacity_us: list[float]
+    placed: list[tuple[Item, int]] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    """One iteration of the schedule: its two stages and the iterations whose gradients are applied at its end."""
+
+    iteration: int
+    forward: Stage
+    backward: Stage
+    updates: list[tuple[int, ...]] = field(default_factory=list)
+    current: list[Item] = field(default_factory=list)   # the queues after the iteration
+    future: list[Item] = field(default_factory=list)
+
+
+@dataclass
+class Schedule:
+    """The DeFT schedule of a job, iteration by iteration, and its steady-state period.
+
+    ``steps[period_start:]`` repeats with period ``period`` (the queues' state,
+    relative to the iteration number, recurs); ``period`` is 0 when no state
+    recurred within the simulated iterations.
+    """
+
+    times: BucketTimes
+    rates: list[float]
+    steps: list[Step]
+    period_start: int
+    period: int
+
+    def steady(self) -> list[Step]:
+        return self.steps[self.period_start:self.period_start + self.period] if self.period else self.steps[-1:]
+
+    @property
+    def update_frequency(self) -> float:
+        """Parameter updates per iteration in the steady state (1.0 = synchronous DDP)."""
+        st = self.steady()
+        return sum(len(s.updates) for s in st) / len(st)
+
+    def batch_sequence(self) -> list[int]:
+        """DeFT §IV-C1: the steady state's updates as multiples ``k_i`` of the batch size (sum = period)."""
+        return [len(u) for s in self.steady() for u in s.updates]
+
+    def delays(self) -> dict[str, float]:
+        """Per bucket, the mean number of iterations between its gradient's backward and its synchronisation.
+
+        0: synchronised in its own iteration's backward stage; 1: in the next
+        iteration (its forward or backward stage), ... (merged items count from
+        their oldest iteration).  Steady state only.
+        """
+        out: dict[int, list[int]] = {}
+        for s in self.steady():
+            for stage, extra in ((s.forward, 0), (s.backward, 0)):
+                for item, _ in stage.placed:
+                    out.setdefault(item.bucket, []).append(s.iteration - min(item.iterations) + extra)
+        return {self.times.buckets[b].name: sum(v) / len(v) for b, v in sorted(out.items())}
+
+    def link_load_us(self) -> list[float]:
+        """Per link, the steady state's communication per iteration (us on that link)."""
+        speeds = link_speeds(self.rates)
+        load = [0.0] * len(self.rates)
+        st = self.steady()
+        for s in st:
+            for stage in (s.forward, s.backward):
+                for item, j in stage.placed:
+                    load[j] += self.times.buckets[item.bucket].comm_us / speeds[j]
+        return [x / len(st) for x in load]
+
+    def to_json(self) -> dict[str, Any]:
+        def stage(st: Stage) -> dict[str, Any]:
+            return {"case": st.case, "capacity_us": st.capacity_us,
+                    "placed": [{"bucket": self.times.buckets[i.bucket].name, "iterations": list(i.iterations),
+                                "link": j} for i, j in st.placed]}
+        return {"rates": self.rates, "period_start": self.period_start, "period": self.period,
+                "update_frequency": self.update_frequency, "batch_sequence": self.batch_sequence(),
+                "delays": self.delays(), "link_load_us": self.link_load_us(), "times": self.times.to_json(),
+                "steps": [{"iteration": s.iteration, "forward": stage(s.forward), "backward": stage(s.backward),
+                           "updates": [list(u) for u in s.updates]} for s in self.steps]}
+
+
+def _merge(queue: list[Item], new: Iterable[Item]) -> list[Item]:
+    """Queue ``new`` into ``queue``, summing an item into the queued one of the same bucket (gradient accumulation)."""
+    by = {it.bucket: it for it in queue}
+    for it in new:
+        old = by.get(it.bucket)
+        by[it.bucket] = Item(it.bucket, tuple(sorted(set(old.iterations) | set(it.iterations)))) if old else it
+    return [by[b] for b in sorted(by)]
+
+
+def schedule(times: BucketTimes, rates: Sequence[float] = (1.0,), *, iterations: int = 64,
+             method: str = "greedy", capacity_scale: float = 1.0, partition: bool = True) -> Schedule:
+    """DeFT's two-stage schedule (Algorithm 2, as §III-B's four cases describe it), iteration by iteration.
+
+    State: the *current* queue (buckets of older iterations still to synchronise)
+    and the *future* queue (newer buckets waiting for the current queue to
+    empty; a bucket queued twice is merged, i.e. its gradients are summed and
+    synchronised once).  Each iteration:
+
+    * **forward stage, Case 1**: knapsack of the current queue, capacity = the
+      forward stage's time (per link, scaled by its speed);
+    * **backward stage**, the iteration's new buckets arrive:
+
+      - **Case 2** (current queue not empty and the backward capacity cannot
+        hold all of it): knapsack of the current queue; the new buckets merge
+        into the future queue;
+      - **Case 3** (current queue not empty and it fits): all of it is
+        synchronised; the new buckets merge into the future queue; Algorithm 1
+        (:func:`recursive_knapsack`) on the future queue with the remaining
+        capacity; what is left of the future queue becomes the current queue;
+      - **Case 4** (current queue empty): the new buckets merge with the future
+        queue; Algorithm 1 on them; what is left becomes the current queue;
+
+    * **update**: at the end of the iteration, the gradients of every iteration
+      all of whose buckets are now synchronised are applied (several iterations
+      at once when they were merged: a larger batch, §IV-C1).
+
+    Parameters
+    ----------
+    times : BucketTimes
+        From :func:`bucket_times` (or built by hand).
+    rates : sequence of float, default (1.0,)
+        Link rates (any unit; link 0 is the one ``comm_us`` was measured on).
+    iterations : int, default 64
+        Iterations to simulate; the steady state is found by the queue state recurring.
+    method : str, default "greedy"
+        Multi-link placement: ``greedy`` (the paper) or ``exact``.
+    capacity_scale : float, default 1.0
+        Multiply every capacity (the Preserver's knob, §IV-C3: a larger capacity
+        synchronises more per iteration, fewer delayed and merged updates).
+    partition : bool, default True
+        First split every bucket that does not fit the smallest knapsack
+        (:func:`partition_counts`, §III-D); the schedule's ``times`` are then the
+        partitioned ones.  With False, a bucket that fits no knapsack raises ValueError.
+
+    References
+    ----------
+    .. [1] {ref}, §III-B (Problem 1, Algorithm 1, the four cases, Fig. 4), §III-C (Problem 2).
+    """
+    speeds = link_speeds(rates)
+    if partition:
+        scaled = BucketTimes(times.node, times.buckets, times.forward_us * capacity_scale,
+                             times.backward_us * capacity_scale, times.tail_us)
+        times = partitioned(times, partition_counts(scaled, speeds))
+    biggest = max(max(times.forward_us, times.backward_us) * capacity_scale * s for s in speeds)
+    too_big = [b for b in times.buckets if b.comm_us > biggest + 1e-9]
+    if too_big:
+        raise ValueError(f"bucket {too_big[0].name} ({too_big[0].comm_us:.0f} us) fits no knapsack "
+                         f"(largest capacity {biggest:.0f} us): partition it (partition=True, DeFT §III-D)")
+    n = len(times.buckets)
+    comm = [b.comm_us for b in times.buckets]
+    bwd = [b.backward_us for b in times.buckets]
+    cap_f = [times.forward_us * capacity_scale * s for s in speeds]
+    cap_b = [times.backward_us * capacity_scale * s for s in speeds]
+    current: list[Item] = []
+    future: list[Item] = []
+    synced: dict[int, set[int]] = {}      # iteration -> buckets synchronised
+    applied: set[int] = set()
+    steps: list[Step] = []
+    seen: dict[tuple, int] = {}
+    period_start = period = 0
+
+    parent: dict[int, int] = {}           # union-find: iterations merged into one update
+
+    def sync(item: Item) -> None:
+        for it in item.iterations:
+            synced.setdefault(it, set()).add(item.bucket)
+            parent.setdefault(it, it)
+            a, b = _find(parent, it), _find(parent, item.iterations[0])
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+
+    for i in range(iterations):
+        # forward stage (Case 1)
+        fwd = Stage("forward", 1 if current else 0, list(cap_f))
+        if current:
+            assign = multi_knapsack([comm[it.bucket] for it in current], cap_f, method)
+            fwd.placed = [(it, j) for it, j in zip(current, assign) if j >= 0]
+            current = [it for it, j in zip(current, assign) if j < 0]
+        for it, _ in fwd.placed:
+            sync(it)
+        new = [Item(b, (i,)) for b in range(n)]
+        bwd_stage = Stage("backward", 0, list(cap_b))
+        if current:
+            assign = multi_knapsack([comm[it.bucket] for it in current], cap_b, method)
+            if any(j < 0 for j in assign):                        # Case 2
+                bwd_stage.case = 2
+                bwd_stage.placed = [(it, j) for it, j in zip(current, assign) if j >= 0]
+                current = [it for it, j in zip(current, assign) if j < 0]
+                future = _merge(future, new)
+            else:                                                  # Case 3
+                bwd_stage.case = 3
+                bwd_stage.placed = list(zip(current, assign))
+                room = list(cap_b)
+                for it, j in bwd_stage.placed:
+                    room[j] -= comm[it.bucket]
+                future = _merge(future, new)
+                a2 = recursive_knapsack([comm[it.bucket] for it in future], [bwd[it.bucket] for it in future],
+                                        room, speeds, method)
+                bwd_stage.placed += [(it, j) for it, j in zip(future, a2) if j >= 0]
+                current = [it for it, j in zip(future, a2) if j < 0]
+                future = []
+        else:                                                      # Case 4
+            bwd_stage.case = 4
+            items = _merge(future, new)
+            a2 = recursive_knapsack([comm[it.bucket] for it in items], [bwd[it.bucket] for it in items],
+                                    cap_b, speeds, method)
+            bwd_stage.placed = [(it, j) for it, j in zip(items, a2) if j >= 0]
+            current = [it for it, j in zip(items, a2) if j < 0]
+            future = []
+        for it, _ in bwd_stage.placed:
+            sync(it)
+        # update: every merged group (iterations summed into one item) whose iterations are all synchronised
+        groups: list[tuple[int, ...]] = []
+        for root in sorted({_find(parent, k) for k in synced if k not in applied}):
+            members = sorted(k for k in parent if _find(parent, k) == root and k not in applied)
+            if all(len(synced.get(k, ())) == n for k in members):
+                applied.update(members)
+                groups.append(tuple(members))
+        steps.append(Step(i, fwd, bwd_stage, groups, list(current), list(future)))
+        key = (tuple((it.bucket, tuple(i - x for x in it.iterations)) for it in current),
+               tuple((it.bucket, tuple(i - x for x in it.iterations)) for it in future),
+               tuple(sorted(i - k for k in synced if k not in applied)))
+        if key in seen and not period:
+            period_start, period = seen[key] + 1, i - seen[key]
+            break
+        seen[key] = i
+    return Schedule(times=times, rates=list(map(float, rates)), steps=steps, period_start=period_start,
+                    period=period)
+
+
+def _find(parent: dict[int, int], k: int) -> int:
+    while parent[k] != k:
+        k = parent[k]
+    return k
+
+
+schedule.__doc__ = schedule.__doc__.replace("{ref}", _REF)

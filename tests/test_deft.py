@@ -1,0 +1,185 @@
+"""DeFT (seed 002) solver: knapsacks, the greedy multi-knapsack vs brute force, Algorithm 1, the four cases.
+
+Every expected value below is hand-computed (the reasoning is in the comments);
+the last tests read a real recorded DDP trace (examples/traces/ddp-2rank-gloo)
+and check structural identities of the bucket times, not numbers copied from a run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dpro_kit.optimize import deft
+from dpro_kit.optimize.deft import Bucket, BucketTimes, Item
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def times(comm, backward, forward_total, backward_total=None):
+    bs = [Bucket(name=f"b{i}", bytes=0, backward_us=b, forward_us=0.0, comm_us=c)
+          for i, (c, b) in enumerate(zip(comm, backward))]
+    return BucketTimes(node="w", buckets=bs, forward_us=forward_total,
+                       backward_us=sum(backward) if backward_total is None else backward_total)
+
+
+# ----------------------------------------------------------------- knapsacks (hand-computed)
+
+def test_knapsack_exact_subset_sum():
+    # {6,5,5} into 10: 5+5 = 10 beats 6 (6+5 = 11 > 10)
+    assert deft.knapsack([6, 5, 5], 10) == [1, 2]
+    # {3,4,5} into 8: 3+5 = 8 (3+4 = 7, 4+5 = 9 > 8)
+    assert deft.knapsack([3, 4, 5], 8) == [0, 2]
+    # nothing fits
+    assert deft.knapsack([7, 9], 5) == []
+    # ties keep the lexicographically smallest index set: {4} or {4}: item 0
+    assert deft.knapsack([4, 4], 5) == [0]
+    with pytest.raises(ValueError):
+        deft.knapsack([-1], 3)
+
+
+def test_greedy_multi_knapsack_optimal_case():
+    # capacities 5 and 4, items 4, 3, 2 (hand): the greedy fills the smaller knapsack (4) first with
+    # the longest item that fits (4), then knapsack 5 with 3 and 2: everything placed, 9 = optimum
+    w, caps = [4, 3, 2], [5, 4]
+    g = deft.greedy_multi_knapsack(w, caps)
+    assert g == [1, 0, 0]
+    e = deft.exact_multi_knapsack(w, caps)
+    assert sum(x for x, j in zip(w, g) if j >= 0) == sum(x for x, j in zip(w, e) if j >= 0) == 9
+
+
+def test_greedy_multi_knapsack_suboptimal_case():
+    # capacities 4 and 6, items 3, 3, 2, 2, 2 (hand): greedy puts 3 into the 4-knapsack (1 left,
+    # nothing fits), then 3 + 2 into the 6-knapsack (1 left): 8.  Optimum: 2+2 | 3+3 = 10 (= both full).
+    w, caps = [3, 3, 2, 2, 2], [4, 6]
+    g = deft.greedy_multi_knapsack(w, caps)
+    assert g == [0, 1, 1, -1, -1]
+    assert sum(x for x, j in zip(w, g) if j >= 0) == 8
+    e = deft.exact_multi_knapsack(w, caps)
+    assert sum(x for x, j in zip(w, e) if j >= 0) == 10
+    # one knapsack: the greedy is not optimal either ({6,5,5} into 10: greedy 6, exact 10)
+    assert deft.greedy_multi_knapsack([6, 5, 5], [10]) == [0, -1, -1]
+    assert deft.multi_knapsack([6, 5, 5], [10]) == [-1, 0, 0]   # one link: the exact DP
+
+
+def test_exact_multi_knapsack_refuses_large():
+    with pytest.raises(ValueError):
+        deft.exact_multi_knapsack([1.0] * 20, [5.0, 5.0])
+
+
+def test_recursive_knapsack_tie_prefers_later_bucket():
+    # items 3, 3 (first-ready first), backward 1 each, capacity 4: order1 = {item 0} (3);
+    # order2 drops item 0, capacity 4 - 1 = 3: {item 1} (3).  Tie -> order2.
+    assert deft.recursive_knapsack([3, 3], [1, 1], [4]) == [-1, 0]
+    # capacity 3: order2's capacity is 2, nothing fits (0 < 3) -> order1
+    assert deft.recursive_knapsack([3, 3], [1, 1], [3]) == [0, -1]
+
+
+def test_recursive_knapsack_greedy_beaten_by_recursion():
+    # two links (capacities 10 and 0, speeds 1): greedy on {6,5,5} places 6 only; dropping the
+    # first bucket (backward 0, capacities unchanged) places 5 + 5 = 10 on link 0 -> order2 wins
+    assert deft.recursive_knapsack([6, 5, 5], [0, 0, 0], [10, 0], [1, 1]) == [-1, 0, 0]
+
+
+def test_partition_counts_and_parts():
+    t = times([10.0, 3.0], [2.0, 2.0], forward_total=6.0)          # stages 6 and 4
+    # smallest knapsack: min(6, 4) * 0.5 (slow link) = 2 -> ceil(10/2) = 5 parts, ceil(3/2) = 2
+    assert deft.partition_counts(t, [1.0, 0.5]) == {"b0": 5, "b1": 2}
+    p = deft.partitioned(t, {"b0": 5, "b1": 2})
+    assert [b.name for b in p.buckets] == ["b0.p0", "b0.p1", "b0.p2", "b0.p3", "b0.p4", "b1.p0", "b1.p1"]
+    assert [b.comm_us for b in p.buckets] == [2.0] * 5 + [1.5, 1.5]
+    assert [b.backward_us for b in p.buckets] == [2.0, 0, 0, 0, 0, 2.0, 0]
+
+
+# ----------------------------------------------------------------- the two-stage schedule (hand-computed)
+
+def _placed(stage):
+    return [(i.bucket, i.iterations, j) for i, j in stage.placed]
+
+
+def test_schedule_two_buckets_delay_one():
+    # buckets A, B: comm 4 each, backward 2 each; forward stage 4, backward stage 4 (CR = 8/8 = 1).
+    # it 0, Case 4: Algorithm 1 on [A, B] cap 4: order1 = {A}; order2 drops A (cap 4-2 = 2): nothing.
+    #   -> A0 synced in backward, B0 left in the current queue.
+    # it 1, Case 1: B0 in the forward stage; Case 4 again: A1; update of iteration 0.
+    # queue state after it 1 = after it 0 (B of the last iteration pending) -> period 1 from it 1.
+    s = deft.schedule(times([4, 4], [2, 2], 4), iterations=10)
+    assert _placed(s.steps[0].backward) == [(0, (0,), 0)] and s.steps[0].backward.case == 4
+    assert s.steps[0].updates == []
+    assert _placed(s.steps[1].forward) == [(1, (0,), 0)] and s.steps[1].forward.case == 1
+    assert _placed(s.steps[1].backward) == [(0, (1,), 0)]
+    assert s.steps[1].updates == [(0,)]
+    assert (s.period_start, s.period) == (1, 1)
+    assert s.update_frequency == 1.0 and s.batch_sequence() == [1]
+    assert s.delays() == {"b0": 0.0, "b1": 1.0}
+    assert s.link_load_us() == [8.0]
+
+
+def test_schedule_four_cases_merged_updates():
+    # three buckets of comm 3, backward 1 each; forward stage 3, backward stage 3: CR = 9/6 = 1.5.
+    # it0 Case 4: A0 (order2: cap 2 holds nothing) | cur [B0 C0]
+    # it1 fwd B0 | Case 3: C0 fits (3 <= 3), new -> future, room 0 -> nothing | cur [A1 B1 C1]; update (0,)
+    # it2 fwd A1 | Case 2: [B1 C1] does not fit 3: B1; new A2 B2 C2 -> future | cur [C1]
+    # it3 fwd C1 | Case 4: future merged with new: A,B,C of (2,3); A(2,3) | cur [B C](2,3); update (1,)
+    # it4 fwd B(2,3) | Case 3: C(2,3); new -> future; room 0 | cur [A4 B4 C4]; update (2, 3) at once
+    # state after it4 = after it1 -> period 3 from it2: updates [(1,), (2,3)] -> batch sizes 1, 2
+    s = deft.schedule(times([3, 3, 3], [1, 1, 1], 3), iterations=20)
+    st = s.steps
+    assert [x.backward.case for x in st[:5]] == [4, 3, 2, 4, 3]
+    assert [x.forward.case for x in st[:5]] == [0, 1, 1, 1, 1]
+    assert _placed(st[0].backward) == [(0, (0,), 0)]
+    assert _placed(st[1].forward) == [(1, (0,), 0)] and _placed(st[1].backward) == [(2, (0,), 0)]
+    assert _placed(st[2].forward) == [(0, (1,), 0)] and _placed(st[2].backward) == [(1, (1,), 0)]
+    assert _placed(st[3].forward) == [(2, (1,), 0)] and _placed(st[3].backward) == [(0, (2, 3), 0)]
+    assert _placed(st[4].forward) == [(1, (2, 3), 0)] and _placed(st[4].backward) == [(2, (2, 3), 0)]
+    assert [x.updates for x in st[:5]] == [[], [(0,)], [], [(1,)], [(2, 3)]]
+    assert (s.period_start, s.period) == (2, 3)
+    assert s.batch_sequence() == [1, 2] and s.update_frequency == pytest.approx(2 / 3)
+    assert s.link_load_us() == [6.0]          # 9 us of gradients per iteration, synchronised as 6
+
+
+def test_schedule_second_link_absorbs_the_excess():
+    # same job, a second link at half speed: per stage link 0 holds 3 us, link 1 holds 3 * 0.5 = 1.5 us
+    # of link-0 time; partition (§III-D): smallest knapsack min(3,3) * 0.5 = 1.5 -> each bucket in 2 parts
+    # of 1.5 us.  Per iteration 6 parts = 9 us; capacity per iteration (3 + 1.5) * 2 = 9: all fits.
+    s = deft.schedule(times([3, 3, 3], [1, 1, 1], 3), rates=[2.0, 1.0], iterations=20)
+    assert len(s.times.buckets) == 6
+    assert s.update_frequency == 1.0 and s.batch_sequence() == [1]
+    load = s.link_load_us()
+    assert load[0] + load[1] * 0.5 == pytest.approx(9.0)      # all 9 us of link-0 work done every iteration
+
+
+def test_schedule_refuses_unpartitioned_oversized_bucket():
+    with pytest.raises(ValueError, match="partition"):
+        deft.schedule(times([10], [1], 3), partition=False)
+
+
+def test_merge_sums_same_bucket():
+    q = deft._merge([Item(0, (1,)), Item(2, (1,))], [Item(0, (2,)), Item(1, (2,))])
+    assert q == [Item(0, (1, 2)), Item(1, (2,)), Item(2, (1,))]
+
+
+# ----------------------------------------------------------------- bucket times of a real trace
+
+def test_bucket_times_real_ddp_trace():
+    from dpro_kit.session import Session
+    from dpro_kit.trace import OpKind
+    g = Session(REPO / "examples" / "traces" / "ddp-2rank-gloo").graph
+    bt = deft.bucket_times(g)
+    # 3 DDP buckets (README of the trace), in backward-ready order: DDP fills bucket 0 first
+    assert [b.name for b in bt.buckets] == ["bucket0", "bucket1", "bucket2"]
+    assert [b.bytes for b in bt.buckets] == [1071144, 1050624, 526336]
+    node = bt.node
+    compute = [d for _, d in g.nodes(data=True) if d["node"] == node and d["device"].endswith(":compute")]
+    # forward + backward + tail is all of the node's computation, the backward split over the buckets
+    assert bt.forward_us + bt.backward_us + bt.tail_us == pytest.approx(sum(d["dur"] for d in compute))
+    assert sum(b.backward_us for b in bt.buckets) == pytest.approx(bt.backward_us)
+    assert sum(b.forward_us for b in bt.buckets) == pytest.approx(bt.forward_us)
+    # a 2-node ring: per node a reduce-scatter SEND then an all-gather SEND (RECVs take no time here)
+    for b in bt.buckets:
+        sends = {}
+        for _, d in g.nodes(data=True):
+            if d["tensor"] == b.name and d["kind"] == OpKind.SEND.value:
+                sends.setdefault(d["node"], []).append(d["dur"])
+        assert b.comm_us == pytest.approx(max(sum(v) for v in sends.values()))
+    assert bt.coverage_rate == pytest.approx(bt.comm_us / (bt.forward_us + bt.backward_us))
