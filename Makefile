@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean horovod mxnet pslite
+.PHONY: demo test venv bench clean horovod mxnet pslite nccl
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -46,7 +46,13 @@ mxnet:
 	  $(MXNET_VENV)/bin/python -c 'import mxnet' && echo '$(MXNET_REQ)' > $(MXNET_VENV)/.req; } || \
 	  echo "note: MXNet venv not built; the MXNet job tests will be skipped"
 
-test: $(STAMP) horovod mxnet pslite
+# NCCL profiler plugin + the harness that drives it without a GPU (collectors/nccl, docs/nccl.md);
+# needs only a C compiler (the tests build their own copy and skip, saying why, without one).
+nccl:
+	@if command -v $(CC) >/dev/null 2>&1; then $(MAKE) -s -C collectors/nccl CC=$(CC); \
+	  else echo "note: no C compiler; the NCCL plugin is not built and its tests will be skipped"; fi
+
+test: $(STAMP) horovod mxnet pslite nccl
 	@# the report's browser tests need Chromium: installed when root (as in CI), else skipped with a note
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || echo "note: chromium missing; browser tests will be skipped"
 	$(BIN)/python -m pytest -q

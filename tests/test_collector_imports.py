@@ -28,6 +28,7 @@ ALLOWED = {
     "torch": ("dpro_torch", {"torch", "horovod"}),          # dpro_torch.hvd_launch: Horovod's rendezvous server
     "tf": ("dpro_tf", {"tensorflow", "tsl"}),              # dpro_tf.xplane: TF's xplane_pb2 (tsl in older layouts)
     "mxnet": ("dpro_mxnet", {"mxnet"}),
+    "nccl": ("", set()),                                   # a C plugin (NCCL profiler), no Python
 }
 SOURCES = sorted(COLLECTORS.rglob("*.py"))
 

@@ -1,0 +1,572 @@
+/* Drives an NCCL profiler plugin the way NCCL does, without a GPU (docs/nccl.md).
+ *
+ *   nccl_harness ring  PLUGIN.so NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK
+ *   nccl_harness bench PLUGIN.so API NSTEPS
+ *
+ * ring: NRANKS processes (fork), each a rank with a main thread and a proxy progress thread, run
+ * ITERS ring all-reduces of BYTES over NCHANNELS channels.  The proxy thread is a reduced copy of
+ * the control flow of NCCL's network transport (src/transport/net.cc sendProxyProgress /
+ * recvProxyProgress): per channel a send sub (peer = ring next) and a recv sub (peer = ring prev),
+ * steps posted / transmitted / received / done with at most NCCL_STEPS=8 in flight, and the
+ * profiler calls at the same places with the same arguments (step numbers, transfer sizes,
+ * activation-mask checks, event order).  The bytes really move over one socketpair per channel
+ * and ring edge; the GPU is emulated by data dependencies only: a send step of ring step k>0 is
+ * ready once the recv of the same slice at step k-1 reached the "GPU", and a received slice is
+ * consumed once it has been forwarded (or at the last ring step).  Data layout as NCCL's ring
+ * all-reduce: loops of NCHANNELS*NRANKS*CHUNK bytes, 2(N-1) ring steps per loop, CHUNK split into
+ * 2 slices (one network transfer each) with the Simple protocol, 1 with LL/LL128.  The collective
+ * event is started by the main thread before the proxy ops are posted and stopped once they are
+ * (NCCL stops it at enqueue), proxy ops start when appended on the proxy thread.
+ * Then the parent checks every rank's file (event counts, no drops).  Exit 0 = all good.
+ *
+ * bench: one rank, one proxy op, NSTEPS send steps of 5 calls each (start, 3 states, stop),
+ * timed against a table of empty functions; prints ns per call and the finalize cost per event.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <dirent.h>
+
+#include "dpro_nccl_abi.h"
+
+#define NCCL_STEPS 8
+#define COMM_ID 0x5eed0000d9a0c0deull
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("nccl_harness: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  exit(1);
+}
+
+static void logger(int level, unsigned long flags, const char *file, int line, const char *fmt, ...) {
+  (void)flags;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "[nccl log %d %s:%d] ", level, file, line);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+/* ------------------------------------------------------------------ the plugin, any version */
+
+struct plugin {
+  int api;
+  void *ctx;
+  int mask;
+  const dpro_profiler_v5 *v5; /* v5 and v6 */
+  const dpro_profiler_v4 *v4;
+};
+
+static void plugin_open(struct plugin *p, const char *path, int api) {
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) die("dlopen %s: %s", path, dlerror());
+  char sym[32];
+  snprintf(sym, sizeof(sym), "ncclProfiler_v%d", api);
+  void *t = dlsym(lib, sym);
+  if (t == NULL) die("%s has no symbol %s", path, sym);
+  memset(p, 0, sizeof(*p));
+  p->api = api;
+  if (api >= 5) p->v5 = t;
+  else p->v4 = t;
+}
+
+static int plugin_init(struct plugin *p, const char *name, int nnodes, int nranks, int rank) {
+  if (p->v5) return p->v5->init(&p->ctx, COMM_ID, &p->mask, name, nnodes, nranks, rank, logger);
+  return p->v4->init(&p->ctx, &p->mask, name, COMM_ID, nnodes, nranks, rank, logger);
+}
+
+/* One descriptor filled as NCCL fills it (zeroed, then type/parent/rank and the member). */
+struct descr { int type; void *parent; int rank; struct dpro_d_coll coll; struct dpro_d_proxy_op op; int step; };
+
+static void *plugin_start(struct plugin *p, const struct descr *d) {
+  void *h = NULL;
+  if (p->v5) {
+    dpro_descr_v5 e;
+    memset(&e, 0, sizeof(e));
+    e.type = (uint64_t)d->type;
+    e.parent = d->parent;
+    e.rank = d->rank;
+    if (d->type == DPRO_EV_COLL) e.coll = d->coll;
+    else if (d->type == DPRO_EV_PROXY_OP) e.proxy_op = d->op;
+    else e.proxy_step.step = d->step;
+    p->v5->start_event(p->ctx, &h, &e);
+  } else {
+    dpro_descr_v4 e;
+    memset(&e, 0, sizeof(e));
+    e.type = (uint8_t)d->type;
+    e.parent = d->parent;
+    e.rank = d->rank;
+    if (d->type == DPRO_EV_COLL) { e.coll = d->coll; e.coll.parent_group = NULL; }
+    else if (d->type == DPRO_EV_PROXY_OP) e.proxy_op = d->op;
+    else e.proxy_step.step = d->step;
+    p->v4->start_event(p->ctx, &h, &e);
+  }
+  return h;
+}
+
+static void plugin_stop(struct plugin *p, void *h) {
+  if (p->v5) p->v5->stop_event(h);
+  else p->v4->stop_event(h);
+}
+
+static void plugin_state(struct plugin *p, void *h, int state, size_t size) {
+  dpro_state_args a;
+  memset(&a, 0, sizeof(a));
+  a.proxy_step.trans_size = size;
+  if (p->v5) p->v5->record_event_state(h, state, &a);
+  else p->v4->record_event_state(h, state, &a);
+}
+
+static void plugin_finalize(struct plugin *p) {
+  if (p->v5) p->v5->finalize(p->ctx);
+  else p->v4->finalize(p->ctx);
+}
+
+/* ------------------------------------------------------------------ the ring all-reduce layout */
+
+struct layout {
+  int n, nch, spc;           /* ranks, channels, slices (network transfers) per chunk */
+  size_t bytes, chunk;       /* message, NCCL chunk size */
+  int nloops;
+  int steps_per_loop;        /* network steps per loop per channel: 2(N-1)*spc */
+};
+
+static void layout_init(struct layout *L, int n, int nch, size_t bytes, size_t chunk, int spc) {
+  L->n = n;
+  L->nch = nch;
+  L->spc = spc;
+  L->bytes = bytes;
+  L->chunk = chunk;
+  size_t loop = (size_t)nch * n * chunk;
+  L->nloops = (int)((bytes + loop - 1) / loop);
+  if (L->nloops < 1) L->nloops = 1;
+  L->steps_per_loop = 2 * (n - 1) * spc;
+}
+
+/* The chunk a ring position sends at ring step k (dpro_kit.graph.topology.ring_allreduce). */
+static int chunk_sent(int n, int pos, int k) {
+  return k < n - 1 ? ((pos - k) % n + n) % n : ((pos + 1 - (k - n + 1)) % n + n) % n;
+}
+
+/* Bytes of one network step: channel ch, network step p of the sender at ring position pos.
+ * NCCL's runRing: per loop realChunk = min(chunk, ceil(remaining / (nch*n))) (16-byte aligned),
+ * channel ch covers nch*n chunks from gridOffset + ch*n*realChunk; slices split a chunk. */
+static size_t step_bytes(const struct layout *L, int ch, int pos, int p) {
+  int loop = p / L->steps_per_loop, q = p % L->steps_per_loop;
+  int k = q / L->spc, slice = q % L->spc;
+  size_t grid = (size_t)loop * L->nch * L->n * L->chunk;
+  size_t rem = L->bytes - grid;
+  size_t per = (rem + (size_t)L->nch * L->n - 1) / ((size_t)L->nch * L->n);
+  per = (per + 15) / 16 * 16;
+  size_t real = per < L->chunk ? per : L->chunk;
+  size_t off = grid + (size_t)ch * L->n * real + (size_t)chunk_sent(L->n, pos, k) * real;
+  size_t slice_sz = (real + L->spc - 1) / L->spc;
+  size_t s0 = off + (size_t)slice * slice_sz, s1 = s0 + slice_sz;
+  size_t end = off + real;
+  if (s1 > end) s1 = end;
+  if (s1 > L->bytes) s1 = L->bytes;
+  return s0 < s1 ? s1 - s0 : 0;
+}
+
+/* ------------------------------------------------------------------ one rank */
+
+struct sub {
+  int channel, peer, nsteps, fd;
+  int posted, transmitted, received, done;   /* as NCCL's ncclProxySubArgs */
+  size_t trans_size;                          /* sub->transSize: last size set by the transport */
+  size_t io_off;                              /* bytes of the current transfer moved so far */
+  int inflight;                               /* send: index of the step being written, -1 none */
+  void *op_handle;
+  void *step_handle[NCCL_STEPS];
+};
+
+struct rank_state {
+  struct plugin *pl;
+  struct layout L;
+  int rank, pos;
+  struct sub send[64], recv[64];
+  void *coll_handle;
+  char *buf;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int posted_iter, finished_iter;
+};
+
+static int want_op(struct plugin *p) { return p->mask & (DPRO_EV_PROXY_OP | DPRO_EV_PROXY_STEP | DPRO_EV_NET_PLUGIN); }
+static int want_step(struct plugin *p) { return p->mask & (DPRO_EV_PROXY_STEP | DPRO_EV_NET_PLUGIN); }
+
+static void step_start(struct rank_state *R, struct sub *s, int step) {
+  if (want_step(R->pl)) {
+    struct descr d = {.type = DPRO_EV_PROXY_STEP, .parent = s->op_handle, .rank = R->rank, .step = step};
+    s->step_handle[step % NCCL_STEPS] = plugin_start(R->pl, &d);
+  }
+}
+static void step_state(struct rank_state *R, struct sub *s, int step, int state) {
+  if (s->op_handle && s->step_handle[step % NCCL_STEPS]) plugin_state(R->pl, s->step_handle[step % NCCL_STEPS], state, s->trans_size);
+}
+static void step_stop(struct rank_state *R, struct sub *s, int step) {
+  if (s->step_handle[step % NCCL_STEPS]) {
+    plugin_stop(R->pl, s->step_handle[step % NCCL_STEPS]);
+    s->step_handle[step % NCCL_STEPS] = NULL;
+  }
+}
+
+/* Sender side data ready ("the GPU filled the buffer"): ring step 0 of a loop reads the input;
+ * later steps forward the slice received at the previous step. */
+static int send_ready(const struct rank_state *R, int ch, int p) {
+  int q = p % R->L.steps_per_loop;
+  if (q < R->L.spc) return 1;
+  return R->recv[ch].transmitted > p - R->L.spc;
+}
+
+/* Receiver side consumed ("the GPU read the slice"): once forwarded, or at the last ring step. */
+static int recv_consumed(const struct rank_state *R, int ch, int p) {
+  int q = p % R->L.steps_per_loop;
+  if (q >= R->L.steps_per_loop - R->L.spc) return 1;
+  return R->send[ch].transmitted > p + R->L.spc;
+}
+
+static int send_progress(struct rank_state *R, struct sub *s) {
+  int busy = 0;
+  if (s->done == s->nsteps) return 0;
+  if (s->posted < s->nsteps && s->posted < s->done + NCCL_STEPS) {
+    int p = s->posted;
+    step_start(R, s, p);
+    s->posted++;
+    step_state(R, s, p, DPRO_ST_SEND_GPU_WAIT);
+    return 1;
+  }
+  if (s->inflight < 0 && s->transmitted < s->posted && send_ready(R, s->channel, s->transmitted)) {
+    int p = s->transmitted;
+    step_state(R, s, p, DPRO_ST_SEND_PEER_WAIT);   /* stale trans_size, as NCCL */
+    s->trans_size = step_bytes(&R->L, s->channel, R->pos, p);
+    s->inflight = p;
+    s->io_off = 0;
+    s->transmitted++;
+    step_state(R, s, p, DPRO_ST_SEND_WAIT);
+    busy = 1;
+  }
+  if (s->inflight >= 0) {                          /* the network's progress on the isend */
+    size_t want = s->trans_size - s->io_off;
+    if (want > 0) {
+      ssize_t w = write(s->fd, R->buf, want);
+      if (w > 0) { s->io_off += (size_t)w; busy = 1; }
+      else if (w < 0 && errno != EAGAIN && errno != EINTR) die("rank %d write: %s", R->rank, strerror(errno));
+    }
+    if (s->io_off == s->trans_size) {              /* test() says done */
+      int p = s->done;
+      s->done++;
+      s->inflight = -1;
+      step_stop(R, s, p);
+      busy = 1;
+    }
+  }
+  return busy;
+}
+
+static int recv_progress(struct rank_state *R, struct sub *s) {
+  int busy = 0;
+  if (s->done == s->nsteps) return 0;
+  if (s->posted < s->nsteps && s->posted < s->done + NCCL_STEPS) {
+    int p = s->posted;
+    step_start(R, s, p);
+    s->posted++;
+    step_state(R, s, p, DPRO_ST_RECV_WAIT);        /* irecv posted; stale trans_size */
+    busy = 1;
+  }
+  if (s->received < s->posted) {                   /* test() on the oldest irecv */
+    int p = s->received;
+    size_t want = step_bytes(&R->L, s->channel, (R->pos - 1 + R->L.n) % R->L.n, p);
+    if (s->io_off < want) {
+      ssize_t r = read(s->fd, R->buf, want - s->io_off);
+      if (r > 0) { s->io_off += (size_t)r; busy = 1; }
+      else if (r == 0) die("rank %d: peer closed", R->rank);
+      else if (errno != EAGAIN && errno != EINTR) die("rank %d read: %s", R->rank, strerror(errno));
+    }
+    if (s->io_off == want) {
+      s->trans_size = want;
+      s->io_off = 0;
+      s->received++;
+      step_state(R, s, p, DPRO_ST_RECV_FLUSH_WAIT);
+      busy = 1;
+    }
+  }
+  if (s->transmitted < s->received) {              /* flush done (no GDR): hand to the GPU */
+    int p = s->transmitted;
+    s->transmitted++;
+    step_state(R, s, p, DPRO_ST_RECV_GPU_WAIT);
+    busy = 1;
+  }
+  if (s->done < s->transmitted && recv_consumed(R, s->channel, s->done)) {
+    int p = s->done;
+    s->done++;
+    step_stop(R, s, p);
+    busy = 1;
+  }
+  return busy;
+}
+
+static void op_start(struct rank_state *R, struct sub *s, int is_send) {
+  s->posted = s->transmitted = s->received = s->done = 0;
+  s->io_off = 0;
+  s->inflight = -1;
+  s->op_handle = NULL;
+  memset(s->step_handle, 0, sizeof(s->step_handle));
+  if (want_op(R->pl)) {
+    struct descr d = {.type = DPRO_EV_PROXY_OP, .parent = R->coll_handle, .rank = R->rank};
+    d.op.pid = getpid();
+    d.op.channel = (uint8_t)s->channel;
+    d.op.peer = s->peer;
+    d.op.nsteps = s->nsteps;
+    d.op.chunk_size = (int)(R->L.chunk / R->L.spc * R->L.spc);
+    d.op.is_send = is_send;
+    s->op_handle = plugin_start(R->pl, &d);
+  }
+}
+
+static void *proxy_thread(void *arg) {
+  struct rank_state *R = arg;
+  for (int it = 0;; it++) {
+    pthread_mutex_lock(&R->mu);
+    while (R->posted_iter <= it && R->posted_iter >= 0) pthread_cond_wait(&R->cv, &R->mu);
+    int stop = R->posted_iter < 0;
+    pthread_mutex_unlock(&R->mu);
+    if (stop) return NULL;
+    int nch = R->L.nch;
+    /* ProxyAppend, per channel: the recv op, then the send op (ncclProxySaveOp for a ring) */
+    for (int c = 0; c < nch; c++) {
+      op_start(R, &R->recv[c], 0);
+      op_start(R, &R->send[c], 1);
+    }
+    /* ncclProxyOpReady -> Progress: every sub records InProgress first */
+    for (int c = 0; c < nch; c++) if (R->recv[c].op_handle) plugin_state(R->pl, R->recv[c].op_handle, DPRO_ST_PROXY_OP_IN_PROGRESS, 0);
+    for (int c = 0; c < nch; c++) if (R->send[c].op_handle) plugin_state(R->pl, R->send[c].op_handle, DPRO_ST_PROXY_OP_IN_PROGRESS, 0);
+    for (;;) {
+      int busy = 0, left = 0;
+      for (int c = 0; c < nch; c++) busy |= recv_progress(R, &R->recv[c]);
+      for (int c = 0; c < nch; c++) busy |= send_progress(R, &R->send[c]);
+      for (int c = 0; c < nch; c++) left += (R->recv[c].done < R->recv[c].nsteps) + (R->send[c].done < R->send[c].nsteps);
+      if (!left) break;
+      if (!busy) sched_yield();
+    }
+    /* args->done == nsubs: the ops stop */
+    for (int c = 0; c < nch; c++) { if (R->recv[c].op_handle) plugin_stop(R->pl, R->recv[c].op_handle); }
+    for (int c = 0; c < nch; c++) { if (R->send[c].op_handle) plugin_stop(R->pl, R->send[c].op_handle); }
+    pthread_mutex_lock(&R->mu);
+    R->finished_iter = it + 1;
+    pthread_cond_broadcast(&R->cv);
+    pthread_mutex_unlock(&R->mu);
+  }
+}
+
+static int g_fd[64][64][2];   /* [channel][ring edge r -> r+1][0 = send end, 1 = recv end] */
+
+static int run_rank(const char *plugin, int api, int rank, const struct layout *L, int iters, const char *proto) {
+  struct plugin pl;
+  plugin_open(&pl, plugin, api);
+  if (plugin_init(&pl, "dpro-harness", L->n, L->n, rank) != DPRO_NCCL_OK) die("rank %d: plugin init failed", rank);
+  int need = DPRO_EV_COLL | DPRO_EV_PROXY_OP | DPRO_EV_PROXY_STEP;
+  if ((pl.mask & need) != need) die("rank %d: activation mask 0x%x lacks coll/proxy op/proxy step", rank, pl.mask);
+  static struct rank_state R;
+  memset(&R, 0, sizeof(R));
+  R.pl = &pl;
+  R.L = *L;
+  R.rank = rank;
+  R.pos = rank;                                     /* ring order = rank order */
+  R.buf = calloc(1, L->chunk + 64);
+  pthread_mutex_init(&R.mu, NULL);
+  pthread_cond_init(&R.cv, NULL);
+  int n = L->n, nsteps = L->nloops * L->steps_per_loop;
+  for (int c = 0; c < L->nch; c++) {
+    R.send[c] = (struct sub){.channel = c, .peer = (rank + 1) % n, .nsteps = nsteps, .fd = g_fd[c][rank][0]};
+    R.recv[c] = (struct sub){.channel = c, .peer = (rank - 1 + n) % n, .nsteps = nsteps,
+                             .fd = g_fd[c][(rank - 1 + n) % n][1]};
+  }
+  pthread_t th;
+  pthread_create(&th, NULL, proxy_thread, &R);
+  for (int it = 0; it < iters; it++) {
+    /* ncclAllReduce -> ncclProfilerStartTaskEvents (collective event) */
+    struct descr d = {.type = DPRO_EV_COLL, .parent = NULL, .rank = rank};
+    d.coll = (struct dpro_d_coll){.seq = (uint64_t)it, .func = "AllReduce", .send_buff = R.buf, .recv_buff = R.buf,
+                                  .count = L->bytes / 4, .root = 0, .datatype = "ncclFloat32",
+                                  .nchannels = (uint8_t)L->nch, .nwarps = 8, .algo = "Ring", .proto = proto};
+    R.coll_handle = (pl.mask & DPRO_EV_COLL) ? plugin_start(&pl, &d) : NULL;
+    pthread_mutex_lock(&R.mu);                      /* ncclProxyPost: ops handed to the proxy */
+    R.posted_iter = it + 1;
+    pthread_cond_broadcast(&R.cv);
+    pthread_mutex_unlock(&R.mu);
+    /* kernel launched -> ncclProfilerStopTaskEvents: the collective event stops at enqueue.  The
+     * proxy thread may already have appended the ops (it holds the parent handle until then). */
+    usleep(50);
+    if (R.coll_handle) plugin_stop(&pl, R.coll_handle);
+    pthread_mutex_lock(&R.mu);                      /* cudaStreamSynchronize */
+    while (R.finished_iter < it + 1) pthread_cond_wait(&R.cv, &R.mu);
+    pthread_mutex_unlock(&R.mu);
+  }
+  pthread_mutex_lock(&R.mu);
+  R.posted_iter = -1;
+  pthread_cond_broadcast(&R.cv);
+  pthread_mutex_unlock(&R.mu);
+  pthread_join(th, NULL);
+  plugin_finalize(&pl);                            /* ncclCommDestroy */
+  return 0;
+}
+
+/* Count the records of each kind in every rank's file; 0 when all are as expected. */
+static int check_output(const char *dir, const struct layout *L, int iters) {
+  DIR *d = opendir(dir);
+  if (d == NULL) { fprintf(stderr, "nccl_harness: cannot open %s\n", dir); return 1; }
+  int files = 0, bad = 0;
+  long want_steps = (long)iters * 2 * L->nch * L->nloops * L->steps_per_loop;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    if (strncmp(de->d_name, "nccl-", 5) != 0) continue;
+    size_t len = strlen(de->d_name);
+    if (len < 6 || strcmp(de->d_name + len - 6, ".jsonl") != 0) continue;
+    char path[8192];
+    snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) { bad++; continue; }
+    long coll = 0, op = 0, step = 0, end = 0, dropped = -1, nostop = 0;
+    char line[4096];
+    while (fgets(line, sizeof(line), f)) {
+      if (strstr(line, "\"ev\":\"coll\"")) coll++;
+      else if (strstr(line, "\"ev\":\"op\"")) op++;
+      else if (strstr(line, "\"ev\":\"step\"")) step++;
+      else if (strstr(line, "\"end\":true")) { end++; const char *q = strstr(line, "\"dropped\":"); if (q) dropped = atol(q + 10); }
+      if (strstr(line, "\"t1\":null")) nostop++;
+    }
+    fclose(f);
+    files++;
+    if (coll != iters || op != 2L * iters * L->nch || step != want_steps || end != 1 || dropped != 0 || nostop) {
+      fprintf(stderr, "nccl_harness: %s: %ld coll, %ld op, %ld step records (want %d, %d, %ld), end %ld, dropped %ld, "
+              "%ld unstopped\n", path, coll, op, step, iters, 2 * iters * L->nch, want_steps, end, dropped, nostop);
+      bad++;
+    }
+  }
+  closedir(d);
+  if (files != L->n) { fprintf(stderr, "nccl_harness: %d rank files in %s, want %d\n", files, dir, L->n); bad++; }
+  return bad;
+}
+
+static int cmd_ring(int argc, char **argv) {
+  if (argc != 10) die("usage: ring PLUGIN NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK");
+  const char *plugin = argv[2];
+  int n = atoi(argv[3]), nch = atoi(argv[4]);
+  long long bytes_ll = atoll(argv[5]), chunk_ll = atoll(argv[9]);
+  int iters = atoi(argv[6]), api = atoi(argv[7]);
+  const char *proto = argv[8];
+  const char *dir = getenv("DPRO_NCCL_TRACE");
+  if (dir == NULL || !*dir) die("set DPRO_NCCL_TRACE to the output directory");
+  if (n < 2 || n > 64 || nch < 1 || nch > 64 || bytes_ll < 1 || iters < 1 || chunk_ll < 64 || api < 4 || api > 6)
+    die("bad arguments (2<=NRANKS<=64, 1<=NCHANNELS<=64, BYTES>=1, ITERS>=1, CHUNK>=64, API 4..6)");
+  int spc = strcmp(proto, "Simple") == 0 ? 2 : 1;  /* ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS */
+  struct layout L;
+  layout_init(&L, n, nch, (size_t)bytes_ll, (size_t)chunk_ll, spc);
+  for (int c = 0; c < nch; c++)
+    for (int r = 0; r < n; r++) {
+      if (socketpair(AF_UNIX, SOCK_STREAM, 0, g_fd[c][r]) != 0) die("socketpair: %s", strerror(errno));
+      fcntl(g_fd[c][r][0], F_SETFL, O_NONBLOCK);
+      fcntl(g_fd[c][r][1], F_SETFL, O_NONBLOCK);
+    }
+  pid_t pids[64];
+  for (int r = 0; r < n; r++) {
+    pids[r] = fork();
+    if (pids[r] < 0) die("fork: %s", strerror(errno));
+    if (pids[r] == 0) exit(run_rank(plugin, api, r, &L, iters, proto));
+  }
+  for (int c = 0; c < nch; c++)
+    for (int r = 0; r < n; r++) { close(g_fd[c][r][0]); close(g_fd[c][r][1]); }
+  int failed = 0;
+  for (int r = 0; r < n; r++) {
+    int st = 0;
+    waitpid(pids[r], &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) { fprintf(stderr, "nccl_harness: rank %d failed (status %d)\n", r, st); failed++; }
+  }
+  if (failed) return 1;
+  if (check_output(dir, &L, iters)) return 1;
+  printf("ok ranks=%d channels=%d bytes=%lld chunk=%lld loops=%d steps_per_op=%d iters=%d api=%d proto=%s\n", n, nch,
+         bytes_ll, chunk_ll, L.nloops, L.nloops * L.steps_per_loop, iters, api, proto);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ bench */
+
+static dpro_nccl_result null_start(void *c, void **h, dpro_descr_v5 *d) { (void)c; (void)d; *h = (void *)1; return 0; }
+static dpro_nccl_result null_stop(void *h) { (void)h; return 0; }
+static dpro_nccl_result null_state(void *h, int s, dpro_state_args *a) { (void)h; (void)s; (void)a; return 0; }
+
+/* NSTEPS send steps (start, 3 states, stop) through the plugin's table; ns per call. */
+static double bench_calls(struct plugin *p, int nsteps) {
+  struct descr d = {.type = DPRO_EV_PROXY_OP, .rank = 0};
+  d.op.pid = getpid();
+  d.op.nsteps = nsteps;
+  d.op.is_send = 1;
+  void *op = plugin_start(p, &d);
+  uint64_t t0 = now_ns();
+  for (int i = 0; i < nsteps; i++) {
+    struct descr s = {.type = DPRO_EV_PROXY_STEP, .parent = op, .rank = 0, .step = i};
+    void *h = plugin_start(p, &s);
+    plugin_state(p, h, DPRO_ST_SEND_GPU_WAIT, 0);
+    plugin_state(p, h, DPRO_ST_SEND_PEER_WAIT, 0);
+    plugin_state(p, h, DPRO_ST_SEND_WAIT, 65536);
+    plugin_stop(p, h);
+  }
+  uint64_t t1 = now_ns();
+  plugin_stop(p, op);
+  return (double)(t1 - t0) / (5.0 * nsteps);
+}
+
+static int cmd_bench(int argc, char **argv) {
+  if (argc != 5) die("usage: bench PLUGIN API NSTEPS");
+  int api = atoi(argv[3]), nsteps = atoi(argv[4]);
+  if (api < 4 || api > 6 || nsteps < 1) die("bad arguments");
+  if (getenv("DPRO_NCCL_TRACE") == NULL) die("set DPRO_NCCL_TRACE to a scratch directory");
+  struct plugin pl;
+  plugin_open(&pl, argv[2], api);
+  if (plugin_init(&pl, "dpro-bench", 1, 1, 0) != DPRO_NCCL_OK) die("plugin init failed");
+  double ns_plugin = bench_calls(&pl, nsteps);
+  uint64_t f0 = now_ns();
+  plugin_finalize(&pl);
+  uint64_t f1 = now_ns();
+  dpro_profiler_v5 null_table = {"null", NULL, null_start, null_stop, null_state, NULL};
+  struct plugin np = {.api = 5, .ctx = NULL, .mask = ~0, .v5 = &null_table};
+  double ns_null = bench_calls(&np, nsteps);
+  uint64_t c0 = now_ns(), sink = 0;
+  for (int i = 0; i < 5 * nsteps; i++) sink += now_ns();
+  double ns_clock = (double)(now_ns() - c0) / (5.0 * nsteps);
+  printf("bench api=%d steps=%d calls=%d plugin_ns_per_call=%.1f empty_table_ns_per_call=%.1f "
+         "clock_gettime_ns=%.1f finalize_ns_per_event=%.1f%s\n", api, nsteps, 5 * nsteps, ns_plugin, ns_null, ns_clock,
+         (double)(f1 - f0) / (nsteps + 1), sink == 1 ? " " : "");
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && strcmp(argv[1], "ring") == 0) return cmd_ring(argc, argv);
+  if (argc >= 2 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
+  die("usage: nccl_harness ring PLUGIN NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK | bench PLUGIN API NSTEPS");
+  return 2;
+}

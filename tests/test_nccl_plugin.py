@@ -1,0 +1,160 @@
+"""The NCCL profiler plugin (collectors/nccl), driven as NCCL drives it by the C harness.
+
+The harness forks one process per rank, each with a proxy thread that follows the control flow of
+NCCL's network transport and moves the bytes over socketpairs (docs/nccl.md); these tests build
+plugin and harness with make, run 2- and 4-rank ring all-reduces and check the plugin's files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "collectors" / "nccl"
+
+SEND_STATES = [8, 20, 9]         # GPUWait, PeerWait, SendWait (net.cc sendProxyProgress)
+RECV_STATES = [10, 11, 12]       # RecvWait, FlushWait, GPUWait (net.cc recvProxyProgress)
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """Plugin and harness built by collectors/nccl/Makefile into a private folder."""
+    cc = _compiler()
+    if cc is None:
+        pytest.skip("no C compiler (cc/gcc) on PATH: the NCCL profiler plugin cannot be built")
+    out = tmp_path_factory.mktemp("nccl-build")
+    r = subprocess.run(["make", "-s", "-C", str(SRC), f"BUILD={out}", f"CC={cc}"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+def run_ring(built: Path, out: Path, *, ranks: int, channels: int, nbytes: int, iters: int = 2, api: int = 6,
+             proto: str = "Simple", chunk: int = 131072) -> Path:
+    """Run the harness (it checks counts itself and exits non-zero otherwise); return the trace dir."""
+    env = dict(os.environ, DPRO_NCCL_TRACE=str(out))
+    r = subprocess.run([str(built / "nccl_harness"), "ring", str(built / "libnccl-profiler-dpro.so"), str(ranks),
+                        str(channels), str(nbytes), str(iters), str(api), proto, str(chunk)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("ok "), r.stdout
+    return out
+
+
+def load_raw(path: Path) -> tuple[dict, list[dict], dict]:
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    return lines[0], lines[1:-1], lines[-1]
+
+
+@pytest.mark.parametrize("ranks,channels,nbytes,api,proto", [
+    (2, 2, 1_048_576, 6, "Simple"),
+    (4, 2, 4_194_304 + 12_345, 5, "Simple"),
+    (4, 3, 1_000_003, 4, "LL"),
+])
+def test_plugin_files(built, tmp_path, ranks, channels, nbytes, api, proto):
+    """Per rank: the header, one proxy op per channel and direction with ring-neighbour peers, every
+    step's states in NCCL's order with non-decreasing times, and the transferred sizes adding up."""
+    out = run_ring(built, tmp_path / "t", ranks=ranks, channels=channels, nbytes=nbytes, api=api, proto=proto)
+    files = sorted(out.glob("nccl-*.jsonl"))
+    assert len(files) == ranks and not list(out.glob("*.tmp"))
+    spc = 2 if proto == "Simple" else 1
+    for f in files:
+        head, events, end = load_raw(f)
+        r = head["rank"]
+        assert (head["format"], head["version"], head["api"], head["nranks"]) == ("dpro-nccl", 1, api, ranks)
+        assert end == {"end": True, "events": len(events), "dropped": 0}
+        by_id = {e["id"]: e for e in events}
+        colls = [e for e in events if e["ev"] == "coll"]
+        ops = [e for e in events if e["ev"] == "op"]
+        steps = [e for e in events if e["ev"] == "step"]
+        assert [c["seq"] for c in colls] == [0, 1]
+        assert all(c["func"] == "AllReduce" and c["proto"] == proto and c["nchannels"] == channels for c in colls)
+        assert len(ops) == 2 * 2 * channels
+        for op in ops:
+            assert by_id[op["parent"]]["ev"] == "coll"
+            assert op["peer"] == ((r + 1) % ranks if op["send"] else (r - 1) % ranks)
+            assert op["states"][0][0] == 19 and op["t0"] <= op["states"][0][1] <= op["t1"]
+        per_op = defaultdict(list)
+        for s in steps:
+            per_op[s["parent"]].append(s)
+        sent = defaultdict(int)
+        for op in ops:
+            ss = per_op[op["id"]]
+            assert [s["step"] for s in ss] == list(range(op["nsteps"]))
+            assert op["nsteps"] % (2 * (ranks - 1) * spc) == 0
+            for s in ss:
+                states = [x[0] for x in s["states"]]
+                assert states == (SEND_STATES if op["send"] else RECV_STATES)
+                times = [s["t0"]] + [x[1] for x in s["states"]] + [s["t1"]]
+                assert times == sorted(times), s
+                assert op["t0"] <= s["t0"] and s["t1"] <= op["t1"]
+                if op["send"]:
+                    sent[op["parent"]] += s["states"][2][2]      # the size recorded with SendWait
+        # a rank sends 2(N-1) of the N chunks of each channel's share of every loop
+        for coll in colls:
+            assert sent[coll["id"]] > 0
+    # all ranks together: every chunk of the message crosses each of the 2(N-1) ring steps once
+    total = 0
+    for f in files:
+        _, events, _ = load_raw(f)
+        ops = {e["id"]: e for e in events if e["ev"] == "op" and e["send"]}
+        coll0 = next(e["id"] for e in events if e["ev"] == "coll" and e["seq"] == 0)
+        total += sum(s["states"][2][2] for s in events if s["ev"] == "step" and s["parent"] in ops
+                     and ops[s["parent"]]["parent"] == coll0)
+    assert total == 2 * (ranks - 1) * nbytes
+
+
+def test_recv_matches_send(built, tmp_path):
+    """What rank r sends on a channel at step p is what rank r+1 receives there at step p (same size,
+    received after it was posted for sending)."""
+    out = run_ring(built, tmp_path / "t", ranks=4, channels=2, nbytes=3_000_000, iters=1)
+    per_rank = {}
+    for f in out.glob("nccl-*.jsonl"):
+        head, events, _ = load_raw(f)
+        ops = {e["id"]: e for e in events if e["ev"] == "op"}
+        per_rank[head["rank"]] = {(ops[s["parent"]]["channel"], bool(ops[s["parent"]]["send"]), s["step"]): s
+                                  for s in events if s["ev"] == "step"}
+    n = 0
+    for r, steps in per_rank.items():
+        for (ch, is_send, p), s in steps.items():
+            if not is_send:
+                continue
+            rv = per_rank[(r + 1) % 4][(ch, False, p)]
+            assert s["states"][2][2] == rv["states"][1][2]           # SendWait size == FlushWait size
+            assert s["states"][2][1] <= rv["states"][1][1]           # posted for sending before it arrived
+            n += 1
+    loops = -(-3_000_000 // (2 * 4 * 131072))
+    assert n == 4 * 2 * loops * 2 * (4 - 1) * 2      # ranks x channels x loops x ring steps x slices
+
+
+def test_init_refuses_unusable_directory(built, tmp_path):
+    """When DPRO_NCCL_TRACE cannot be created, init fails (NCCL then disables the plugin), says why
+    through NCCL's logger, and nothing is written."""
+    (tmp_path / "file").write_text("x")
+    env = dict(os.environ, DPRO_NCCL_TRACE=str(tmp_path / "file" / "sub"))
+    r = subprocess.run([str(built / "nccl_harness"), "ring", str(built / "libnccl-profiler-dpro.so"), "2", "1",
+                        "1000", "1", "6", "Simple", "65536"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode != 0
+    assert "cannot create DPRO_NCCL_TRACE" in r.stderr and "plugin init failed" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_bench_reports_cost(built, tmp_path):
+    """The overhead benchmark runs and reports finite per-call costs (values: docs/nccl.md)."""
+    env = dict(os.environ, DPRO_NCCL_TRACE=str(tmp_path / "b"))
+    r = subprocess.run([str(built / "nccl_harness"), "bench", str(built / "libnccl-profiler-dpro.so"), "6", "20000"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    fields = dict(kv.split("=") for kv in r.stdout.split()[1:])
+    assert int(fields["calls"]) == 100_000
+    assert 0 < float(fields["plugin_ns_per_call"]) < 1e6 and 0 < float(fields["finalize_ns_per_event"]) < 1e7
