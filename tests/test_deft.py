@@ -183,3 +183,127 @@ def test_bucket_times_real_ddp_trace():
                 sends.setdefault(d["node"], []).append(d["dur"])
         assert b.comm_us == pytest.approx(max(sum(v) for v in sends.values()))
     assert bt.coverage_rate == pytest.approx(bt.comm_us / (bt.forward_us + bt.backward_us))
+
+
+# ----------------------------------------------------------------- replay of delayed updates and a second link
+
+def hand_graph(tensors=("T",), send_us=6.0):
+    """One worker ``w``: F (2 us) -> B (2 us) -> U (1 us) on ``w:compute``; every tensor's gradient is ready
+    after B (In), its collective is one SEND of ``send_us`` on ``link:a->b``, its Out precedes U; STEP_END
+    after U joins iterations.  Computation 5 us per iteration."""
+    import networkx as nx
+
+    from dpro_kit.graph.model import add_op
+    g = nx.DiGraph()
+    add_op(g, "F", node="w", device="w:compute", kind="FW", dur=2.0)
+    add_op(g, "B", node="w", device="w:compute", kind="BW", dur=2.0)
+    for t in tensors:
+        add_op(g, f"In {t}", node="w", kind="VIRTUAL", tensor=t)
+        add_op(g, f"SEND {t}", node="w", device="link:a->b", kind="SEND", tensor=t, dur=send_us, bytes=6)
+        add_op(g, f"Out {t}", node="w", kind="VIRTUAL", tensor=t)
+    add_op(g, "U", node="w", device="w:compute", kind="UPDATE", dur=1.0)
+    add_op(g, "STEP_END", node="w", kind="VIRTUAL")
+    g.add_edge("F", "B")
+    for t in tensors:
+        g.add_edges_from([("B", f"In {t}"), (f"In {t}", f"SEND {t}"), (f"SEND {t}", f"Out {t}"), (f"Out {t}", "U")])
+    g.add_edges_from([("B", "U"), ("U", "STEP_END")])
+    g.graph["iteration_edges"] = [("STEP_END", "F")]
+    return g
+
+
+def test_replay_hand_delayed_update():
+    g = hand_graph()
+    # synchronous: F 2 + B 2 + SEND 6 + U 1 = 11 us per iteration
+    assert deft.replay_syncs(g, deft.synchronous_syncs(g)).iteration_us == pytest.approx(11.0)
+    # delay 1: SEND of iteration i-1 (ready after B(i-1)) runs during iteration i; U(i) waits for it.
+    # by hand: SEND_0 0-6, U_0 6-7; SEND_1 6-12 (B_0 ended at 4), U_1 12-13; SEND_2 12-18 ... the link
+    # is never idle: 6 us per iteration = the link's busy time (the lower bound), computation 5 idles 1
+    r = deft.replay_syncs(g, deft.delayed_syncs(g, {"T": 1}))
+    assert r.iteration_us == pytest.approx(6.0)
+    assert r.lower_bound_us == pytest.approx(6.0) and r.busiest_device == "link:a->b"
+    # delay 2 (period 2 built from period 1): the same link bound, no faster
+    assert deft.replay_syncs(g, deft.delayed_syncs(g, {"T": 2})).iteration_us == pytest.approx(6.0)
+
+
+def test_replay_hand_second_link():
+    g = hand_graph(("T1", "T2"))
+    # two 6 us collectives on one link, both delayed: 12 us per iteration on the link
+    one = deft.replay_syncs(g, deft.delayed_syncs(g, {"T1": 1, "T2": 1}))
+    assert one.iteration_us == pytest.approx(12.0) and one.lower_bound_us == pytest.approx(12.0)
+    # T2 on a second link of the same speed (its own device link:a->b#link1): 6 us per iteration
+    two = deft.replay_syncs(g, deft.delayed_syncs(g, {"T1": 1, "T2": 1}, {"T2": 1}), rates=[1.0, 1.0])
+    assert two.iteration_us == pytest.approx(6.0)
+    assert {d["device"] for _, d in two.graph.nodes(data=True) if d["kind"] == "SEND"} == {"link:a->b",
+                                                                                         "link:a->b#link1"}
+    # the second link at half speed: T2 takes 12 us there -> 12 us per iteration
+    half = deft.replay_syncs(g, deft.delayed_syncs(g, {"T1": 1, "T2": 1}, {"T2": 1}), rates=[2.0, 1.0])
+    assert half.iteration_us == pytest.approx(12.0) and half.busiest_device == "link:a->b#link1"
+    # synchronous on two links: F 2 + B 2 + max(6, 6) + U 1 = 11
+    two_sync = deft.replay_syncs(g, deft.delayed_syncs(g, {}, {"T2": 1}), rates=[1.0, 1.0])
+    assert two_sync.iteration_us == pytest.approx(11.0)
+
+
+def test_replay_hand_schedule_four_cases():
+    # the CR 1.5 schedule of test_schedule_four_cases_merged_updates on a hand graph: 3 tensors of 3 us,
+    # forward stage = F (2) + U (1) = 3, backward B = 3 split evenly by the schedule's bucket times
+    from dpro_kit.graph.model import add_op  # noqa: F401
+    s = deft.schedule(times([3, 3, 3], [1, 1, 1], 3), iterations=20)
+    s.times = BucketTimes("w", [Bucket(f"T{i}", 0, 1.0, 0.0, 3.0) for i in range(3)], 3.0, 3.0)
+    syncs, period = deft.schedule_syncs(s)
+    assert period == 3
+    # steady iterations 2, 3, 4 of the hand trace, relative to iteration 2: (tensor, at, stage, ready, update)
+    assert sorted((x.tensor, x.at, x.stage, x.ready, x.update) for x in syncs) == sorted([
+        ("T0", 0, 0, -1, 1), ("T1", 0, 1, -1, 1),          # it2: A1 fwd, B1 bwd; iteration 1 applied at it3
+        ("T2", 1, 0, -1, 1), ("T0", 1, 1, 1, 2),           # it3: C1 fwd; A(2,3) bwd -> applied at it4
+        ("T1", 2, 0, 1, 2), ("T2", 2, 1, 1, 2)])           # it4: B(2,3), C(2,3)
+    g = hand_graph(("T0", "T1", "T2"), send_us=3.0)
+    r = deft.replay_syncs(g, syncs, period)
+    # 6 us of link work per iteration (2 syncs of 3 us), 5 us of computation: the link bounds it
+    assert r.lower_bound_us == pytest.approx(6.0)
+    assert r.iteration_us >= r.lower_bound_us - 1e-9
+    assert r.iteration_us < deft.replay_syncs(g, deft.synchronous_syncs(g)).iteration_us
+
+
+def test_zero_delay_replay_is_the_synchronous_replay_exactly():
+    import numpy as np
+
+    from dpro_kit.replay import replay
+    from dpro_kit.session import Session
+    g = Session(REPO / "examples" / "traces" / "ddp-2rank-gloo").graph
+    h, L = deft.period_graph(g, deft.synchronous_syncs(g), 1)
+    assert L == 1 and h.number_of_nodes() == g.number_of_nodes() and h.number_of_edges() == g.number_of_edges()
+    a, b = replay(g, iterations=4), replay(h, iterations=4)
+    assert np.array_equal(a.start, b.start) and np.array_equal(a.end, b.end)
+    assert [k.rsplit("@", 1)[0] for k in b.graph.keys] == a.graph.keys     # same ops in the same order, renamed
+
+
+def test_deft_on_recorded_trace_bounds():
+    from dpro_kit.session import Session
+    g = Session(REPO / "examples" / "traces" / "ddp-2host-1000mbit").graph
+    for rates in ([1.0], [1000.0, 300.0]):
+        d = deft.predict(g, rates)
+        sync, late, pred = d["synchronous"], d["delay_one"], d["deft"]
+        # no replay beats its busiest device; the synchronous one is the plain replay's
+        for r in (sync, late, pred):
+            assert r["iteration_ms"] >= r["lower_bound_ms"] * (1 - 1e-9)
+        assert sync["iteration_ms"] == pytest.approx(Session(REPO / "examples" / "traces" /
+                                                             "ddp-2host-1000mbit").iteration_time_ms(4))
+        # delaying (and merging) only removes waits here: never slower than synchronous DDP
+        assert late["iteration_ms"] <= sync["iteration_ms"] and pred["iteration_ms"] <= sync["iteration_ms"]
+        assert d["update_frequency"] < 1.0      # CR ~2: DeFT merges iterations (accuracy: the Preserver's job)
+
+
+def test_cli_replay_deft_json_and_refusals():
+    import json
+
+    from click.testing import CliRunner
+
+    from dpro_kit.cli.replay import replay as cmd
+    tr = str(REPO / "examples" / "traces" / "ddp-2rank-gloo")
+    r = CliRunner().invoke(cmd, [tr, "--deft", "--links", "1000,300", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)["deft"]
+    assert d["rates"] == [1000.0, 300.0] and d["period"] >= 1
+    assert d["deft"]["iteration_ms"] >= d["deft"]["lower_bound_ms"] * (1 - 1e-9)
+    assert CliRunner().invoke(cmd, [tr, "--links", "1000"]).exit_code == 2
+    assert CliRunner().invoke(cmd, [tr, "--deft", "--links", "0,x"]).exit_code == 2

@@ -20,6 +20,7 @@ Examples:
   dpro replay trace --world-size 8           what if: more workers
   dpro replay hvd-trace --fusion-threshold-mb 1 --cycle-time-ms 5   Horovod's knobs (docs/horovod.md)
   dpro replay ps-trace --schedule tac        TicTac's transfer order (docs/tictac.md)
+  dpro replay ddp-trace --deft --links 1000,300   DeFT's delayed-update schedule on two links (docs/deft.md)
   dpro replay dfg.json                       a graph file written by `dpro graph`
 """
 
@@ -53,12 +54,19 @@ Examples:
               help="Rank the workers by what they cost the job: the iteration time saved if each computed like "
                    "the median worker (one more replay per rank), and how late it enters collectives "
                    "(docs/stragglers.md).")
+@click.option("--deft", "deft", is_flag=True,
+              help="What if (DDP): DeFT's knapsack schedule with delayed updates; prints the schedule and its "
+                   "replayed steady iteration time vs synchronous DDP (docs/deft.md).")
+@click.option("--links", default=None, metavar="R0[,R1...]",
+              help="With --deft: link rates in Mbit/s, one per link per host (link 0 also sets "
+                   "--bandwidth-mbps); default: one link as traced.")
 @output_options()
 def replay(trace: Path, iterations: int, timeline: Path | None, measured_timeline: Path | None, top: int,
            bucket_mb: float | None, first_bucket_mb: float | None, bandwidth_mbps: float | None,
            world_size: int | None, fusion_threshold_mb: float | None, cycle_time_ms: float | None,
            slow_rank: dict[int, float], like_median: tuple[int, ...], slow_link: dict[str, float],
-           servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, as_json: bool, quiet: bool) -> None:
+           servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, deft: bool, links: str | None, as_json: bool,
+           quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
     TRACE is a trace directory (with manifest.json) or a graph file written by
@@ -72,12 +80,27 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     from ..timeline import replay_to_chrome, trace_to_chrome, write_chrome
 
     progress = Progress(not (quiet or as_json))
+    rates = _link_rates(links, deft, bandwidth_mbps)
+    if rates and links:
+        bandwidth_mbps = rates[0]
     wi = make_whatif(bucket_mb, first_bucket_mb, bandwidth_mbps, world_size, fusion_threshold_mb, cycle_time_ms)
     wi.servers = servers
     wi.partition_bytes = partition_bytes
     wi.slow_rank, wi.like_median, wi.slow_link = dict(slow_rank), list(like_median), dict(slow_link)
     session = open_session(trace, no_align=no_align, per_iteration=per_iteration, whatif=wi, progress=progress)
     g, info, ts = session.graph, session.info, session.profiled
+    if deft:
+        from ..optimize.deft import predict
+        progress.note("solving the DeFT schedule and replaying it")
+        try:
+            out_d = {"trace": str(trace), **info, "deft": predict(g, rates or [1.0], iterations=max(iterations, 48))}
+        except ValueError as e:
+            raise DproError(f"--deft: {e}", path=trace) from None
+        if as_json:
+            echo_json(out_d)
+        else:
+            print_deft(out_d["deft"])
+        return
     if measured_timeline is not None and ts is None:
         raise DproError("--measured-timeline needs a trace directory, not a graph file", path=trace)
     progress.note(f"replaying {g.number_of_nodes()} ops x {iterations} iteration(s)")
@@ -120,6 +143,43 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
         echo_json(out)
         return
     print_replay(out, bd, cp)
+
+
+def _link_rates(links: str | None, deft: bool, bandwidth_mbps: float | None) -> list[float]:
+    """``--links`` as rates (Mbit/s); refuses it without ``--deft`` or against another ``--bandwidth-mbps``."""
+    if links is None:
+        return []
+    if not deft:
+        raise click.UsageError("--links needs --deft")
+    try:
+        rates = [float(x) for x in links.split(",") if x.strip()]
+    except ValueError:
+        raise click.UsageError(f"--links {links!r}: give link rates in Mbit/s, e.g. 1000,300") from None
+    if not rates or any(not (r > 0) for r in rates):
+        raise click.UsageError(f"--links {links!r}: every rate must be > 0 Mbit/s, e.g. 1000,300")
+    if bandwidth_mbps is not None and bandwidth_mbps != rates[0]:
+        raise click.UsageError("--links sets link 0's rate; do not also give a different --bandwidth-mbps")
+    return rates
+
+
+def print_deft(d: dict[str, Any]) -> None:
+    """The text form of ``dpro replay --deft`` (the ``deft`` object of its ``--json``)."""
+    echo = click.echo
+    echo(f"DeFT (seed 002) on {len(d['rates'])} link(s) {d['rates']}: coverage rate {d['coverage_rate']:.2f} "
+         f"(forward {d['forward_ms']:.3f} ms, backward {d['backward_ms']:.3f} ms)")
+    for b in d["buckets"]:
+        echo(f"  {b['name']}: backward {b['backward_ms']:.3f} ms, communication {b['comm_ms']:.3f} ms")
+    echo(f"schedule: {d['parts']} part(s), period {d['period']} iteration(s), "
+         f"{d['update_frequency']:.3f} updates per iteration, batch sequence {d['batch_sequence']}")
+    for s in d["steady_steps"]:
+        fw = ", ".join(f"{n}{it}@{j}" for n, it, j in s["forward"]) or "-"
+        bw = ", ".join(f"{n}{it}@{j}" for n, it, j in s["backward"]) or "-"
+        echo(f"  it {s['iteration']}: forward (case {s['forward_case']}) {fw} | backward (case "
+             f"{s['backward_case']}) {bw} | update {s['updates'] or '-'}")
+    sy, late, de = d["synchronous"], d["delay_one"], d["deft"]
+    echo(f"steady iteration (replayed): synchronous DDP {sy['iteration_ms']:.3f} ms, every bucket delayed one "
+         f"iteration {late['iteration_ms']:.3f} ms, DeFT {de['iteration_ms']:.3f} ms "
+         f"(x{d['speedup']:.2f}; lower bound {de['lower_bound_ms']:.3f} ms, {de['busiest_device']})")
 
 
 def print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:

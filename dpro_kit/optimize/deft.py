@@ -37,7 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Bucket", "BucketTimes", "bucket_times", "knapsack", "recursive_knapsack", "greedy_multi_knapsack",
            "exact_multi_knapsack", "multi_knapsack", "partition_counts", "partitioned", "Item", "Stage", "Step", "Schedule",
-           "schedule", "link_speeds"]
+           "schedule", "link_speeds", "Sync", "synchronous_syncs", "delayed_syncs", "schedule_syncs",
+           "DeftReplay", "period_graph", "replay_syncs", "predict"]
 
 _REF = ("Meng and Sun, \"DeFT: Mitigating Data Dependencies for Flexible Communication Scheduling in "
         "Distributed Training\" (``/work/shared/seeds/002_d6311c65601a268e.txt``)")
@@ -61,6 +62,13 @@ class Bucket:
     backward_us: float
     forward_us: float
     comm_us: float
+    #: the graph's tensor this bucket (or part of one, :func:`partitioned`) synchronises, and which fraction
+    tensor: str = ""
+    fraction: float = 1.0
+
+    @property
+    def graph_tensor(self) -> str:
+        return self.tensor or self.name
 
 
 @dataclass
@@ -94,7 +102,7 @@ class BucketTimes:
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "forward_us": self.forward_us, "backward_us": self.backward_us,
                 "tail_us": self.tail_us, "comm_us": self.comm_us, "coverage_rate": self.coverage_rate,
-                "buckets": [b.__dict__ | {} for b in self.buckets]}
+                "buckets": [dict(b.__dict__) for b in self.buckets]}
 
 
 def _collective_span(g: "nx.DiGraph", ops: list[str]) -> float:
@@ -436,7 +444,8 @@ def partitioned(times: BucketTimes, counts: dict[str, int]) -> BucketTimes:
             out.append(b)
             continue
         out.extend(Bucket(name=f"{b.name}.p{p}", bytes=b.bytes // k, backward_us=b.backward_us if p == 0 else 0.0,
-                          forward_us=b.forward_us / k, comm_us=b.comm_us / k) for p in range(k))
+                          forward_us=b.forward_us / k, comm_us=b.comm_us / k, tensor=b.graph_tensor,
+                          fraction=b.fraction / k) for p in range(k))
     return BucketTimes(node=times.node, buckets=out, forward_us=times.forward_us, backward_us=times.backward_us,
                        tail_us=times.tail_us)
 
@@ -695,3 +704,314 @@ def _find(parent: dict[int, int], k: int) -> int:
 
 
 schedule.__doc__ = schedule.__doc__.replace("{ref}", _REF)
+
+
+# --------------------------------------------------------------------------- replay of a schedule
+
+@dataclass(frozen=True)
+class Sync:
+    """One synchronisation of a replayed period of iterations (``docs/deft.md`` §7).
+
+    ``tensor`` is the graph's tensor (bucket), ``fraction`` the share of its
+    collective (a part of a partitioned bucket), ``link`` the link index; it is
+    planned in iteration ``at`` (``stage`` 0: forward, 1: backward); it waits for
+    the backward op that makes the tensor ready in iteration ``ready`` (``<= at``;
+    negative: a previous period) and the optimizer update at the end of
+    iteration ``update`` (``>= at``) waits for it.
+    """
+
+    tensor: str
+    fraction: float
+    link: int
+    at: int
+    stage: int
+    ready: int
+    update: int
+
+
+def _comm_ops(g: "nx.DiGraph") -> dict[str, str]:
+    from ..trace import OpKind
+    kinds = (OpKind.SEND.value, OpKind.RECV.value, OpKind.VIRTUAL.value)
+    return {k: d["tensor"] for k, d in g.nodes(data=True) if d.get("tensor") and d.get("kind") in kinds}
+
+
+def synchronous_syncs(g: "nx.DiGraph") -> list[Sync]:
+    """Stock DDP as syncs: every bucket whole, on link 0, in its own backward, applied in its own iteration."""
+    return [Sync(t, 1.0, 0, 0, 1, 0, 0) for t in sorted(set(_comm_ops(g).values()))]
+
+
+def delayed_syncs(g: "nx.DiGraph", delays: dict[str, int], links: dict[str, int] | None = None) -> list[Sync]:
+    """Fixed per-bucket delays (period 1): bucket ``t`` of iteration ``i`` is synchronised during iteration
+    ``i + delays[t]`` and applied at its end (delay 0: stock DDP); ``links[t]``: its link (default 0)."""
+    links = links or {}
+    out = []
+    for t in sorted(set(_comm_ops(g).values())):
+        d = int(delays.get(t, 0))
+        if d < 0:
+            raise ValueError(f"delay of {t} must be >= 0, got {d}")
+        out.append(Sync(t, 1.0, int(links.get(t, 0)), 0, 1 if d == 0 else 0, -d, 0))
+    return out
+
+
+def schedule_syncs(sched: Schedule) -> tuple[list[Sync], int]:
+    """The steady state of a :func:`schedule` as syncs, and its period.
+
+    Each item placed in a steady iteration becomes a sync of its bucket's tensor
+    (fraction of a partitioned one, its link); it waits for the newest iteration
+    it holds and is applied at the end of the iteration that updates its group
+    (found in the simulated steps, or one period earlier shifted by the period).
+    """
+    if not sched.period:
+        raise ValueError("the schedule found no steady state; simulate more iterations")
+    ps, period = sched.period_start, sched.period
+    applied: dict[int, int] = {}
+    for st in sched.steps:
+        for grp in st.updates:
+            for it in grp:
+                applied[it] = st.iteration
+
+    def applied_at(it: int) -> int:
+        shift = 0
+        while it not in applied:
+            it -= period
+            shift += period
+            if it < 0:
+                raise ValueError("a synchronised gradient is never applied in the simulated steps")
+        return applied[it] + shift
+
+    out = []
+    for st in sched.steps[ps:ps + period]:
+        for stage_no, stage in ((0, st.forward), (1, st.backward)):
+            for item, link in stage.placed:
+                b = sched.times.buckets[item.bucket]
+                out.append(Sync(b.graph_tensor, b.fraction, link, st.iteration - ps, stage_no,
+                                max(item.iterations) - ps, applied_at(min(item.iterations)) - ps))
+    return out, period
+
+
+@dataclass
+class DeftReplay:
+    """A replayed period of syncs: the steady iteration time and what bounds it."""
+
+    iteration_us: float
+    period: int                 # iterations per replayed copy (the schedule's period times k)
+    copies: int                 # copies replayed back to back
+    pattern: int                # copies after which the gaps between copies repeat (0: none found)
+    lower_bound_us: float       # max over devices of its busy time per iteration
+    busiest_device: str
+    graph: "nx.DiGraph"
+    result: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {"iteration_ms": self.iteration_us / 1e3, "period": self.period, "copies": self.copies,
+                "pattern": self.pattern,
+                "lower_bound_ms": self.lower_bound_us / 1e3, "busiest_device": self.busiest_device}
+
+
+def period_graph(g: "nx.DiGraph", syncs: Sequence[Sync], period: int, rates: Sequence[float] = (1.0,)
+                 ) -> tuple["nx.DiGraph", int]:
+    """The DFG of ``L`` iterations with the syncs' collectives, and ``L`` (a multiple of ``period``).
+
+    ``L`` copies of ``g``'s computation (ops keyed ``<op>@<t>``), joined as
+    ``g``'s iteration edges join iterations; for every sync of iteration ``t`` a
+    copy of its tensor's collective (``<op>@<t>#<n>``) with durations times
+    ``fraction / speed`` of its link, on the link's own devices (``<device>#link<j>``
+    for ``j >= 1``: a second NIC per host), its ``In`` after the ready op of
+    iteration ``ready``, its ``Out`` before the update op of iteration
+    ``update``.  Dependencies that reach the previous / next copy become the
+    graph's ``iteration_edges``; ``L`` is the smallest multiple of ``period``
+    for which every one reaches at most one copy away.  With
+    :func:`synchronous_syncs` and period 1 the graph is ``g`` (op keys renamed).
+    """
+    import networkx as nx
+    speeds = link_speeds(rates)
+    for s in syncs:
+        if not (s.ready <= s.at <= s.update) or not (0 <= s.at < period):
+            raise ValueError(f"sync {s}: needs ready <= at <= update and 0 <= at < period {period}")
+        if s.link >= len(speeds):
+            raise ValueError(f"sync {s} uses link {s.link}; only {len(speeds)} link rate(s) given")
+    k = max([1] + [math.ceil(-s.ready / period) for s in syncs] + [math.ceil((s.update + 1) / period) - 1
+                                                                 for s in syncs])
+    L = k * period
+    by_at: dict[int, list[tuple[int, Sync]]] = {}
+    n = 0
+    for m in range(k):
+        for s in syncs:
+            e = Sync(s.tensor, s.fraction, s.link, s.at + m * period, s.stage, s.ready + m * period,
+                     s.update + m * period)
+            by_at.setdefault(e.at, []).append((n, e))
+            n += 1
+    comm = _comm_ops(g)
+    prio0 = min((2 * s.at + s.stage for s in syncs), default=0)
+    h = nx.DiGraph()
+    h.graph.update({k_: v for k_, v in g.graph.items() if k_ != "iteration_edges"})
+    for t in range(L):
+        for key, d in g.nodes(data=True):
+            if key not in comm:
+                h.add_node(f"{key}@{t}", **d)
+                continue
+            for idx, s in by_at.get(t, []):
+                if s.tensor != comm[key]:
+                    continue
+                a = dict(d)
+                a["dur"] = float(d.get("dur", 0.0)) * s.fraction / speeds[s.link]
+                if s.link and a.get("device"):
+                    a["device"] = f"{a['device']}#link{s.link}"
+                a["priority"] = float(d.get("priority", 0.0)) + 2 * s.at + s.stage - prio0
+                h.add_node(f"{key}@{t}#{idx}", **a)
+    lagged: list[tuple[str, str]] = []
+    for t in range(L):
+        for u, v in g.edges():
+            cu, cv = u in comm, v in comm
+            if not cu and not cv:
+                h.add_edge(f"{u}@{t}", f"{v}@{t}")
+            elif cu and cv:
+                for idx, s in by_at.get(t, []):
+                    if s.tensor == comm[u] == comm[v]:
+                        h.add_edge(f"{u}@{t}#{idx}", f"{v}@{t}#{idx}")
+            elif cv:       # ready op -> In: the sync's ready iteration
+                for idx, s in by_at.get(t, []):
+                    if s.tensor != comm[v]:
+                        continue
+                    if s.ready >= 0:
+                        h.add_edge(f"{u}@{s.ready}", f"{v}@{t}#{idx}")
+                    else:
+                        lagged.append((f"{u}@{s.ready + L}", f"{v}@{t}#{idx}"))
+            else:          # Out -> update op: the sync's update iteration
+                for idx, s in by_at.get(t, []):
+                    if s.tensor != comm[u]:
+                        continue
+                    if s.update < L:
+                        h.add_edge(f"{u}@{t}#{idx}", f"{v}@{s.update}")
+                    else:
+                        lagged.append((f"{u}@{t}#{idx}", f"{v}@{s.update - L}"))
+    for u, v in g.graph.get("iteration_edges", []):
+        for t in range(L - 1):
+            h.add_edge(f"{u}@{t}", f"{v}@{t + 1}")
+    h.graph["iteration_edges"] = [(f"{u}@{L - 1}", f"{v}@0") for u, v in g.graph.get("iteration_edges", [])] + lagged
+    return h, L
+
+
+def _steady_gap(ends: Any) -> tuple[float, int]:
+    """Mean gap per copy over the shortest pattern ``q`` the last gaps repeat with (``d[i] == d[i-q]`` for the
+    last half of the gaps and at least ``2q`` of them, to 1e-9 relative); no pattern: the mean over the second
+    half, ``q = 0``."""
+    import numpy as np
+    d = np.diff(np.asarray(ends, dtype=float))
+    if d.size == 0:
+        return float(ends[-1]) if len(ends) else 0.0, 0
+    tol = 1e-9 * max(float(np.abs(d).max()), 1.0)
+    for q in range(1, d.size // 3 + 1):
+        tail = d[-max(3 * q, d.size // 2):]
+        if np.all(np.abs(tail[q:] - tail[:-q]) <= tol):
+            return float(d[-q:].mean()), q
+    return float(d[(d.size - 1) // 2:].mean()), 0
+
+
+def replay_syncs(g: "nx.DiGraph", syncs: Sequence[Sync], period: int = 1, rates: Sequence[float] = (1.0,), *,
+                 iterations: int = 48) -> DeftReplay:
+    """Replay ``syncs`` (a period of delayed, merged, multi-link synchronisations) to its steady state.
+
+    Builds :func:`period_graph` and replays at least 8 copies and at least
+    ``iterations`` iterations back to back.  The gaps between the ends of
+    consecutive copies' computation (a copy's syncs may end in the next one)
+    become periodic (a replay is a max-plus linear system), but not necessarily
+    constant: a delayed schedule can alternate between building and draining a
+    backlog on a link.  The iteration time is the mean gap over the last
+    repeating pattern of gaps (:func:`_steady_gap`), divided by the iterations
+    per copy.  The
+    lower bound is the busiest device's time per iteration (each device runs one
+    op at a time, so no schedule beats it).
+
+    Parameters
+    ----------
+    g : networkx.DiGraph
+        The job's one-iteration global DFG (``Session(trace).graph``).
+    syncs : sequence of Sync
+        :func:`schedule_syncs`, :func:`delayed_syncs` or :func:`synchronous_syncs`.
+    period : int, default 1
+        Iterations the syncs span.
+    rates : sequence of float, default (1.0,)
+        Link rates, link 0 the one ``g`` was built for.
+    iterations : int, default 48
+        At least this many iterations are replayed.
+
+    References
+    ----------
+    .. [1] {ref}, §III-A (delayed updates), §III-C (concurrent links).
+    .. [2] Hu et al., "dPRO", MLSys 2022, §4.3 (replayer) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
+    """
+    from ..replay import replay
+    h, L = period_graph(g, syncs, period, rates)
+    copies = max(8, math.ceil(iterations / L))
+    res = replay(h, iterations=copies)
+    n = res.n
+    import numpy as np
+    own = np.array(["#" not in k for k in res.graph.keys])    # the copies' computation, not their syncs
+    ends = np.array([float(res.end[i * n:(i + 1) * n][own].max(initial=0.0)) for i in range(copies)])
+    steady, pattern = _steady_gap(ends)
+    busy: dict[str, float] = {}
+    for _, d in h.nodes(data=True):
+        if d.get("device"):
+            busy[d["device"]] = busy.get(d["device"], 0.0) + float(d.get("dur", 0.0))
+    dev = max(busy, key=lambda x: (busy[x], x)) if busy else ""
+    return DeftReplay(iteration_us=steady / L, period=L, copies=copies, pattern=pattern,
+                      lower_bound_us=busy.get(dev, 0.0) / L, busiest_device=dev, graph=h, result=res)
+
+
+replay_syncs.__doc__ = replay_syncs.__doc__.replace("{ref}", _REF)
+
+
+def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "greedy",
+            iterations: int = 48) -> dict[str, Any]:
+    """What ``dpro replay --deft`` reports: the DeFT schedule of ``g`` and its replayed steady iteration time.
+
+    Three replays with the same steady-state measure (:func:`replay_syncs`):
+    stock DDP (:func:`synchronous_syncs`), every bucket delayed by one iteration
+    on link 0 (:func:`delayed_syncs`) and the DeFT schedule (:func:`schedule`
+    over ``rates``, :func:`schedule_syncs`).
+
+    Parameters
+    ----------
+    g : networkx.DiGraph
+        The job's one-iteration global DFG, link 0 at ``rates[0]``.
+    rates : sequence of float, default (1.0,)
+        Link rates (link 0 first; only their ratios matter here).
+    method : str, default "greedy"
+        Multi-link placement of :func:`schedule`.
+    iterations : int, default 48
+        Iterations replayed (at least).
+
+    References
+    ----------
+    .. [1] {ref}.
+    """
+    times = bucket_times(g)
+    sched = schedule(times, rates, method=method)
+    syncs, period = schedule_syncs(sched)
+    tensors = sorted(set(_comm_ops(g).values()))
+    base = replay_syncs(g, synchronous_syncs(g), 1, iterations=iterations)
+    late = replay_syncs(g, delayed_syncs(g, {t: 1 for t in tensors}), 1, iterations=iterations)
+    pred = replay_syncs(g, syncs, period, rates, iterations=iterations)
+    steady = sched.steady()
+    return {
+        "rates": list(map(float, rates)), "coverage_rate": times.coverage_rate,
+        "forward_ms": times.forward_us / 1e3, "backward_ms": times.backward_us / 1e3,
+        "buckets": [{"name": b.name, "backward_ms": b.backward_us / 1e3, "comm_ms": b.comm_us / 1e3}
+                    for b in times.buckets],
+        "parts": len(sched.times.buckets), "period": sched.period, "update_frequency": sched.update_frequency,
+        "batch_sequence": sched.batch_sequence(), "delays": sched.delays(), "link_load_ms":
+            [x / 1e3 for x in sched.link_load_us()],
+        "steady_steps": [{"iteration": s.iteration, "forward_case": s.forward.case,
+                          "backward_case": s.backward.case,
+                          "forward": [(sched.times.buckets[i.bucket].name, list(i.iterations), j)
+                                      for i, j in s.forward.placed],
+                          "backward": [(sched.times.buckets[i.bucket].name, list(i.iterations), j)
+                                       for i, j in s.backward.placed],
+                          "updates": [list(u) for u in s.updates]} for s in steady],
+        "synchronous": base.to_json(), "delay_one": late.to_json(), "deft": pred.to_json(),
+        "speedup": base.iteration_us / pred.iteration_us if pred.iteration_us > 0 else math.inf,
+    }
+
+
+predict.__doc__ = predict.__doc__.replace("{ref}", _REF)
