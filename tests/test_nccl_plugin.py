@@ -158,3 +158,125 @@ def test_bench_reports_cost(built, tmp_path):
     fields = dict(kv.split("=") for kv in r.stdout.split()[1:])
     assert int(fields["calls"]) == 100_000
     assert 0 < float(fields["plugin_ns_per_call"]) < 1e6 and 0 < float(fields["finalize_ns_per_event"]) < 1e7
+
+
+# --------------------------------------------------------------------------- the reader (dpro_kit.readers.nccl)
+
+@pytest.mark.parametrize("ranks,channels,nbytes,proto", [(2, 2, 1_048_576, "Simple"), (4, 2, 3_000_000, "Simple"),
+                                                         (4, 3, 777_777, "LL")])
+def test_reader_ring_events(built, tmp_path, ranks, channels, nbytes, proto):
+    """SEND/RECV per rank, channel, loop and ring step; each SEND's RECV on its ring successor with the
+    same transaction id; per-step times in order; the bytes of every ring step add up to the message."""
+    from dpro_kit.readers import nccl
+
+    chunk, iters = 131072, 2
+    out = run_ring(built, tmp_path / "t", ranks=ranks, channels=channels, nbytes=nbytes, iters=iters, proto=proto,
+                   chunk=chunk)
+    job = nccl.ring_transfers(nccl.files(out))
+    rows = job["rows"]
+    loops = -(-nbytes // (channels * ranks * chunk))
+    steps = 2 * (ranks - 1)
+    sends = [r for r in rows if r["kind"] == "SEND"]
+    recvs = {(r["iteration"], r["txn"]): r for r in rows if r["kind"] == "RECV"}
+    assert job["rank_order"] and job["skipped"] == {}
+    assert len(sends) == len(recvs) == iters * ranks * channels * loops * steps
+    assert len({s["txn"] for s in sends}) == len(sends) // iters      # txn ids repeat per iteration only
+    node = job["nodes"]
+    for s in sends:
+        rv = recvs[(s["iteration"], s["txn"])]
+        r = node.index(s["node"])
+        assert s["peer"] == node[(r + 1) % ranks] == rv["node"] and rv["peer"] == s["node"]
+        assert rv["bytes"] == s["bytes"] and rv["chunk"] == s["chunk"] and rv["step"] == s["step"]
+        assert s["txn"] == f"{s['tensor']}:{s['phase']}:{s['step']}:{s['chunk']}:{s['node']}->{s['peer']}"
+        assert s["start"] <= rv["start"] + rv["dur"]                      # sent before it arrived
+    per_lane = defaultdict(list)
+    for s in sends:
+        per_lane[(s["iteration"], s["node"], s["tensor"])].append(s)
+    for lane in per_lane.values():
+        lane.sort(key=lambda s: s["step"])
+        assert [s["step"] for s in lane] == list(range(steps))
+        starts = [s["start"] for s in lane]
+        assert starts == sorted(starts)
+    for it in range(iters):
+        for k in range(steps):
+            assert sum(s["bytes"] for s in sends if s["iteration"] == it and s["step"] == k) == nbytes
+
+
+def test_reader_matches_ring_dfg(built, tmp_path):
+    """The folder loads as a trace (manifest discovered), and the ring DFG the graph builder makes from
+    it has exactly the reader's transactions: every SEND op's duration comes from the trace."""
+    from dpro_kit.graph.build import build_global_dfg
+    from dpro_kit.trace import load_trace
+
+    out = run_ring(built, tmp_path / "t", ranks=4, channels=2, nbytes=2_000_000, iters=2)
+    ts = load_trace(out)
+    assert ts.manifest.raw_format == "dpro-nccl" and ts.manifest.world_size == 4
+    assert ts.manifest.iterations == [0, 1] and ts.manifest.extra["rank_order"] is True
+    g = build_global_dfg(ts)
+    dfg_sends = {d["txn"]: d for _, d in g.nodes(data=True) if d.get("kind") == "SEND"}
+    assert set(dfg_sends) == set(ts.events.loc[ts.events["kind"] == "SEND", "txn"])
+    assert {d["source"] for d in dfg_sends.values()} == {"trace:txn"}
+
+
+def _one_line_error(path_dir: Path, match: str, name: str | None = None):
+    from dpro_kit.errors import DproError
+    from dpro_kit.readers import nccl
+
+    with pytest.raises(DproError) as exc:
+        nccl.ring_transfers(nccl.files(path_dir))
+    msg = str(exc.value)
+    assert "\n" not in msg and match in msg, msg
+    if name:
+        assert name in msg, msg
+    return msg
+
+
+def test_reader_bad_input(built, tmp_path):
+    """Cut, damaged, unstopped, missing or mixed files: one line naming the file, the line and the fix."""
+    good = run_ring(built, tmp_path / "good", ranks=2, channels=1, nbytes=100_000, iters=1)
+    f0, f1 = sorted(good.glob("nccl-*.jsonl"))
+
+    def variant(name: str, edit) -> Path:
+        d = tmp_path / name
+        shutil.copytree(good, d)
+        edit(d / f0.name)
+        return d
+
+    def cut(p: Path):
+        p.write_text("\n".join(p.read_text().splitlines()[:-3]) + "\n")
+
+    _one_line_error(variant("cut", cut), "no end line: the file was cut", f0.name)
+
+    def garble(p: Path):
+        lines = p.read_text().splitlines()
+        lines[4] = lines[4][:20]
+        p.write_text("\n".join(lines) + "\n")
+
+    _one_line_error(variant("garbled", garble), "[line 5]: line 5 is not JSON", f0.name)
+
+    def unstopped(p: Path):
+        lines = p.read_text().splitlines()
+        k = next(i for i, x in enumerate(lines) if '"ev":"step"' in x)
+        e = json.loads(lines[k])
+        e["t1"] = None
+        lines[k] = json.dumps(e)
+        p.write_text("\n".join(lines) + "\n")
+
+    _one_line_error(variant("unstopped", unstopped), "never stopped", f0.name)
+    _one_line_error(variant("missing", lambda p: p.unlink()), "no file for rank(s) [0] of 2")
+
+    def other_run(p: Path):
+        p.write_text(p.read_text().replace('"comm":"5eed0000d9a0c0de"', '"comm":"00000000000000aa"', 1))
+
+    _one_line_error(variant("mixed", other_run), "files of 2 communicators")
+
+    def resize(p: Path):
+        lines = p.read_text().splitlines()
+        k = next(i for i, x in enumerate(lines) if '"ev":"step"' in x and "[9," in x)
+        e = json.loads(lines[k])
+        e["states"] = [[s, t, z + 1 if s == 9 else z] for s, t, z in e["states"]]
+        lines[k] = json.dumps(e)
+        p.write_text("\n".join(lines) + "\n")
+
+    _one_line_error(variant("resized", resize), "received", f1.name)
+    _one_line_error(variant("notours", lambda p: p.write_text('{"format":"x"}\n')), "not a dpro-nccl file")

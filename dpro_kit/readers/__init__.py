@@ -107,6 +107,12 @@ from . import pslite as _pslite  # noqa: E402
 register_reader(_pslite.FORMAT, _pslite.read_node)
 register_discoverer(_pslite.FORMAT, _pslite.discover)
 
+# NCCL profiler plugin files (collectors/nccl): a folder of nccl-*.jsonl; before kineto_plain too
+from . import nccl as _nccl  # noqa: E402
+
+register_reader(_nccl.FORMAT, _nccl.read_node)
+register_discoverer(_nccl.FORMAT, _nccl.discover)
+
 register_reader(kineto_plain.FORMAT, kineto_plain.read_node)
 
 # TensorFlow collector folders (collectors/tf): reader + manifest-less discovery (multi-host)

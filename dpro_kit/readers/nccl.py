@@ -1,0 +1,468 @@
+"""Reader for the NCCL profiler plugin's files (``collectors/nccl``; raw format ``dpro-nccl``).
+
+With ``NCCL_PROFILER_PLUGIN=libnccl-profiler-dpro.so DPRO_NCCL_TRACE=<dir>`` every rank writes,
+per communicator, ``<dir>/nccl-<commId>-r<rank>.<pid>.jsonl``: a header line (format, version, API,
+communicator id, rank, nranks, host, a CLOCK_REALTIME / CLOCK_MONOTONIC pair read together), one
+line per event and an end line (event count, events dropped).  Events (docs/nccl.md):
+
+* ``coll``: a collective as enqueued (``seq``, ``func``, ``count``, ``datatype``, ``algo``,
+  ``proto``, ``nchannels``; ``t0``/``t1`` bracket the enqueue, not the execution);
+* ``op``: one proxy operation per channel, peer and direction (``channel``, ``peer``, ``send``,
+  ``nsteps``, ``parent`` = its collective's id), ``t0`` appended, ``t1`` all steps done;
+* ``step``: one network transfer of an op (``step`` number, ``parent`` = the op's id) with its
+  state transitions ``[state, t_ns, size]``: send 8 (buffer posted to the GPU), 20 (data ready),
+  9 (isend posted; size = bytes sent), stop = isend completed; recv 10 (irecv posted), 11 (data
+  arrived; size = bytes received), 12 (flushed, handed to the GPU), stop = the GPU consumed it.
+
+What becomes of it: each ring all-reduce (``algo`` Ring, ``func`` AllReduce) is, per channel and
+per loop of NCCL's ring (``nchannels * nranks * chunk`` bytes each), one ring pass of 2(N-1) steps:
+tensor ``<func>.c<channel>.l<loop>``, iteration = the collective's ``seq``.  A ring step is one
+network transfer per slice (2 slices per chunk with the Simple protocol, NCCL's
+``ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS``; 1 with LL / LL128).  Per rank, ring pass and step:
+
+* ``SEND`` on the sender: first slice's isend posted (state 9) to the last slice's completion
+  (stop); bytes = the sizes recorded with state 9;
+* ``RECV`` on the receiver: first slice's irecv posted (state 10) to the last slice's arrival
+  (state 11); bytes = the sizes recorded with state 11 (checked equal to the sender's);
+* ``txn`` = :func:`dpro_kit.graph.topology.txn_id` ``(tensor, phase, step, chunk, src, dst)``
+  with the chunk the ring DFG (:func:`dpro_kit.graph.topology.ring_allreduce`) gives ring
+  position ``i`` at that step, ``i`` being the rank's place in the channel's ring (followed
+  from the send peers).  When that ring is the rank order, these are exactly the DFG's ids.
+
+Times are moved from CLOCK_MONOTONIC onto the epoch clock with each file's clock pair (µs).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from ..errors import DproError, TraceFormatError
+from ..trace import EVENT_COLUMNS, Manifest, NodeInfo, NodeTrace, make_events
+
+FORMAT = "dpro-nccl"
+VERSIONS = (1,)
+GLOB = "nccl-*.jsonl"
+ST_SEND_POSTED, ST_SEND_WAIT, ST_RECV_WAIT, ST_RECV_ARRIVED = 8, 9, 10, 11
+#: network transfers (slices) per ring chunk: NCCL's ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS
+SLICES_PER_CHUNK = {"Simple": 2, "LL": 1, "LL128": 1}
+__all__ = ["FORMAT", "VERSIONS", "discover", "files", "read_file", "read_node", "ring_transfers", "SLICES_PER_CHUNK"]
+
+_FIX = "the file was not written by collectors/nccl's plugin or was edited; re-collect"
+
+
+def _int(obj: dict, key: str, path: Path, record: str, low: int = 0, *, null: bool = False) -> int | None:
+    v = obj.get(key)
+    if v is None and null:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v < 2**63:
+        raise TraceFormatError(f"field {key!r} must be an integer >= {low}, got {v!r:.40}", path=path,
+                               record=record, hint=_FIX)
+    return v
+
+
+def _str(obj: dict, key: str, path: Path, record: str) -> str:
+    v = obj.get(key)
+    if not isinstance(v, str):
+        raise TraceFormatError(f"field {key!r} must be a string, got {v!r:.40}", path=path, record=record, hint=_FIX)
+    return v
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """One rank's file, checked; times become epoch microseconds.
+
+    Parameters
+    ----------
+    path : Path
+        A ``nccl-<commId>-r<rank>.<pid>.jsonl`` file written by the plugin.
+
+    Returns
+    -------
+    dict
+        ``path``, ``comm``, ``rank``, ``nranks``, ``host``, ``api``, ``dropped`` and the events by
+        id: ``colls``, ``ops``, ``steps`` (dicts as in the file, ``t0``/``t1`` and state times in
+        µs on the epoch clock).
+
+    Raises
+    ------
+    TraceFormatError
+        Unreadable, not JSON lines (names the line), another format or version, a field missing
+        or of the wrong type, an event that never stopped, a parent that is not in the file, or a
+        missing end line (the file was cut).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"cannot read NCCL plugin trace: {exc}", path=path) from None
+    lines = text.splitlines()
+    if not lines:
+        raise TraceFormatError("NCCL plugin trace is empty", path=path, hint="re-collect")
+    docs = []
+    for k, line in enumerate(lines, 1):
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(f"line {k} is not JSON ({exc.msg})", path=path, record=f"line {k}",
+                                   hint=_FIX) from None
+        if not isinstance(d, dict):
+            raise TraceFormatError(f"line {k} is not a JSON object", path=path, record=f"line {k}", hint=_FIX)
+        docs.append(d)
+    head = docs[0]
+    if head.get("format") != FORMAT:
+        raise TraceFormatError(f"not a {FORMAT} file", path=path, record="line 1",
+                               hint="pass files written by collectors/nccl's plugin (DPRO_NCCL_TRACE)")
+    if head.get("version") not in VERSIONS:
+        raise TraceFormatError(f"unsupported version {head.get('version')!r}", path=path, record="line 1",
+                               hint=f"this dpro reads versions {list(VERSIONS)}; rebuild the plugin from this dpro-kit")
+    clock = head.get("clock")
+    if not isinstance(clock, dict):
+        raise TraceFormatError("header field 'clock' missing or not an object", path=path, record="line 1", hint=_FIX)
+    rank = _int(head, "rank", path, "line 1")
+    nranks = _int(head, "nranks", path, "line 1", 1)
+    if rank >= nranks:
+        raise TraceFormatError(f"rank {rank} >= nranks {nranks}", path=path, record="line 1", hint=_FIX)
+    offset_ns = _int(clock, "realtime_ns", path, "line 1 clock", 1) - _int(clock, "monotonic_ns", path, "line 1 clock")
+    end = docs[-1]
+    if len(docs) < 2 or end.get("end") is not True:
+        raise TraceFormatError("no end line: the file was cut", path=path, record=f"line {len(docs)}",
+                               hint="the plugin writes it last (temp file + rename); re-collect")
+    if end.get("events") != len(docs) - 2:
+        raise TraceFormatError(f"end line says {end.get('events')!r} events, the file has {len(docs) - 2}", path=path,
+                               record=f"line {len(docs)}", hint=_FIX)
+
+    def us(t: int) -> float:
+        return (t + offset_ns) / 1e3
+
+    out: dict[str, Any] = {"path": path, "comm": _str(head, "comm", path, "line 1"), "rank": rank,
+                           "nranks": nranks, "host": _str(head, "host", path, "line 1") or "localhost",
+                           "api": head.get("api"), "dropped": _int(end, "dropped", path, f"line {len(docs)}"),
+                           "colls": {}, "ops": {}, "steps": {}}
+    kinds = {"coll": "colls", "op": "ops", "step": "steps"}
+    for k, d in enumerate(docs[1:-1], 2):
+        rec = f"line {k}"
+        ev = d.get("ev")
+        if ev not in kinds:
+            raise TraceFormatError(f"unknown event kind {ev!r:.40}", path=path, record=rec, hint=_FIX)
+        eid = _int(d, "id", path, rec)
+        t0 = _int(d, "t0", path, rec)
+        t1 = _int(d, "t1", path, rec, null=True)
+        if t1 is None:
+            raise TraceFormatError(f"{ev} event {eid} never stopped", path=path, record=rec,
+                                   hint="the communicator was destroyed mid-operation; profile complete collectives")
+        if t1 < t0:
+            raise TraceFormatError(f"{ev} event {eid} stops before it starts", path=path, record=rec, hint=_FIX)
+        states = d.get("states")
+        if not isinstance(states, list) or not all(
+                isinstance(s, list) and len(s) == 3 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                            for x in s) for s in states):
+            raise TraceFormatError("field 'states' must be a list of [state, time_ns, size] integers", path=path,
+                                   record=rec, hint=_FIX)
+        e = dict(d, t0=us(t0), t1=us(t1), states=[(s, us(t), z) for s, t, z in states], line=k)
+        if ev == "coll":
+            _int(d, "seq", path, rec)
+            _int(d, "nchannels", path, rec)
+            for key in ("func", "algo", "proto"):
+                _str(d, key, path, rec)
+        elif ev == "op":
+            for key in ("channel", "peer", "nsteps", "send"):
+                _int(d, key, path, rec)
+            if d["peer"] >= nranks:
+                raise TraceFormatError(f"peer {d['peer']} >= nranks {nranks}", path=path, record=rec, hint=_FIX)
+        else:
+            _int(d, "step", path, rec)
+        parent = d.get("parent")
+        want = {"op": "colls", "step": "ops"}.get(ev)
+        if want is not None and parent not in out[want] and parent != -1:
+            raise TraceFormatError(f"{ev} event {eid}: parent {parent!r:.40} is not an earlier "
+                                   f"{want[:-1]} event of the file", path=path, record=rec, hint=_FIX)
+        if eid in out[kinds[ev]]:
+            raise TraceFormatError(f"two events with id {eid}", path=path, record=rec, hint=_FIX)
+        out[kinds[ev]][eid] = e
+    return out
+
+
+def files(trace_dir: Path) -> list[Path]:
+    """The plugin's files in a directory (in it or one folder down, e.g. one per host)."""
+    trace_dir = Path(trace_dir)
+    return sorted([*trace_dir.glob(GLOB), *trace_dir.glob("*/" + GLOB)])
+
+
+def _ring_of(sends: dict[int, int], nranks: int, where: Path) -> list[int]:
+    """The ring order (starting at the lowest rank) from each rank's send peer on one channel."""
+    ring, r = [], min(sends)
+    while r not in ring:
+        ring.append(r)
+        r = sends.get(r, -1)
+    if len(ring) != nranks or r != ring[0]:
+        raise DproError(f"the send peers {dict(sorted(sends.items()))} do not form one ring of {nranks} ranks",
+                        path=where, hint="a rank's file is missing or from another run; keep one job's files")
+    return ring
+
+
+def _dfg_chunk(n: int, pos: int, k: int) -> int:
+    """The chunk ring position ``pos`` sends at ring step ``k`` (topology.ring_allreduce)."""
+    return (pos - k) % n if k < n - 1 else (pos + 1 - (k - n + 1)) % n
+
+
+def ring_transfers(paths: list[Path], *, node_of_rank: dict[int, str] | None = None) -> dict[str, Any]:
+    """SEND/RECV events of every ring all-reduce in one communicator's files (module docstring).
+
+    Parameters
+    ----------
+    paths : list of Path
+        One file per rank of one communicator (``files(dir)``).
+    node_of_rank : dict, optional
+        Node name per rank; default ``<host>/rank<r>``.
+
+    Returns
+    -------
+    dict
+        ``rows``: event-table rows (``node``, ``op``, ``name``, ``kind`` SEND/RECV, ``iteration``
+        = collective ``seq``, ``start``/``dur`` µs, ``tensor``, ``bytes``, ``txn``, ``phase``,
+        ``step``, ``chunk``, ``peer``, plus ``channel``, ``loop``, ``rank``); ``collectives``:
+        per ring pass tensor ``{tensor, bytes, ring}`` (``ring``: ranks in ring order);
+        ``rank_order``: whether every channel's ring is the rank order (then the ``txn`` ids are
+        the ring DFG's); ``skipped``: collectives that are not ring all-reduces (func/algo, count);
+        ``nranks``; ``nodes``.
+
+    Raises
+    ------
+    DproError
+        Files of several communicators, a rank missing or twice, collectives or proxy ops that
+        differ between ranks, step counts that are not a ring all-reduce's, or a receiver that got
+        other sizes than its ring predecessor sent (one line: the file, what, what to do).
+    """
+    from ..graph.topology import txn_id
+
+    if not paths:
+        raise DproError("no nccl-*.jsonl file", hint="run the job with DPRO_NCCL_TRACE=<dir> and the dpro NCCL plugin")
+    docs = [read_file(p) for p in paths]
+    comms = sorted({d["comm"] for d in docs})
+    if len(comms) > 1:
+        raise DproError(f"files of {len(comms)} communicators ({', '.join(comms)}) in one folder",
+                        path=Path(paths[0]).parent,
+                        hint="keep one communicator's nccl-<commId>-r*.jsonl files per folder")
+    n = docs[0]["nranks"]
+    by_rank: dict[int, dict[str, Any]] = {}
+    for d in docs:
+        if d["nranks"] != n:
+            raise DproError(f"nranks {d['nranks']} but rank {docs[0]['rank']}'s file says {n}", path=d["path"],
+                            hint="keep one job's files per folder")
+        if d["rank"] in by_rank:
+            raise DproError(f"two files for rank {d['rank']}", path=d["path"],
+                            record=by_rank[d["rank"]]["path"].name, hint="keep one job's files per folder")
+        by_rank[d["rank"]] = d
+    missing = sorted(set(range(n)) - set(by_rank))
+    if missing:
+        raise DproError(f"no file for rank(s) {missing} of {n}", path=Path(paths[0]).parent,
+                        hint="a rank did not destroy its communicator (the plugin writes at finalize), or its "
+                             "host's folder was not copied here")
+    node = node_of_rank or {r: f"{d['host']}/rank{r}" for r, d in by_rank.items()}
+    # per rank: collective key (func, seq) -> {coll, ops by (channel, send) -> (op, steps by number)}
+    per: dict[int, dict[tuple[str, int], dict[str, Any]]] = {}
+    for r, d in by_rank.items():
+        colls: dict[tuple[str, int], dict[str, Any]] = {}
+        for c in d["colls"].values():
+            colls[(c["func"], c["seq"])] = {"coll": c, "ops": {}}
+        cid = {c["id"]: (c["func"], c["seq"]) for c in d["colls"].values()}
+        for op in d["ops"].values():
+            if op["parent"] in cid:
+                colls[cid[op["parent"]]]["ops"][(op["channel"], bool(op["send"]))] = [op, {}]
+        opkey = {op["id"]: (cid[op["parent"]], (op["channel"], bool(op["send"])))
+                 for op in d["ops"].values() if op["parent"] in cid}
+        for s in d["steps"].values():
+            if s["parent"] in opkey:
+                ck, ok = opkey[s["parent"]]
+                colls[ck]["ops"][ok][1][s["step"]] = s
+        per[r] = colls
+    rows: list[dict[str, Any]] = []
+    collectives: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, int] = defaultdict(int)
+    rank_order = True
+    keys = sorted(set().union(*(set(c) for c in per.values())))
+    for key in keys:
+        func, seq = key
+        have = [r for r in range(n) if key in per[r]]
+        c0 = per[have[0]][key]["coll"]
+        if len(have) != n:
+            raise DproError(f"collective {func} #{seq} is in the files of ranks {have} only",
+                            path=by_rank[have[0]]["path"], record=f"line {c0['line']}",
+                            hint="keep one job's complete files per folder")
+        if func != "AllReduce" or c0["algo"] != "Ring":
+            skipped[f"{func}/{c0['algo']}"] += 1
+            continue
+        spc = SLICES_PER_CHUNK.get(c0["proto"])
+        if spc is None:
+            raise DproError(f"collective {func} #{seq}: unknown protocol {c0['proto']!r}",
+                            path=by_rank[have[0]]["path"], record=f"line {c0['line']}",
+                            hint=f"this reader knows {sorted(SLICES_PER_CHUNK)}")
+        per_loop = 2 * (n - 1) * spc
+        channels = sorted({ch for r in range(n) for ch, _ in per[r][key]["ops"]})
+        for ch in channels:
+            sends, recvs = {}, {}
+            for r in range(n):
+                ops = per[r][key]["ops"]
+                for is_send, into in ((True, sends), (False, recvs)):
+                    if (ch, is_send) not in ops:
+                        raise DproError(f"collective {func} #{seq}: rank {r} has no "
+                                        f"{'send' if is_send else 'recv'} proxy op on channel {ch}",
+                                        path=by_rank[r]["path"], hint="NCCL ran it without the network "
+                                        "transport on this channel (P2P/SHM); profile with NCCL_P2P_DISABLE=1 "
+                                        "NCCL_SHM_DISABLE=1, or keep one job's complete files")
+                    into[r] = ops[(ch, is_send)]
+            ring = _ring_of({r: op[0]["peer"] for r, op in sends.items()}, n, by_rank[0]["path"])
+            rank_order = rank_order and ring == sorted(ring) and ring == list(range(n))
+            pos = {r: i for i, r in enumerate(ring)}
+            nsteps = sends[ring[0]][0]["nsteps"]
+            for r in range(n):
+                for op, steps in (sends[r], recvs[r]):
+                    where = by_rank[r]["path"]
+                    if op["nsteps"] != nsteps or nsteps % per_loop or sorted(steps) != list(range(nsteps)):
+                        raise DproError(
+                            f"collective {func} #{seq} channel {ch}: proxy op has {op['nsteps']} steps "
+                            f"({len(steps)} recorded), rank {ring[0]}'s send op {nsteps}; a ring all-reduce of "
+                            f"{n} ranks with {c0['proto']} moves a multiple of {per_loop}",
+                            path=where, record=f"line {op['line']}",
+                            hint="re-collect; if NCCL changed its ring chunking, this reader needs updating")
+                    if not op["send"] and op["peer"] != ring[(pos[r] - 1) % n]:
+                        raise DproError(f"rank {r} receives from {op['peer']} on channel {ch}, its ring predecessor "
+                                        f"is {ring[(pos[r] - 1) % n]}", path=where, record=f"line {op['line']}",
+                                        hint="keep one job's files per folder")
+            for loop in range(nsteps // per_loop):
+                tensor = f"{func}.c{ch}.l{loop}"
+                pass_bytes = 0
+                for k in range(2 * (n - 1)):
+                    phase = "reduce_scatter" if k < n - 1 else "all_gather"
+                    net = range(loop * per_loop + k * spc, loop * per_loop + (k + 1) * spc)
+                    for r in ring:
+                        i = pos[r]
+                        dst = ring[(i + 1) % n]
+                        ss = [sends[r][1][p] for p in net]
+                        rs = [recvs[dst][1][p] for p in net]
+                        sent = [_state(s, ST_SEND_WAIT, by_rank[r]["path"]) for s in ss]
+                        got = [_state(s, ST_RECV_ARRIVED, by_rank[dst]["path"]) for s in rs]
+                        if [z for _, z in sent] != [z for _, z in got]:
+                            raise DproError(
+                                f"collective {func} #{seq} channel {ch} ring step {k}: rank {r} sent "
+                                f"{[z for _, z in sent]} bytes, rank {dst} received {[z for _, z in got]}",
+                                path=by_rank[dst]["path"], record=f"line {rs[0]['line']}",
+                                hint="the files are from different runs; keep one job's files per folder")
+                        nbytes = sum(z for _, z in sent)
+                        pass_bytes += nbytes
+                        c = _dfg_chunk(n, i, k)
+                        txn = txn_id(tensor, phase, k, c, node[r], node[dst])
+                        common = {"iteration": int(seq), "stream": "comm", "tensor": tensor, "phase": phase,
+                                  "step": k, "chunk": c, "txn": txn, "bytes": int(nbytes), "channel": ch,
+                                  "loop": loop}
+                        s0, s1 = sent[0][0], max(s["t1"] for s in ss)
+                        rows.append({**common, "node": node[r], "rank": r, "kind": "SEND", "op": f"SEND {txn}",
+                                     "name": f"SEND {tensor}", "start": s0, "dur": s1 - s0, "peer": node[dst]})
+                        arrived = [_state(s, ST_RECV_ARRIVED, by_rank[dst]["path"])[0] for s in rs]
+                        r0 = _state(rs[0], ST_RECV_WAIT, by_rank[dst]["path"])[0]
+                        rows.append({**common, "node": node[dst], "rank": dst, "kind": "RECV", "op": f"RECV {txn}",
+                                     "name": f"RECV {tensor}", "start": r0, "dur": max(arrived) - r0,
+                                     "peer": node[r]})
+                if tensor not in collectives:
+                    collectives.setdefault(tensor, {"tensor": tensor, "bytes": pass_bytes // (2 * (n - 1)),
+                                                    "ring": [node[r] for r in ring]})
+    for row in rows:
+        if not (math.isfinite(row["start"]) and row["dur"] >= 0):
+            raise DproError(f"{row['op']}: negative duration {row['dur']:.3f} us", path=by_rank[row["rank"]]["path"],
+                            hint=_FIX)
+    return {"rows": rows, "collectives": list(collectives.values()), "rank_order": rank_order,
+            "skipped": dict(skipped), "nranks": n, "nodes": [node[r] for r in range(n)]}
+
+
+def _state(step: dict[str, Any], state: int, path: Path) -> tuple[float, int]:
+    """(time µs, size) of a step's first transition into ``state``."""
+    for s, t, z in step["states"]:
+        if s == state:
+            return t, z
+    raise DproError(f"step {step['step']} has no state {state} (states {[s for s, _, _ in step['states']]})",
+                    path=path, record=f"line {step['line']}",
+                    hint="the plugin records NCCL's net transport states; a step without them did not go "
+                         "through the network (re-collect with the network transport)")
+
+
+# ------------------------------------------------------------------------------- as a trace directory
+
+def _stamp(paths: list[Path]) -> tuple:
+    return tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
+
+
+@functools.lru_cache(maxsize=8)
+def _job(stamp: tuple) -> dict[str, Any]:
+    return ring_transfers([Path(p) for p, _, _ in stamp])
+
+
+def _job_of(trace_dir: Path) -> dict[str, Any]:
+    paths = files(trace_dir)
+    if not paths:
+        raise DproError("no nccl-*.jsonl file", path=trace_dir,
+                        hint="run the job with NCCL_PROFILER_PLUGIN=<libnccl-profiler-dpro.so> DPRO_NCCL_TRACE=<dir>")
+    return _job(_stamp(paths))
+
+
+def discover(trace_dir: Path) -> Manifest | None:
+    """The manifest of a folder of plugin files (None when it holds none), built in memory.
+
+    Parameters
+    ----------
+    trace_dir : Path
+        A ``DPRO_NCCL_TRACE`` folder of one communicator (or per-host sub-folders of it).
+
+    Returns
+    -------
+    Manifest or None
+        Nodes ``<host>/rank<r>`` (workers), iterations = the ring all-reduces' ``seq`` numbers,
+        ``extra.rank_order`` (every channel's ring is the rank order, so the transaction ids are
+        the ring DFG's) and ``extra.skipped`` (collectives that are not ring all-reduces).
+    """
+    trace_dir = Path(trace_dir)
+    paths = files(trace_dir)
+    if not paths:
+        return None
+    job = _job(_stamp(paths))
+    by_rank = {}
+    for p in paths:
+        d = read_file(p)
+        by_rank[d["rank"]] = d
+    nodes = {}
+    for r, name in enumerate(job["nodes"]):
+        d = by_rank[r]
+        rel = d["path"].parent.relative_to(trace_dir)
+        nodes[name] = NodeInfo(host=d["host"], role="worker", rank=r, dir=str(rel) or ".", format=FORMAT,
+                               file=d["path"].name)
+    its = sorted({row["iteration"] for row in job["rows"]})
+    return Manifest(job=f"nccl {by_rank[0]['comm']}", framework="nccl", comm_backend="nccl",
+                    world_size=job["nranks"], nodes=nodes, iterations=its, raw_format=FORMAT,
+                    extra={"collector": "collectors/nccl", "rank_order": job["rank_order"],
+                           "skipped": job["skipped"], "nccl_api": by_rank[0]["api"]})
+
+
+def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
+    """One rank's :class:`~dpro_kit.trace.NodeTrace`: its SEND and RECV events and one ring
+    all-reduce collective per ring pass (module docstring)."""
+    root = Path(node_dir)
+    for part in Path(manifest.node_dir(node)).parts:
+        if part != ".":
+            root = root.parent
+    job = _job_of(root)
+    if node not in job["nodes"]:
+        raise TraceFormatError(f"node {node!r} has no NCCL plugin file", path=node_dir)
+    keep = set(EVENT_COLUMNS)
+    rows = [{k: v for k, v in r.items() if k in keep} for r in job["rows"] if r["node"] == node]
+    colls = [{"tensor": c["tensor"], "op": "allreduce", "algorithm": "ring", "bytes": int(c["bytes"]),
+              "inputs": [], "outputs": [], "params": []} for c in job["collectives"]]
+    warnings = []
+    if not job["rank_order"]:
+        warnings.append("an NCCL channel's ring is not the rank order: its transfers keep their own ids and the "
+                        "ring DFG (rank order) models them with the cost model")
+    if job["skipped"]:
+        warnings.append(f"collectives other than ring all-reduces are not modelled: {job['skipped']}")
+    path = str(Path(node_dir) / (manifest.nodes[node].file or ""))
+    return NodeTrace(events=make_events(rows, path=path), edges=[], collectives=colls, warnings=warnings)
