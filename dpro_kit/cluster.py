@@ -276,7 +276,8 @@ class EmulatedCluster:
         Number of emulated hosts (namespaces), 1..(usable IPs in ``subnet``).
     rate_mbit:
         Per-host link rate in Mbit/s, applied to upload and download, or
-        ``None`` for unshaped links.
+        ``None`` for unshaped links; a sequence gives each host its own rate
+        (``None`` entries unshaped): one slow link, for straggler ground truth.
     prefix:
         Namespace name prefix (see :func:`cleanup_stale`).  Must be short and
         made of ``[A-Za-z0-9_]``.
@@ -289,7 +290,7 @@ class EmulatedCluster:
     exit.  After ``kill -9`` use :func:`cleanup_stale`.
     """
 
-    def __init__(self, hosts: int = 2, rate_mbit: float | None = None, *,
+    def __init__(self, hosts: int = 2, rate_mbit: "float | Sequence[float | None] | None" = None, *,
                  prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET) -> None:
         check_prerequisites()
         if not isinstance(hosts, int) or hosts < 1:
@@ -312,11 +313,16 @@ class EmulatedCluster:
         if len(self._ips) < hosts:
             raise DproError(f"subnet {subnet} has room for {len(self._ips)} hosts, "
                             f"{hosts} requested", hint="use a larger subnet")
+        rates = list(rate_mbit) if isinstance(rate_mbit, (list, tuple)) else [rate_mbit] * hosts
+        if len(rates) != hosts:
+            raise DproError(f"rate_mbit has {len(rates)} rates for {hosts} hosts",
+                            hint="give one rate per host, or a single rate for all")
         self.hosts = hosts
         self.rate_mbit = rate_mbit
         self.prefix = prefix
         self.subnet = net
-        self.tbf = tbf_params(rate_mbit) if rate_mbit is not None else None
+        self.tbfs = [tbf_params(r) if r is not None else None for r in rates]
+        self.tbf = self.tbfs[0] if len({str(t) for t in self.tbfs}) == 1 else None   # uniform links only
         with _COUNTER_LOCK:
             n = next(_COUNTER)
         self.name = f"{prefix}-{os.getpid()}-{n}"
@@ -352,14 +358,13 @@ class EmulatedCluster:
             ip(["ip", "-n", br, "link", "set", port, "up"])
             ip(["ip", "-n", hns, "addr", "add", f"{self._ips[i]}/{plen}", "dev", HOST_IFACE])
             ip(["ip", "-n", hns, "link", "set", HOST_IFACE, "up"])
-            if self.tbf is not None:
-                self._shape(hns, HOST_IFACE)  # host upload
-                self._shape(br, port)         # host download
+            t = self.tbfs[i]
+            if t is not None:
+                self._shape(hns, HOST_IFACE, t)  # host upload
+                self._shape(br, port, t)         # host download
         self._wait_carrier()
 
-    def _shape(self, ns: str, dev: str) -> None:
-        t = self.tbf
-        assert t is not None
+    def _shape(self, ns: str, dev: str, t: dict[str, Any]) -> None:
         _run_cmd(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
                   "rate", f"{t['rate_mbit']}mbit", "burst", str(t["burst"]),
                   "latency", f"{t['latency_ms']}ms"])

@@ -111,12 +111,21 @@ class CpuBudget:
     hosts:
         Number of groups (``host0`` .. ``host<hosts-1>``).
     cpus:
-        CPUs each group may use: ``cpu.cfs_quota_us = cpus * cpu.cfs_period_us`` (period 100 ms);
+        CPUs each group may use: ``cpu.cfs_quota_us = cpus * cpu.cfs_period_us``;
         a sequence gives each host its own budget (a slowed host: stragglers).
-        A throttled group runs its quota and then stalls for the rest of the 100 ms period: a cut
-        budget shows in a trace as stalls, often between ops, not as uniformly slower ops.
+    period_us:
+        ``cpu.cfs_period_us`` (default 100 ms, the kernel's).  A throttled group runs its quota and
+        then stalls for the rest of the period: with 100 ms, a cut budget shows in a ~30 ms
+        iteration as stalls, often between ops and in communication waits, not as slower
+        computation.  With 10 ms the stalls (measured here, HZ=250: 4-8 ms each) fall inside every
+        busy stretch, so computation runs at ``cpus`` of its speed (a CPU-bound loop: 0.499 of
+        wall at ``cpus=0.5``); the kernel refuses quotas under 1 ms.
     prefix:
         Name prefix of the parent group (``<prefix>-<pid>-<n>``).
+    shares:
+        ``cpu.shares`` of the parent group (default: the kernel's 1024, the weight of ONE busy
+        thread outside it): raise it so other load on a shared machine does not eat into the
+        hosts' budgets (the quotas still cap each host).
 
     Use as a context manager; :meth:`close` kills what is left in the groups (our own processes)
     and removes them.  :meth:`preexec` returns a function for ``Popen(preexec_fn=...)`` that
@@ -126,7 +135,8 @@ class CpuBudget:
 
     PERIOD_US = 100_000
 
-    def __init__(self, hosts: int, cpus: "float | Sequence[float]", *, prefix: str = "dpro") -> None:
+    def __init__(self, hosts: int, cpus: "float | Sequence[float]", *, prefix: str = "dpro",
+                 period_us: int = PERIOD_US, shares: int | None = None) -> None:
         root = cgroup_cpu_root()
         if root is None:
             raise DproError(f"no usable cgroup v1 cpu controller at {CGROUP_CPU_ROOT} (needs root and the "
@@ -140,11 +150,18 @@ class CpuBudget:
             n = next(_COUNTER)
         self.parent = root / f"{prefix}-{os.getpid()}-{n}"
         self.groups = [self.parent / f"host{i}" for i in range(hosts)]
-        self.period_us = self.PERIOD_US
+        self.period_us = int(period_us)
+        if not 1000 <= self.period_us <= 1_000_000:
+            raise DproError(f"cpu period must be 1000..1000000 us, got {period_us}")
         self.quotas_us = [int(round(c * self.period_us)) for c in per_host]
         self.quota_us = self.quotas_us[0]
+        if min(self.quotas_us) < 1000:
+            raise DproError(f"a CPU budget of {min(per_host):g} CPU is a quota under 1 ms in a {self.period_us} us "
+                            "period, which the kernel refuses", hint="use a longer period or a larger budget")
         self.parent.mkdir()
         try:
+            if shares is not None:
+                (self.parent / "cpu.shares").write_text(str(int(shares)))
             for g, q in zip(self.groups, self.quotas_us):
                 g.mkdir()
                 (g / "cpu.cfs_period_us").write_text(str(self.period_us))
@@ -233,9 +250,9 @@ def _wait(procs: list[subprocess.Popen], timeout: float, fail_fast: bool) -> lis
 
 
 def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None = 1,
-            rate_mbit: float | None = None, cluster: bool | None = None,
-            cpus_per_host: "float | Sequence[float] | None" = None,
-            profile: str | os.PathLike | None = None, steps: str = "10:15", profile_flags: Sequence[str] = (),
+            rate_mbit: "float | Sequence[float | None] | None" = None, cluster: bool | None = None,
+            cpus_per_host: "float | Sequence[float] | None" = None, cpu_period_us: int = CpuBudget.PERIOD_US,
+            cpu_shares: int | None = None, profile: str | os.PathLike | None = None, steps: str = "10:15", profile_flags: Sequence[str] = (),
             env: Mapping[str, str] | None = None, host_env: Callable[[int], Mapping[str, str]] | None = None,
             log: IO | None = None, timeout: float = 600.0, fail_fast: bool = False,
             prefix: str = "dpj") -> JobResult:
@@ -254,13 +271,18 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
         K > 1: the host runs ``torchrun --no-python`` with K ranks; None: the command starts its
         own ranks and no rank variables are set (``train.py --nproc N``).
     rate_mbit:
-        Per-host link rate (Mbit/s) of an :class:`~dpro_kit.cluster.EmulatedCluster`; ``None``: no
+        Per-host link rate (Mbit/s; a list: one per host) of an :class:`~dpro_kit.cluster.EmulatedCluster`; ``None``: no
         cluster, every host's processes on this machine's loopback (``MASTER_ADDR=127.0.0.1``).
     cluster:
         Force (True) an emulated cluster with unshaped links when ``rate_mbit`` is None; default:
         a cluster exactly when ``rate_mbit`` is given.
     cpus_per_host:
         CPU budget of each host (a :class:`CpuBudget` cgroup; a list: one per host), or None for none.
+    cpu_period_us:
+        The budget's CFS period (:class:`CpuBudget` ``period_us``; 10 ms makes a cut budget slow
+        the computation itself).
+    cpu_shares:
+        :class:`CpuBudget` ``shares`` (the job's weight against other load on this machine).
     profile:
         Folder for ``dpro profile --out``; every host's launcher is ``dpro profile --host host<i>``.
     steps:
@@ -292,7 +314,7 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
         raise DproError(f"hosts must be >= 1, got {hosts}")
     use_cluster = rate_mbit is not None if cluster is None else cluster
     out = subprocess.DEVNULL if log is None else log
-    budget = CpuBudget(hosts, cpus_per_host, prefix=prefix) if cpus_per_host is not None else None
+    budget = CpuBudget(hosts, cpus_per_host, prefix=prefix, period_us=cpu_period_us, shares=cpu_shares) if cpus_per_host is not None else None
     emu = None
     procs: list[subprocess.Popen] = []
     t0 = time.time()

@@ -251,6 +251,22 @@ def test_both_directions_are_limited(pattern: str) -> None:
     assert abs(mbit - rate) <= 0.15 * rate, (mbit, recs)
 
 
+@needs_netns
+def test_per_host_rates_one_slow_link() -> None:
+    """``rate_mbit=[200, 100]``: host1's link is shaped at its own rate (a slowed host's link):
+    a bulk transfer host0 -> host1 runs at host1's 100 Mbit/s, and the qdiscs say so."""
+    size = 2_500_000
+    with EmulatedCluster(hosts=2, rate_mbit=[200, 100], prefix=PREFIX) as c:
+        qd = [subprocess.run(["tc", "-n", c.netns(i), "qdisc", "show", "dev", "eth0"], capture_output=True,
+                             text=True).stdout for i in range(2)]
+        rec = _bulk_transfer(c, 0, 1, size)
+        assert c.tbf is None and [t["rate_mbit"] for t in c.tbfs] == [200, 100]
+    assert "rate 200Mbit" in qd[0] and "rate 100Mbit" in qd[1], qd
+    mbit = rec["mbit"]
+    print(f"\n[cluster] host0 (200 Mbit/s) -> host1 (100 Mbit/s): {mbit:.1f} Mbit/s")
+    assert rec["bytes"] == size and 0.8 * 100 <= mbit <= 1.1 * 100, rec
+
+
 # ---------------------------------------------------------------------------
 # (c) cleanup
 # ---------------------------------------------------------------------------

@@ -87,3 +87,37 @@ def test_report_shows_the_attribution(tmp_path):
     att = d.stragglers["attribution"]
     assert {r["node"] for r in att["ranks"]} == {"host0/0", "host1/1"}
     assert all(r["saved_ms"] is not None for r in att["ranks"])
+
+
+def _real_job_unusable() -> str | None:
+    from conftest import netns_unusable_reason
+    from dpro_kit import jobs
+    if jobs.cgroup_cpu_root() is None:
+        return "no writable cgroup v1 cpu controller at /sys/fs/cgroup/cpu"
+    return netns_unusable_reason("strt")
+
+
+@pytest.mark.skipif(_real_job_unusable() is not None, reason=str(_real_job_unusable()))
+def test_real_slowed_host_is_named_first(tmp_path):
+    """A real 2-host DDP job (CNN, gloo, 1000 Mbit/s) with host1's CPU budget half host0's (10 ms CFS
+    period: the cut slows host1's computation, docs/stragglers.md), profiled on both hosts: the
+    attribution names host1 first, its traced computation is well above host0's, and fixing it
+    (--like-median 1) is predicted to speed the job up."""
+    from conftest import TRAIN
+    from dpro_kit.jobs import run_job
+    train = [sys.executable, str(TRAIN), "--model", "cnn", "--batch-size", "32", "--threads", "1",
+             "--backend", "gloo", "--warmup", "3", "--iters", "10", "--quiet"]
+    trace = tmp_path / "trace"
+    log = open(tmp_path / "jobs.log", "w")
+    r = run_job(train, hosts=2, rate_mbit=1000, cpus_per_host=[1.0, 0.5], cpu_period_us=10000, cpu_shares=8192,
+                profile=trace, steps="6:10", env={"DPRO_QUIET": "1"}, prefix="strt", log=log, timeout=240)
+    assert (trace / "manifest.json").exists(), (r, (tmp_path / "jobs.log").read_text()[-2000:])
+    p = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "replay", str(trace), "--json", "-q", "--stragglers"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    st = doc["stragglers"]
+    by = {x["node"]: x for x in st["ranks"]}
+    assert st["first"] == "host1/1", st
+    assert by["host1/1"]["compute_ms"] > 1.3 * by["host0/0"]["compute_ms"], st
+    assert by["host1/1"]["like_median_ms"] < doc["iteration_time_ms"], st

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Stragglers, ground truth: make a real emulated host slower, predict it from the balanced profile, measure.
+
+Issue 21 item 3 (docs/stragglers.md).  For each (model, link rate) this runs the REAL job of
+``examples/ddp/train.py`` (gloo, CPU, one rank per emulated host, every host with a fixed CPU
+budget: ``dpro_kit.jobs.run_job(cpus_per_host=..., cpu_period_us=10000)``):
+
+1. the balanced job under ``dpro profile`` once; from that one trace ``dpro replay`` predicts
+   the balanced iteration time and every injected straggler: host S's CPU budget cut to 1/F of
+   the others' -> ``--slow-rank S=F``; host S's link rate x f -> ``--slow-link hostS=f``.
+   Predicted slowdown = replay(what-if) / replay(balanced);
+2. every job (balanced and each injection) without the profiler, ``--rounds`` times in
+   alternating order; measured slowdown = median(injected) / median(balanced), per-round pairs;
+3. the reverse direction: the job with host S at 1/``--reverse`` of the budget under
+   ``dpro profile``: ``dpro replay --stragglers`` must name host S first, and ``--like-median S``
+   predicts the speed-up of fixing it (measured: median(slowed) / median(balanced)).
+
+The CFS period is 10 ms (``--period-us``): with the kernel's 100 ms, a cut budget stalls a
+~30 ms iteration between ops and in communication waits instead of slowing the computation
+(docs/stragglers.md).  The job's parent cgroup gets ``cpu.shares`` ``--shares`` so other load on
+the shared machine does not eat into the hosts' budgets.
+
+    python bench/stragglers.py --models mlp --rates 1000,200 --cuts 1.25,1.5,2 --link-cuts 0.5 --rounds 3
+
+Prints a table (injected, predicted, measured, error) and writes ``--out/rows.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from dpro_kit.jobs import run_job  # noqa: E402
+
+TRAIN = ROOT / "examples" / "ddp" / "train.py"
+PY = sys.executable
+DPRO = [PY, "-m", "dpro_kit.cli"]
+BATCH = {"mlp": 64, "cnn": 32, "transformer": 8}
+
+
+class Bench:
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.out = a.out
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log = open(self.out / "jobs.log", "a")
+        self.n = 0
+
+    def job(self, model: str, rates: list[float], cpus: list[float], profile: bool) -> dict[str, Any]:
+        """One real job; the slowest rank's median iteration (ms), and its trace when profiled."""
+        a = self.a
+        self.n += 1
+        tag = f"{self.n:03d}-{model}-{'prof' if profile else 'plain'}"
+        jdir = self.out / tag
+        jdir.mkdir()
+        times = jdir / "times.json"
+        iters = a.iters if not profile else a.prof_start + a.prof_steps + 3 - a.warmup
+        argv = [PY, str(TRAIN), "--model", model, "--batch-size", str(BATCH[model]), "--threads", "1",
+                "--warmup", str(a.warmup), "--iters", str(iters), "--quiet", "--json-out", str(times),
+                "--backend", "gloo", "--pin", "none"]
+        if a.bucket_mb:
+            argv += ["--bucket-mb", f"{a.bucket_mb:g}"]
+        env = dict(DPRO_QUIET="1", PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "collectors" / "torch"), str(ROOT / "collectors" / "common"), str(ROOT),
+             os.environ.get("PYTHONPATH", "")]))
+        trace = jdir / "trace"
+        res = run_job(argv, hosts=len(cpus), ranks_per_host=1, rate_mbit=rates, cpus_per_host=cpus,
+                      cpu_period_us=a.period_us, cpu_shares=a.shares, profile=trace if profile else None,
+                      steps=f"{a.prof_start}:{a.prof_start + a.prof_steps}", env=env, log=self.log,
+                      timeout=a.job_timeout, prefix="strg")
+        if not times.exists() or (profile and not (trace / "manifest.json").exists()):
+            raise RuntimeError(f"job {tag} failed (exit codes {res.codes}); see {self.out / 'jobs.log'}")
+        doc = json.loads(times.read_text())
+        per_rank = {int(r): ts for r, ts in doc["iteration_times_s"].items()}
+        row = {"tag": tag, "ms": max(statistics.median(ts) for ts in per_rank.values()) * 1e3,
+               "per_rank_ms": {r: round(statistics.median(ts) * 1e3, 3) for r, ts in per_rank.items()}}
+        if profile:
+            row["trace"] = str(trace)
+        return row
+
+    @staticmethod
+    def replay(trace: str, extra: list[str]) -> dict[str, Any]:
+        cmd = DPRO + ["replay", trace, "--json", "-q", "-n", "3", *extra]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if p.returncode != 0:
+            raise RuntimeError(f"dpro replay failed: {' '.join(cmd[2:])}: {p.stderr.strip()[-500:]}")
+        return json.loads(p.stdout)
+
+
+def pct(x: float) -> float:
+    return round(100.0 * x, 2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="mlp")
+    ap.add_argument("--rates", default="1000,200", help="link rates (Mbit/s), one row group each")
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--slow-host", type=int, default=None, help="the host made slower (default: the last)")
+    ap.add_argument("--cpus", type=float, default=0.8, help="balanced CPU budget per host")
+    ap.add_argument("--period-us", type=int, default=10000)
+    ap.add_argument("--shares", type=int, default=8192)
+    ap.add_argument("--cuts", default="1.25,1.5,2", help="CPU-budget cuts F (host gets cpus/F)")
+    ap.add_argument("--link-cuts", default="0.5", help="link-rate factors f (host's rate x f)")
+    ap.add_argument("--reverse", type=float, default=1.5, help="profile the job with this cut and predict the fix (0: skip)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--prof-start", type=int, default=12)
+    ap.add_argument("--prof-steps", type=int, default=6)
+    ap.add_argument("--bucket-mb", type=float, default=None)
+    ap.add_argument("--job-timeout", type=float, default=400)
+    ap.add_argument("--out", type=Path, default=Path("bench-stragglers"))
+    a = ap.parse_args(argv)
+    H = a.hosts
+    S = H - 1 if a.slow_host is None else a.slow_host
+    cuts = [float(x) for x in a.cuts.split(",") if x]
+    lcuts = [float(x) for x in a.link_cuts.split(",") if x]
+    b = Bench(a)
+    t_start = time.time()
+    rows: list[dict[str, Any]] = []
+    for model in a.models.split(","):
+        for rate in [float(r) for r in a.rates.split(",")]:
+            rates = [rate] * H
+            base_cpus = [a.cpus] * H
+            variants: dict[str, tuple[list[float], list[float], list[str]]] = {"balanced": (rates, base_cpus, [])}
+            for F in cuts:
+                variants[f"cpu host{S} x1/{F:g}"] = (rates, [a.cpus / F if i == S else a.cpus for i in range(H)],
+                                                     ["--slow-rank", f"{S}={F:g}"])
+            for f in lcuts:
+                variants[f"link host{S} x{f:g}"] = ([rate * f if i == S else rate for i in range(H)], base_cpus,
+                                                    ["--slow-link", f"host{S}={f:g}"])
+            print(f"== {model} {rate:g} Mbit/s, {H} hosts at {a.cpus:g} CPU (period {a.period_us} us)", flush=True)
+            prof = b.job(model, rates, base_cpus, profile=True)
+            base_pred = b.replay(prof["trace"], [])["iteration_time_ms"]
+            att0 = b.replay(prof["trace"], ["--stragglers"]).get("stragglers", {})
+            print(f"  balanced profile {prof['tag']}: predicted {base_pred:.3f} ms; attribution first: {att0.get('first')}",
+                  flush=True)
+            meas: dict[str, list[float]] = {k: [] for k in variants}
+            per_rank: dict[str, list[dict]] = {k: [] for k in variants}
+            for rnd in range(a.rounds):
+                order = list(variants) if rnd % 2 == 0 else list(reversed(variants))
+                for k in order:
+                    r_, c_, _ = variants[k]
+                    j = b.job(model, r_, c_, profile=False)
+                    meas[k].append(j["ms"])
+                    per_rank[k].append(j["per_rank_ms"])
+                    print(f"  round {rnd + 1} {k:<22} {j['ms']:8.3f} ms", flush=True)
+            mb = statistics.median(meas["balanced"])
+            for k, (_, _, extra) in variants.items():
+                if k == "balanced":
+                    continue
+                pred = b.replay(prof["trace"], extra)["iteration_time_ms"]
+                m = statistics.median(meas[k])
+                ps, ms = pred / base_pred, m / mb
+                pairs = [x / y for x, y in zip(meas[k], meas["balanced"])]
+                rows.append({"model": model, "rate": rate, "injected": k, "direction": "slow",
+                             "predicted_ms": round(pred, 3), "predicted_slowdown": round(ps, 4),
+                             "measured_ms": round(m, 3), "measured_balanced_ms": round(mb, 3),
+                             "measured_slowdown": round(ms, 4), "round_ratios": [round(x, 4) for x in pairs],
+                             "error_pct": pct(ps / ms - 1.0), "replay_args": " ".join(extra),
+                             "trace": prof["trace"]})
+            rows.append({"model": model, "rate": rate, "injected": "balanced", "direction": "base",
+                         "predicted_ms": round(base_pred, 3), "measured_ms": round(mb, 3),
+                         "error_pct": pct(base_pred / mb - 1.0), "attribution_first": att0.get("first"),
+                         "trace": prof["trace"]})
+            if a.reverse:
+                F = a.reverse
+                k = f"cpu host{S} x1/{F:g}"
+                slow_cpus = [a.cpus / F if i == S else a.cpus for i in range(H)]
+                sp = b.job(model, rates, slow_cpus, profile=True)
+                rep = b.replay(sp["trace"], ["--stragglers"])
+                att = rep.get("stragglers", {})
+                slow_pred = rep["iteration_time_ms"]
+                fixed = b.replay(sp["trace"], ["--like-median", str(S)])["iteration_time_ms"]
+                if k in meas:
+                    ms = statistics.median(meas[k]) / mb
+                else:
+                    ms = None
+                rows.append({"model": model, "rate": rate, "injected": k, "direction": "fix",
+                             "predicted_ms": round(fixed, 3), "predicted_slowed_ms": round(slow_pred, 3),
+                             "predicted_speedup": round(slow_pred / fixed, 4),
+                             "measured_speedup": round(ms, 4) if ms else None,
+                             "error_pct": pct((slow_pred / fixed) / ms - 1.0) if ms else None,
+                             "attribution_first": att.get("first"),
+                             "attribution": [{k2: r.get(k2) for k2 in ("node", "saved_ms", "compute_vs_median",
+                                                                        "late_start_ms")} for r in att.get("ranks", [])],
+                             "trace": sp["trace"]})
+                print(f"  reverse: profiled host{S} at 1/{F:g}: first named {att.get('first')}, "
+                      f"fix predicted x{slow_pred / fixed:.3f}, measured x{ms if ms else float('nan'):.3f}", flush=True)
+            (a.out / "rows.json").write_text(json.dumps(rows, indent=1))
+    print()
+    print(f"| model | Mbit/s | injected | predicted slowdown | measured slowdown (per-round) | error |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        if r["direction"] == "slow":
+            print(f"| {r['model']} | {r['rate']:g} | {r['injected']} (`{r['replay_args']}`) | "
+                  f"{r['predicted_slowdown']:.3f} | {r['measured_slowdown']:.3f} "
+                  f"({', '.join(f'{x:.3f}' for x in r['round_ratios'])}) | {r['error_pct']:+.1f} % |")
+        elif r["direction"] == "fix":
+            ms = f"{r['measured_speedup']:.3f}" if r["measured_speedup"] else "-"
+            err = f"{r['error_pct']:+.1f} %" if r["error_pct"] is not None else "-"
+            print(f"| {r['model']} | {r['rate']:g} | fix {r['injected']} (profiled slowed, `--like-median`) | "
+                  f"speed-up {r['predicted_speedup']:.3f} | {ms} | {err} |  first named: {r['attribution_first']}")
+        else:
+            print(f"| {r['model']} | {r['rate']:g} | balanced: predicted {r['predicted_ms']:.3f} ms vs measured "
+                  f"{r['measured_ms']:.3f} ms | | | {r['error_pct']:+.1f} % |")
+    errs = [abs(r["error_pct"]) for r in rows if r["direction"] in ("slow", "fix") and r["error_pct"] is not None]
+    if errs:
+        print(f"\n|error| of slowdowns/speed-ups: median {statistics.median(errs):.1f} %, max {max(errs):.1f} % "
+              f"({len(errs)} rows); {time.time() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
