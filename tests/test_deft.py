@@ -307,3 +307,37 @@ def test_cli_replay_deft_json_and_refusals():
     assert d["deft"]["iteration_ms"] >= d["deft"]["lower_bound_ms"] * (1 - 1e-9)
     assert CliRunner().invoke(cmd, [tr, "--links", "1000"]).exit_code == 2
     assert CliRunner().invoke(cmd, [tr, "--deft", "--links", "0,x"]).exit_code == 2
+
+
+# ----------------------------------------------------------------- the Preserver (hand-computed)
+
+def test_expected_next_loss_hand():
+    import math
+    # no noise: a plain step, or a rebound off the objective (|0.2 - 0.3| = 0.1)
+    assert deft.expected_next_loss(1.0, 0.3, 0.0, 1, 1.0) == pytest.approx(0.7)
+    assert deft.expected_next_loss(0.2, 0.3, 0.0, 1, 1.0) == pytest.approx(0.1)
+    # at the objective with no drift: the mean of |N(0, 1)| = sqrt(2/pi)
+    assert deft.expected_next_loss(0.0, 0.0, 1.0, 1, 1.0) == pytest.approx(math.sqrt(2 / math.pi))
+    # batch 4 halves the standard deviation; k = 4 summed iterations doubles it and moves 4 mu
+    assert deft.expected_next_loss(0.0, 0.0, 1.0, 4, 1.0) == pytest.approx(0.5 * math.sqrt(2 / math.pi))
+    assert deft.expected_next_loss(0.0, 0.0, 1.0, 1, 1.0, k=4) == pytest.approx(2 * math.sqrt(2 / math.pi))
+    assert deft.expected_next_loss(10.0, 1.0, 0.0, 1, 1.0, k=4) == pytest.approx(6.0)
+
+
+def test_loss_ratio_and_preserver_loop():
+    # far from the objective and no noise, merging (summed gradients) changes nothing: ratio 1
+    assert deft.loss_ratio([1, 2], 10.0, 1.0, 0.0, 1, 0.1) == pytest.approx(1.0)
+    assert deft.loss_ratio([1, 1, 1], 0.3, 0.5, 1.0, 1, 0.1) == pytest.approx(1.0)
+    # near it with noise, the merged update rebounds differently: the ratio leaves [0.99, 1.01]
+    r = deft.loss_ratio([1, 2], 0.3, 0.5, 1.0, 1, 0.1)
+    assert abs(r - 1) > 0.01
+    # the CR 1.5 job of test_schedule_four_cases_merged_updates: a stage (3 us) holds one 3 us bucket
+    # until its capacity reaches 6 (two buckets): scales 1, 1.1, ..., 1.1^7 = 1.95 keep [1, 2];
+    # 1.1^8 = 2.14 synchronises all 9 us per iteration (forward 6.4 + backward 6.4 hold 2 + 2 buckets):
+    # update frequency 1, ratio 1
+    sched, scale, log = deft.preserve(times([3, 3, 3], [1, 1, 1], 3), s0=0.3, mu=0.5, sigma=1.0, batch=1,
+                                      lr=0.1)
+    assert [round(x["capacity_scale"], 6) for x in log] == [round(1.1 ** i, 6) for i in range(9)]
+    assert [x["update_frequency"] for x in log[:-1]] == [pytest.approx(2 / 3)] * 8
+    assert log[-1]["update_frequency"] == 1.0 and log[-1]["ratio"] == pytest.approx(1.0)
+    assert scale == pytest.approx(1.1 ** 8) and sched.batch_sequence() == [1]

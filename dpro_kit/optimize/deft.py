@@ -38,7 +38,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Bucket", "BucketTimes", "bucket_times", "knapsack", "recursive_knapsack", "greedy_multi_knapsack",
            "exact_multi_knapsack", "multi_knapsack", "partition_counts", "partitioned", "Item", "Stage", "Step", "Schedule",
            "schedule", "link_speeds", "Sync", "synchronous_syncs", "delayed_syncs", "schedule_syncs",
-           "DeftReplay", "period_graph", "replay_syncs", "predict"]
+           "DeftReplay", "period_graph", "replay_syncs", "predict", "expected_next_loss", "loss_ratio",
+           "preserve"]
 
 _REF = ("Meng and Sun, \"DeFT: Mitigating Data Dependencies for Flexible Communication Scheduling in "
         "Distributed Training\" (``/work/shared/seeds/002_d6311c65601a268e.txt``)")
@@ -1015,3 +1016,106 @@ def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "
 
 
 predict.__doc__ = predict.__doc__.replace("{ref}", _REF)
+
+
+# --------------------------------------------------------------------------- the Preserver (§IV-C)
+
+def expected_next_loss(s: float, mu: float, sigma: float, batch: float, lr: float, target: float = 0.0,
+                       k: int = 1) -> float:
+    """Expected loss after one update in the Gaussian walk with rebound of Yin et al. (DeFT §IV-C2, Eq. 1).
+
+    One update moves the loss by ``lr * D``, rebounding at the objective value
+    ``S*`` (``target``): ``s' - S* = |s - S* - lr * D|``.  For an update that
+    applies the summed gradients of ``k`` iterations of batch ``B``,
+    ``D ~ N(k mu, k sigma^2 / B)`` (**choice**: summed, as DeFT's reducer merges
+    buckets; with ``k = 1`` this is the paper's formula).  With
+    ``m = s - S* - lr k mu`` and ``sd = lr sigma sqrt(k / B)``, ``a = m / sd``::
+
+        E[s'] = m (Phi(a) - Phi(-a)) + sd sqrt(2/pi) exp(-a^2 / 2) + S*
+
+    (the mean of a folded normal).  ``sigma = 0``: ``|m| + S*``.
+
+    Parameters
+    ----------
+    s : float
+        The loss now (``s_t``).
+    mu, sigma : float
+        Mean and standard deviation (per sample) of the loss decrease per unit learning rate.
+    batch : float
+        The batch size ``B`` of one iteration.
+    lr : float
+        The learning rate ``eta``.
+    target : float, default 0.0
+        The objective value ``S*``.
+    k : int, default 1
+        Iterations whose gradients the update sums.
+
+    References
+    ----------
+    .. [1] {ref}, §IV-C2.
+    .. [2] Yin, Luo and Nakamura, "Small Batch or Large Batch? Gaussian Walk with Rebound Can Teach",
+           KDD 2017.
+    """
+    m = s - target - lr * k * mu
+    sd = lr * sigma * math.sqrt(k / batch)
+    if sd <= 0:
+        return abs(m) + target
+    a = m / sd
+    phi = 0.5 * (1 + math.erf(a / math.sqrt(2)))
+    return m * (2 * phi - 1) + sd * math.sqrt(2 / math.pi) * math.exp(-a * a / 2) + target
+
+
+expected_next_loss.__doc__ = expected_next_loss.__doc__.replace("{ref}", _REF)
+
+
+def loss_ratio(batch_sequence: Sequence[int], s0: float, mu: float, sigma: float, batch: float, lr: float,
+               target: float = 0.0) -> float:
+    """DeFT's convergence check (§IV-C2): ``E[O_B] / E[O_D]`` over one period of ``N = sum(k_i)`` iterations.
+
+    ``O_B``: ``N`` updates of batch ``B``; ``O_D``: one update per ``k_i`` of the
+    schedule's batch sequence (:meth:`Schedule.batch_sequence`), each summing
+    ``k_i`` iterations; both from the loss ``s0`` through :func:`expected_next_loss`.
+    1.0: the schedule converges as synchronous training does (in expectation).
+    """
+    n = int(sum(batch_sequence))
+    if n <= 0 or any(k <= 0 for k in batch_sequence):
+        raise ValueError(f"a batch sequence is positive integers, got {list(batch_sequence)}")
+    sb = s0
+    for _ in range(n):
+        sb = expected_next_loss(sb, mu, sigma, batch, lr, target)
+    sd = s0
+    for k in batch_sequence:
+        sd = expected_next_loss(sd, mu, sigma, batch, lr, target, k=int(k))
+    return sb / sd if sd else (1.0 if sb == 0 else math.inf)
+
+
+def preserve(times: BucketTimes, rates: Sequence[float] = (1.0,), *, s0: float, mu: float, sigma: float,
+             batch: float, lr: float, target: float = 0.0, eps: float = 0.01, grow: float = 1.1,
+             tries: int = 10, method: str = "greedy") -> tuple[Schedule, float, list[dict[str, float]]]:
+    """The Preserver's feedback loop (DeFT §IV-C3): raise the knapsack capacity until the loss ratio is near 1.
+
+    Solve :func:`schedule`; if :func:`loss_ratio` of its batch sequence is outside
+    ``[1 - eps, 1 + eps]``, multiply every capacity by ``grow`` (**choice**: the
+    paper does not say by how much) and solve again, at most ``tries`` times
+    (the paper: ten).  A larger capacity synchronises more per iteration, so
+    fewer iterations are merged (update frequency closer to 1).
+
+    Returns the last schedule, its capacity scale and the tries
+    (``{"capacity_scale", "update_frequency", "ratio"}`` each).
+
+    References
+    ----------
+    .. [1] {ref}, §IV-C3 (ε = 0.01 in the paper's experiments).
+    """
+    scale, log = 1.0, []
+    for _ in range(max(1, tries)):
+        sched = schedule(times, rates, method=method, capacity_scale=scale)
+        ratio = loss_ratio(sched.batch_sequence() or [1], s0, mu, sigma, batch, lr, target)
+        log.append({"capacity_scale": scale, "update_frequency": sched.update_frequency, "ratio": ratio})
+        if abs(ratio - 1.0) <= eps:
+            break
+        scale *= grow
+    return sched, log[-1]["capacity_scale"], log
+
+
+preserve.__doc__ = preserve.__doc__.replace("{ref}", _REF)
