@@ -88,6 +88,9 @@ def template_from_trace(trace_dir: str | Path, *, node: str | None = None, num_p
     an ``up`` op per updated variable (its gradient, same bytes), after the nearest worker ops
     upstream of the update; a ``ps`` op per updated variable whose duration is the profiled
     UPDATE time split over the variables by bytes.
+
+    A trace of a real ParameterServerStrategy job (``dpro profile`` on its coordinator, docs/tensorflow.md)
+    gives more, measured: :func:`_template_from_ps_trace`.
     """
     from .readers.tf import _graph, classify
     from .trace import load_trace
@@ -95,6 +98,8 @@ def template_from_trace(trace_dir: str | Path, *, node: str | None = None, num_p
     ts = load_trace(trace_dir)
     workers = ts.manifest.workers()
     node = node or workers[0]
+    if (ts.manifest.extra or {}).get("strategy") == "ps" and ts.manifest.raw_format == "tf-xplane":
+        return _template_from_ps_trace(ts, Path(trace_dir), node, num_ps, placement)
     ndir = Path(trace_dir) / (ts.manifest.nodes[node].dir or node)
     if ts.manifest.raw_format != "tf-xplane" and ts.manifest.nodes[node].format != "tf-xplane":
         from .errors import DproError
@@ -206,6 +211,95 @@ def template_from_trace(trace_dir: str | Path, *, node: str | None = None, num_p
             if o.res == "ps":
                 row[i] = ps_time * upd_total[o.name[len("apply:"):]]
         samples.append(row)
+    return StepTemplate(ops=ops, samples=samples, variables=var_bytes)
+
+
+def _template_from_ps_trace(ts: Any, trace_dir: Path, node: str, num_ps: int,
+                            placement: dict[str, int] | None) -> StepTemplate:
+    """The step DAG of one worker of a traced ParameterServerStrategy job (:mod:`dpro_kit.readers.tf_ps`).
+
+    Measured where the step trace had to assume: the variables the step really moves (pushed and
+    pulled) and their bytes; their PS (the job's own placement: the PS each transfer went to);
+    the PS's update of each (its ``AGG``, per profiled iteration); the step's launch
+    (``dpro/step_launch``: the last update's completion reaching the worker, the result to the
+    coordinator, its next dispatch, until the reads are posted) as a ``worker`` op every read
+    waits for. Worker ops = the worker's FW/BW kernels with each iteration's durations,
+    dependencies the graph's (a kernel that consumes a read waits for that variable's ``down``);
+    a variable's ``up`` waits for the kernels upstream of its gradient's ``_Send``.
+    ``placement`` / ``num_ps`` override the traced placement (a what-if).
+    """
+    from .readers.tf import _nearest
+    from .readers.tf_ps import LAUNCH, job_transfers
+
+    man = ts.manifest
+    job = job_transfers(man, trace_dir)
+    g = job["graph"]
+    servers = man.servers()
+    ev = ts.events[ts.events["node"] == node]
+    iters = sorted(int(i) for i in ev["iteration"].unique())
+    dur = {(r.op, int(r.iteration)): float(r.dur) for r in ev.itertuples()}
+    worker_ops = sorted(set(ev.loc[ev["kind"].isin(["FW", "BW", "UPDATE"]), "op"]))
+    wset = set(worker_ops)
+    mine = [x for x in job["xfers"] if x["worker"] == node]
+    var_bytes = {x["tensor"]: x["bytes"] for x in mine}
+    traced_ps = {x["tensor"]: servers.index(x["server"]) if x["server"] in servers else 0 for x in mine}
+    ps_of = {}
+    for v in var_bytes:
+        p = traced_ps[v]
+        if placement is not None:
+            p = int(placement.get(v, placement.get(v.split(":")[0], p)))
+        ps_of[v] = p % max(1, num_ps)
+    read_var = {x["from"]: x["tensor"] for x in mine if x["phase"] == "pull"}
+    ops: list[StepOp] = [StepOp(LAUNCH, "worker", 0.0)]
+    index = {LAUNCH: 0}
+    for op in worker_ops:
+        index[op] = len(ops)
+        ops.append(StepOp(op, "worker", 0.0))
+    down_of = {}
+    for v in sorted(set(read_var.values())):
+        down_of[v] = len(ops)
+        ops.append(StepOp(f"down:{v}", "down", float(var_bytes[v]), [0], ps=ps_of[v]))
+    for op in worker_ops:
+        deps, seen, todo = set(), {op}, deque(g.pred.get(op, ()))
+        while todo:
+            n = todo.popleft()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n in wset:
+                deps.add(index[n])
+            elif n in read_var:
+                deps.add(down_of[read_var[n]])
+            else:
+                todo.extend(g.pred.get(n, ()))
+        ops[index[op]].deps = sorted(deps - {index[op]}) or [0]
+    apply_of = {}
+    for v in sorted({x["tensor"] for x in mine if x["phase"] == "push"}):
+        x = next(x for x in mine if x["phase"] == "push" and x["tensor"] == v)
+        src = [x["from"]] if x["from"] in wset else _nearest(x["from"], g.pred, wset)   # the gradient's producer
+        deps = sorted(index[o] for o in src) or [0]
+        up = len(ops)
+        ops.append(StepOp(f"up:{v}", "up", float(var_bytes[v]), deps, ps=ps_of[v]))
+        apply_of[v] = len(ops)
+        ops.append(StepOp(f"apply:{v}", "ps", 0.0, [up], ps=ps_of[v]))
+    agg = {}
+    for r in ts.events[ts.events["kind"] == "AGG"].itertuples():
+        if str(r.peer) == node:
+            agg[(int(r.chunk), int(r.iteration))] = float(r.dur)
+    chunk = {x["tensor"]: x["chunk"] for x in mine}     # the variable's partition (AGG events carry it)
+    samples = []
+    for it in iters:
+        row = [o.work for o in ops]
+        row[0] = dur.get((LAUNCH, it), 0.0)
+        for op in worker_ops:
+            row[index[op]] = dur.get((op, it), 0.0)
+        for v, i in apply_of.items():
+            row[i] = agg.get((chunk.get(v, -1), it), 0.0)
+        samples.append(row)
+    if not samples:
+        from .errors import DproError
+        raise DproError(f"no replayable step of {node} in the trace", path=trace_dir,
+                        hint="profile more steps (--steps START:END with END-START >= 3)")
     return StepTemplate(ops=ops, samples=samples, variables=var_bytes)
 
 

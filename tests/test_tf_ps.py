@@ -116,3 +116,84 @@ def test_replay_against_measured(ps_trace):
                           capture_output=True, text=True, timeout=300)
     assert slow.returncode == 0, slow.stderr[-3000:]
     assert json.loads(slow.stdout)["iteration_time_ms"] > pred
+
+
+def test_async_template_from_the_ps_trace(ps_trace):
+    """`dpro async-predict` on the traced job (issue 13 item 4): the step DAG is the trace's, exactly."""
+    from collections import deque
+
+    from dpro_kit.async_ps import template_from_trace
+    from dpro_kit.readers.tf_ps import LAUNCH, job_transfers
+    from dpro_kit.trace import load_trace
+    out, _ = ps_trace
+    ts = load_trace(out)
+    (worker,) = ts.manifest.workers()
+    job = job_transfers(ts.manifest, out)
+    mine = [x for x in job["xfers"] if x["worker"] == worker]
+    tpl = template_from_trace(out)
+    ops = tpl.ops
+    # the variables and bytes are the traced transfers': one down per pulled, one up per pushed variable
+    assert tpl.variables == {x["tensor"]: x["bytes"] for x in mine}
+    pulls = {x["tensor"]: x["bytes"] for x in mine if x["phase"] == "pull"}
+    pushes = {x["tensor"]: x["bytes"] for x in mine if x["phase"] == "push"}
+    assert {o.name: o.work for o in ops if o.res == "down"} == {f"down:{v}": b for v, b in pulls.items()}
+    assert {o.name: o.work for o in ops if o.res == "up"} == {f"up:{v}": b for v, b in pushes.items()}
+    assert tpl.total_bytes("down") == sum(pulls.values()) and tpl.total_bytes("up") == sum(pushes.values())
+    assert all(o.ps == 0 for o in ops)                                      # one PS: all on it
+    # a DAG rooted at the launch: deps resolve, only the launch waits for nothing, no cycle
+    assert ops[0].name == LAUNCH and ops[0].deps == []
+    assert all(o.deps and all(0 <= d < len(ops) and d != i for d in o.deps) for i, o in enumerate(ops) if i)
+    indeg = [len(o.deps) for o in ops]
+    succ = [[] for _ in ops]
+    for i, o in enumerate(ops):
+        for d in o.deps:
+            succ[d].append(i)
+    todo, seen = deque([0]), 0
+    while todo:
+        i = todo.popleft()
+        seen += 1
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                todo.append(j)
+    assert seen == len(ops)
+    # every read feeds a kernel, every gradient leaves after a kernel, every update follows its gradient
+    assert all(succ[i] and all(ops[j].res == "worker" for j in succ[i]) for i, o in enumerate(ops) if o.res == "down")
+    assert all(all(ops[d].res == "worker" and d for d in o.deps) for o in ops if o.res == "up")
+    assert all(len(o.deps) == 1 and ops[o.deps[0]].name == "up:" + o.name[len("apply:"):]
+               for o in ops if o.res == "ps")
+    # per profiled step: the launch and the kernels' measured durations, the PS's update (AGG) of each variable
+    ev = ts.events[ts.events["node"] == worker]
+    its = sorted(int(i) for i in ev["iteration"].unique())
+    assert len(tpl.samples) == len(its) >= 2
+    agg = ts.events[(ts.events["kind"] == "AGG") & (ts.events["peer"] == worker)]
+    for it, row in zip(its, tpl.samples):
+        launch = ev[(ev["op"] == LAUNCH) & (ev["iteration"] == it)]["dur"]
+        assert row[0] == pytest.approx(float(launch.sum()))
+        upd = agg[agg["iteration"] == it]["dur"]
+        assert sum(w for o, w in zip(ops, row) if o.res == "ps") == pytest.approx(float(upd.sum()))
+        assert [w for o, w in zip(ops, row) if o.res in ("down", "up")] == [o.work for o in ops if o.res in ("down", "up")]
+    # a what-if placement on 2 PS moves the transfers, not the bytes
+    var = sorted(pushes)[0]
+    two = template_from_trace(out, num_ps=2, placement={var: 1})
+    assert {o.name for o in two.ops if o.ps == 1} == {f"down:{var}", f"up:{var}", f"apply:{var}"} & {o.name for o in ops}
+
+
+def test_async_predict_calibrates_on_the_traced_job(ps_trace):
+    out, _ = ps_trace
+    man = json.loads((out / "manifest.json").read_text())
+    one = 1e3 / man["extra"]["measured_iteration_ms"]          # the coordinator's unprofiled 1-worker steps/s
+    cmd = [PY, "-m", "dpro_kit.cli", "async-predict", str(out), "--bandwidth", "300", "--workers", "1-2",
+           "--seeds", "2", "--steps", "40", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["measured_1w_from_trace"] and doc["measured_1w"] == pytest.approx(one, rel=1e-12)
+    (w1,) = [p for p in doc["predicted"] if p["workers"] == 1]
+    assert w1["steps_per_s"] == pytest.approx(one, rel=1e-6)                # W=1 is the calibration
+    assert [p["workers"] for p in doc["predicted"]] == [1, 2]
+    # a measurement given on the command line wins over the trace's
+    r = subprocess.run(cmd + ["--measured-1w", str(one / 2)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert not doc["measured_1w_from_trace"] and doc["predicted"][0]["steps_per_s"] == pytest.approx(one / 2, rel=1e-6)

@@ -73,7 +73,10 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     \b
       dpro async-predict TRACE --bandwidth 100 --workers 1-8 --measured-1w 2.8
 
-    TRACE is a `dpro profile --framework tensorflow` folder of the training step. Each of W
+    TRACE is a `dpro profile --framework tensorflow` folder: of a real 1-worker ParameterServerStrategy
+    job (its coordinator under dpro profile: variables, placement, update and launch times measured;
+    without --measured-1w its own measured steps/s calibrate it, so --bandwidth must be the rate it ran
+    at), or of the training step in one process. Each of W
     workers runs steps sampled from the profiled ones: the variables come down from the PS,
     the step computes, the gradients go up and the PS applies them; concurrent transfers share
     the PS link equally (discrete-event simulation, Li et al. ICPE'20). Prints steps/s per W and
@@ -89,6 +92,14 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
         if not isinstance(place, dict) or not all(isinstance(v, int) for v in place.values()):
             raise DproError("expected a JSON object {variable name: PS index}", path=placement)
     tpl = template_from_trace(trace_dir, num_ps=num_ps, placement=place)
+    from_trace = None
+    if measured is None and step_overhead_ms is None:
+        # a traced ParameterServerStrategy job measured its own 1-worker steps (the coordinator's, unprofiled)
+        from ..trace import load_trace
+        man = load_trace(trace_dir).manifest
+        ms = (man.extra or {}).get("measured_iteration_ms") if (man.extra or {}).get("strategy") == "ps" else None
+        if ms and man.world_size == 1:
+            measured = from_trace = 1e3 / float(ms)
     kw = dict(bandwidth_mbit=bandwidth, steps=steps, win_bytes=win_mb * 1e6, num_ps=num_ps,
               alpha_us_per_mb=alpha_us_per_mb, beta_us=beta_us)
     ovh_us = (step_overhead_ms or 0.0) * 1e3
@@ -99,7 +110,8 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     rows = [(p.workers, p.steps_per_s) for p in preds]
     sat = saturation(rows)
     doc = {"trace": str(trace_dir), "bandwidth_mbit": bandwidth, "effective_bandwidth_mbit": kw["bandwidth_mbit"],
-           "ps": num_ps, "step_overhead_ms": ovh_us / 1e3,
+           "ps": num_ps, "step_overhead_ms": ovh_us / 1e3, "measured_1w": measured,
+           "measured_1w_from_trace": from_trace is not None,
            "bytes_down_per_step": tpl.total_bytes("down"), "bytes_up_per_step": tpl.total_bytes("up"),
            "seeds": seeds, "saturation_workers": sat,
            "predicted": [{"workers": p.workers, "steps_per_s": p.steps_per_s, "low": p.low, "high": p.high}
@@ -110,6 +122,9 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     click.echo(f"{trace_dir}: {len(tpl.ops)} ops per step, {tpl.total_bytes('down') / 1e6:.2f} MB down / "
                f"{tpl.total_bytes('up') / 1e6:.2f} MB up per step, {num_ps} PS at {bandwidth:g} Mbit/s "
                f"(effective {kw['bandwidth_mbit']:.1f}), step overhead {ovh_us / 1e3:.2f} ms")
+    if from_trace is not None:
+        click.echo(f"calibrated on the trace's own measured 1-worker steps: {from_trace:.2f} steps/s "
+                   f"(--bandwidth must be the rate the traced job ran at)")
     click.echo(f"workers  steps/s  speed-up  range over {seeds} start offsets")
     for p in preds:
         click.echo(f"{p.workers:7d}  {p.steps_per_s:7.2f}  {p.steps_per_s / preds[0].steps_per_s:7.2f}x  "

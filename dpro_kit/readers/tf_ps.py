@@ -329,7 +329,8 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
         edges = [(a, b) for a, bs in g.succ.items() for b in bs]
         edges += [(LAUNCH, op) for op in ran]
         pushes = [x for x in job["xfers"] if x["worker"] == node and x["phase"] == "push"]
-        inputs = sorted({op for x in pushes for op in _nearest(x["from"], g.pred, ran)}) or [LAUNCH]
+        inputs = sorted({op for x in pushes for op in ([x["from"]] if x["from"] in ran
+                                                        else _nearest(x["from"], g.pred, ran))}) or [LAUNCH]
         nbytes = {}
         for x in pushes:
             nbytes.setdefault(x["tensor"], x["bytes"])
