@@ -1,0 +1,369 @@
+"""How do ingest, graph build, compile and replay scale with the number of ranks?
+
+    python bench/scale.py                                  # 64, 128, 256 ranks (a few minutes)
+    python bench/scale.py --ranks 1024 --repeat 1          # the 1,024-rank point (~250 MB of JSON)
+    python bench/scale.py --ranks 64 --keep /tmp/job64     # keep the generated traces
+
+For each rank count a job's plain torch.profiler (Kineto) traces are generated
+into a temporary folder (deleted afterwards unless ``--keep``; never in the
+repository), one ``.json`` per rank, as ``torch.profiler`` exports them and as
+``dpro_kit/readers/kineto_plain.py`` reads them (docs/kineto.md):
+``distributedInfo``, ``deviceProperties``, ``ProfilerStep#N`` ranges, the
+forward ops on the training thread, the backward ops on autograd's thread,
+``cudaLaunchKernel`` calls with ``correlation`` ids and their kernels on the
+compute stream, DDP's bucket all-reduces as ``record_param_comms`` ->
+``ncclDevKernel_AllReduce_*`` on the NCCL stream (collective name, message
+size, process group and sequence number in the kernel's arguments, as newer
+PyTorch writes them), an input copy (``gpu_memcpy``) and the optimizer's
+kernels, then a ``cudaStreamSynchronize`` (``aten::item``) at the end of the
+step.  Durations are log-normal per layer, with a per-rank jitter (ranks run
+the same model, not exactly the same times); ``--classes K`` makes ranks of
+one class (rank % K) identical in durations (ranks of a real job rarely are;
+the symmetry replay uses it).
+
+Then, **each measurement in a fresh Python process** (so one stage's garbage
+does not slow the next point, and ``ru_maxrss`` is this point's peak), the
+stages ``dpro replay`` runs are timed one after the other:
+
+* ``ingest``: :func:`dpro_kit.trace.load_trace` (discovery + per-rank parse);
+* ``build``: :func:`dpro_kit.graph.build.build_global_dfg` (networkx global DFG);
+* ``compile``: :func:`dpro_kit.replay.compile_graph` (networkx -> arrays);
+* ``replay``: :func:`dpro_kit.replay.replay` on the compiled arrays (numba
+  compilation excluded: the process replays a tiny graph first).
+
+Times are wall-clock seconds (CPU seconds in ``--json``), median over
+``--repeat`` processes; ``peak MB`` is the process's maximum resident set
+size (``ru_maxrss``) after the stage, so it includes the stages before it.
+
+The peer printed beside each row is the original dPRO replayer, measured on
+this machine at 19 k ops/s on a 1 M-op graph (52.9 s; issue 17): its replay of
+a graph of this size at that rate (an extrapolation from that one
+measurement, not a run).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+#: the original dPRO replayer on this machine: 1 M ops in 52.9 s (issue 17)
+DPRO_OPS_PER_S = 19_000
+
+__all__ = ["write_job", "rank_doc", "DPRO_OPS_PER_S"]
+
+
+# --------------------------------------------------------------------------- generator
+
+def _layer_scales(layers: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-layer forward kernel (us), backward kernel (us) and gradient elements: one model, all ranks."""
+    rng = np.random.default_rng(seed)
+    fw = np.exp(rng.normal(math.log(120.0), 0.6, layers))
+    bw = fw * np.exp(rng.normal(math.log(2.0), 0.15, layers))
+    nelems = np.exp(rng.uniform(math.log(2 ** 14), math.log(2 ** 22), layers)).astype(np.int64)
+    return fw, bw, nelems
+
+
+def rank_doc(rank: int, world: int, *, layers: int = 48, buckets: int = 6, steps: int = 3, first_step: int = 100,
+             gpus_per_host: int = 8, seed: int = 0, classes: int | None = None,
+             bandwidth_gbps: float = 100.0) -> dict:
+    """One rank's torch.profiler document (a dict ready for ``json.dump``).
+
+    Parameters
+    ----------
+    rank, world : int
+        ``distributedInfo``'s rank and world size.
+    layers, buckets, steps : int
+        Model layers (one forward and one backward kernel each), DDP buckets (one
+        all-reduce each, last layers first), profiled steps ``first_step ...``.
+    gpus_per_host : int
+        ``deviceProperties`` entries: the reader places rank r on ``host<r // gpus_per_host>``.
+    seed : int
+        The model (layer times and sizes) and the jitter.
+    classes : int or None
+        None: every rank has its own jitter.  K: rank r's jitter is class ``r % K``'s,
+        so ranks of one class have identical durations and gaps (only their clocks differ).
+    bandwidth_gbps : float
+        Bus bandwidth behind the NCCL kernels' durations (ring all-reduce: 2(N-1)/N x bytes).
+    """
+    fw, bw, nelems = _layer_scales(layers, seed)
+    jit_seed = (seed, rank if classes is None else rank % classes)
+    rng = np.random.default_rng(jit_seed)
+    pid, tid_main, tid_bw = 1000 + rank, 1000 + rank, 5000 + rank
+    s_comp, s_nccl, s_copy = 7, 20, 13
+    ev: list[dict] = []
+    corr = [rank * 10_000_000]
+    host_off = (rank // gpus_per_host) * 1_371.25   # hosts' clocks differ; ranks of one host share one
+    t = 1_000_000.0 + host_off
+    seq = 0
+
+    def jit(x: float) -> float:
+        return round(float(x) * float(np.exp(rng.normal(0.0, 0.06))), 3)
+
+    def x(name, cat, tid, ts, dur, args=None, p=None):
+        e = {"ph": "X", "cat": cat, "name": name, "pid": pid if p is None else p, "tid": tid,
+             "ts": round(ts, 3), "dur": round(dur, 3)}
+        if args:
+            e["args"] = args
+        ev.append(e)
+        return e
+
+    gpu_free = {s_comp: 0.0, s_nccl: 0.0, s_copy: 0.0}
+
+    def launch(tid, ts, kname, stream, kdur, kargs=None, cat="kernel"):
+        """A cudaLaunchKernel at ``ts`` on thread ``tid`` and its kernel; returns (call end, kernel end)."""
+        corr[0] += 1
+        c = corr[0]
+        call = jit(6.0)
+        x("cudaLaunchKernel" if cat == "kernel" else "cudaMemcpyAsync", "cuda_runtime", tid, ts, call,
+          {"correlation": c, "External id": c, "cbid": 211})
+        k0 = max(ts + call + 3.0, gpu_free[stream])
+        args = {"device": rank % gpus_per_host, "stream": stream, "correlation": c, "External id": c}
+        args.update(kargs or {})
+        x(kname, cat, stream, k0, kdur, args, p=rank % gpus_per_host)
+        gpu_free[stream] = k0 + kdur
+        return ts + call, k0 + kdur
+
+    per_bucket = np.array_split(np.arange(layers)[::-1], buckets)   # bucket 0: the last layers
+    for s in range(steps):
+        step0 = t
+        # input copy
+        c0 = t + jit(15.0)
+        call_end, _ = launch(tid_main, c0 + 2.0, "Memcpy HtoD (Pageable -> Device)", s_copy, jit(80.0),
+                             {"bytes": 4 << 20}, cat="gpu_memcpy")
+        x("aten::to", "cpu_op", tid_main, c0, call_end - c0 + 2.0)
+        t = call_end + 4.0
+        gpu_free[s_comp] = max(gpu_free[s_comp], gpu_free[s_copy])
+        for l in range(layers):
+            t += jit(10.0)                                    # Python between ops
+            op0 = t
+            call_end, _ = launch(tid_main, op0 + jit(8.0), f"void gemm_fw_kernel_{l % 7}<float>(float const*, float*)",
+                                 s_comp, jit(fw[l]))
+            t = call_end + jit(4.0)
+            x("aten::linear", "cpu_op", tid_main, op0, t - op0, {"External id": corr[0]})
+        # backward on autograd's thread; the training thread sits in backward()
+        bt = t + jit(20.0)
+        bw0 = bt
+        for b, lay in enumerate(per_bucket):
+            for l in lay:
+                bt += jit(6.0)
+                op0 = bt
+                call_end, _ = launch(tid_bw, op0 + jit(10.0), f"void gemm_bw_kernel_{l % 5}<float>(float const*, float*)",
+                                     s_comp, jit(bw[l]))
+                bt = call_end + jit(5.0)
+                x("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", tid_bw, op0, bt - op0)
+            # DDP's hook: the bucket's all-reduce on the NCCL stream after the compute stream's work
+            n = int(nelems[lay].sum())
+            seq += 1
+            info = {"Collective name": "allreduce", "In msg nelems": n, "Out msg nelems": n, "dtype": "Float",
+                    "Process Group Name": "0", "Process Group Ranks": f"[0, ..., {world - 1}]", "Seq": seq}
+            xfer = 2.0 * (world - 1) / world * n * 4 / (bandwidth_gbps * 1e3 / 8)   # us
+            bt += jit(8.0)
+            op0 = bt
+            gpu_free[s_nccl] = max(gpu_free[s_nccl], gpu_free[s_comp])
+            call_end, _ = launch(tid_bw, op0 + jit(12.0),
+                                 "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+                                 s_nccl, jit(20.0 + xfer), info)
+            bt = call_end + jit(6.0)
+            x("record_param_comms", "cpu_op", tid_bw, op0, bt - op0, dict(info))
+        x("aten::backward", "cpu_op", tid_main, t, bt - t + 15.0)   # training thread blocked in backward()
+        t = bt + 15.0 + jit(10.0)
+        # optimizer: waits for the all-reduces (DDP), then a few fused kernels
+        gpu_free[s_comp] = max(gpu_free[s_comp], gpu_free[s_nccl])
+        op0 = t
+        for k in range(4):
+            call_end, _ = launch(tid_main, t + jit(5.0), "void multi_tensor_apply_kernel<SGDFunctor<float>>()",
+                                 s_comp, jit(60.0))
+            t = call_end
+        t += jit(5.0)
+        x("Optimizer.step#SGD.step", "cpu_op", tid_main, op0, t - op0)
+        # loss.item(): the training thread waits for the GPU
+        op0 = t + jit(5.0)
+        sync0 = op0 + jit(3.0)
+        sync_end = max(sync0 + 2.0, gpu_free[s_comp]) + 3.0
+        x("cudaStreamSynchronize", "cuda_runtime", tid_main, sync0, sync_end - sync0, {"cbid": 131})
+        t = sync_end + jit(4.0)
+        x("aten::item", "cpu_op", tid_main, op0, t - op0)
+        t += jit(30.0)
+        x(f"ProfilerStep#{first_step + s}", "user_annotation", tid_main, step0, t - step0)
+        t += 1.0
+    meta = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"python {rank}"}},
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid_main, "args": {"name": "thread 1 (python)"}},
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid_bw, "args": {"name": "thread 2 (autograd)"}}]
+    ev.sort(key=lambda e: (e["pid"] != pid, e["ts"]))
+    return {"schemaVersion": 1, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world},
+            "deviceProperties": [{"id": i, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000}
+                                 for i in range(gpus_per_host)],
+            "traceEvents": meta + ev, "traceName": f"rank{rank}.json"}
+
+
+def write_job(out_dir: str | os.PathLike, ranks: int, **kw) -> dict:
+    """Write ``ranks`` per-rank Kineto files ``rank<r>.json`` into ``out_dir``; returns sizes.
+
+    Parameters
+    ----------
+    out_dir : str or PathLike
+        Created if missing; files are written whole (temp name + rename).
+    ranks : int
+        World size; every rank's file is written.
+    **kw
+        Passed to :func:`rank_doc` (layers, buckets, steps, seed, classes, ...).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    nbytes = n_events = 0
+    for r in range(ranks):
+        doc = rank_doc(r, ranks, **kw)
+        tmp = out / f".rank{r}.json.tmp"
+        text = json.dumps(doc, separators=(",", ":"))
+        tmp.write_text(text)
+        tmp.rename(out / f"rank{r}.json")
+        nbytes += len(text)
+        n_events += len(doc["traceEvents"])
+    return {"ranks": ranks, "bytes": nbytes, "events_raw": n_events}
+
+
+# --------------------------------------------------------------------------- one measurement (child process)
+
+def _rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0   # KiB on Linux
+
+
+def measure_child(trace_dir: str) -> dict:
+    """Run the stages on ``trace_dir`` in this process; times and peak memory after each."""
+    import gc
+    sys.path.insert(0, str(ROOT / "bench"))
+    import synthetic
+    from dpro_kit.graph.build import build_global_dfg
+    from dpro_kit.replay import compile_graph, replay
+    from dpro_kit.trace import load_trace
+
+    replay(synthetic.synthetic_dfg(2, 2, 1, seed=0))   # numba: compile or load the cached kernel
+    gc.collect()
+    out: dict = {"rss_start_mb": _rss_mb()}
+    state: dict = {}
+
+    def stage(name, fn):
+        c0, w0 = time.process_time(), time.perf_counter()
+        state[name] = fn()
+        out[f"{name}_s"] = time.perf_counter() - w0
+        out[f"{name}_cpu_s"] = time.process_time() - c0
+        out[f"{name}_peak_mb"] = _rss_mb()
+
+    stage("ingest", lambda: load_trace(trace_dir))
+    ts = state["ingest"]
+    out["events"] = int(len(ts.events))
+    stage("build", lambda: build_global_dfg(ts))
+    g = state["build"]
+    out["ops"], out["edges"] = g.number_of_nodes(), g.number_of_edges()
+    stage("compile", lambda: compile_graph(g))
+    cg = state["compile"]
+    out["devices"] = len(cg.devices)
+    stage("replay", lambda: replay(cg))
+    out["iteration_time_us"] = float(state["replay"].iteration_time_us)
+    out["total_s"] = sum(out[f"{s}_s"] for s in ("ingest", "build", "compile", "replay"))
+    out["total_cpu_s"] = sum(out[f"{s}_cpu_s"] for s in ("ingest", "build", "compile", "replay"))
+    return out
+
+
+def measure(trace_dir: Path, repeat: int) -> dict:
+    """Median over ``repeat`` fresh processes of :func:`measure_child`."""
+    runs = []
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    for _ in range(repeat):
+        p = subprocess.run([sys.executable, __file__, "--child", str(trace_dir)], capture_output=True, text=True,
+                           env=env)
+        if p.returncode != 0:
+            raise SystemExit(f"measurement on {trace_dir} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    row = {k: (statistics.median(r[k] for r in runs) if isinstance(runs[0][k], float) else runs[0][k])
+           for k in runs[0]}
+    row["runs"] = runs
+    return row
+
+
+# --------------------------------------------------------------------------- table
+
+def print_table(rows: list[dict]) -> None:
+    head = (f"{'ranks':>6} {'JSON MB':>8} {'events':>10} {'ops':>10} {'ingest s':>9} {'build s':>8} "
+            f"{'compile s':>9} {'replay s':>8} {'total s':>8} {'CPU s':>7} {'e2e ops/s':>10} {'peak MB':>8} "
+            f"{'dPRO replay s*':>14} {'iter ms':>9}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        rate = r["ops"] / r["total_s"]
+        print(f"{r['ranks']:>6,} {r['bytes'] / 1e6:>8.0f} {r['events']:>10,} {r['ops']:>10,} {r['ingest_s']:>9.2f} "
+              f"{r['build_s']:>8.2f} {r['compile_s']:>9.2f} {r['replay_s']:>8.2f} {r['total_s']:>8.2f} {r['total_cpu_s']:>7.2f} "
+              f"{rate / 1e3:>8.0f} k {r['replay_peak_mb']:>8.0f} {r['ops'] / DPRO_OPS_PER_S:>14.1f} "
+              f"{r['iteration_time_us'] / 1e3:>9.3f}")
+    print()
+    print("times: wall-clock seconds (CPU s: process CPU time of the four stages), median over fresh processes; events = rows of load_trace's event table; "
+          "ops = global DFG ops; e2e ops/s = ops / total; peak MB = ru_maxrss after the replay (all stages).")
+    print(f"* the original dPRO replayer at its measured {DPRO_OPS_PER_S / 1e3:.0f} k ops/s (1 M ops in 52.9 s on this "
+          "machine, issue 17): replay only, extrapolated to this graph's size, not run here.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", default="64,128,256", help="world sizes, comma-separated (default 64,128,256)")
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--buckets", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=3, help="profiled steps per rank (default 3)")
+    ap.add_argument("--classes", type=int, default=None, help="ranks of class r %% K get identical durations")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=1, help="fresh processes per point (median); default 1")
+    ap.add_argument("--keep", metavar="DIR", help="generate under DIR/ranks<N> and keep the files")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    ap.add_argument("--child", metavar="TRACE_DIR", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(measure_child(a.child)))
+        return 0
+    ranks = [int(s) for s in a.ranks.split(",") if s.strip()]
+    print(f"dpro_kit scale: generated torch.profiler jobs ({a.layers} layers, {a.buckets} buckets, {a.steps} steps, "
+          f"classes {a.classes or 'none (every rank jittered)'}); {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.2f}; {a.repeat} fresh process(es) per point")
+    rows = []
+    for n in ranks:
+        base = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="dpro-scale-"))
+        d = base / f"ranks{n}"
+        try:
+            t0 = time.perf_counter()
+            if not (d.is_dir() and len(list(d.glob("rank*.json"))) == n):
+                info = write_job(d, n, layers=a.layers, buckets=a.buckets, steps=a.steps, seed=a.seed,
+                                 classes=a.classes)
+            else:
+                info = {"ranks": n, "bytes": sum(p.stat().st_size for p in d.glob("rank*.json")), "events_raw": None}
+            gen_s = time.perf_counter() - t0
+            row = measure(d, a.repeat)
+            row.update(info, gen_s=gen_s, layers=a.layers, buckets=a.buckets, steps=a.steps, classes=a.classes)
+            rows.append(row)
+            print(f"  ... {n} ranks: {info['bytes'] / 1e6:.0f} MB generated in {gen_s:.1f} s; stages "
+                  f"{row['total_s']:.1f} s", flush=True)
+        finally:
+            if not a.keep:
+                shutil.rmtree(base, ignore_errors=True)
+    print()
+    print_table(rows)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+        print(f"rows written to {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
