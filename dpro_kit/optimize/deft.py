@@ -689,7 +689,7 @@ def schedule(times: BucketTimes, rates: Sequence[float] = (1.0,), *, iterations:
         steps.append(Step(i, fwd, bwd_stage, groups, list(current), list(future)))
         key = (tuple((it.bucket, tuple(i - x for x in it.iterations)) for it in current),
                tuple((it.bucket, tuple(i - x for x in it.iterations)) for it in future),
-               tuple(sorted(i - k for k in synced if k not in applied)))
+               tuple(sorted((i - k, i - _find(parent, k)) for k in synced if k not in applied)))
         if key in seen and not period:
             period_start, period = seen[key] + 1, i - seen[key]
             break
