@@ -103,7 +103,7 @@ def rank_doc(rank: int, world: int, *, layers: int = 48, buckets: int = 6, steps
     s_comp, s_nccl, s_copy = 7, 20, 13
     ev: list[dict] = []
     corr = [rank * 10_000_000]
-    host_off = (rank // gpus_per_host) * 1_371.25   # hosts' clocks differ; ranks of one host share one
+    host_off = (rank // gpus_per_host) * 1_371.0    # hosts' clocks differ; ranks of one host share one
     t = 1_000_000.0 + host_off
     seq = 0
 
@@ -241,8 +241,13 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0   # KiB on Linux
 
 
-def measure_child(trace_dir: str) -> dict:
-    """Run the stages on ``trace_dir`` in this process; times and peak memory after each."""
+def measure_child(trace_dir: str, mode: str = "full") -> dict:
+    """Run the stages on ``trace_dir`` in this process; times and peak memory after each.
+
+    ``mode`` "full": ingest, build, compile, replay; "sym": ingest, classes
+    (:func:`dpro_kit.symmetry.rank_classes`), symreplay (:func:`dpro_kit.symmetry.replay_by_symmetry`:
+    the representatives' graph built, compiled and replayed).
+    """
     import gc
     sys.path.insert(0, str(ROOT / "bench"))
     import synthetic
@@ -265,6 +270,16 @@ def measure_child(trace_dir: str) -> dict:
     stage("ingest", lambda: load_trace(trace_dir))
     ts = state["ingest"]
     out["events"] = int(len(ts.events))
+    if mode == "sym":
+        from dpro_kit.symmetry import rank_classes, replay_by_symmetry
+        stage("classes", lambda: rank_classes(ts))
+        stage("symreplay", lambda: replay_by_symmetry(ts, classes=state["classes"]))
+        sym = state["symreplay"]
+        out.update(classes=state["classes"].k, used=sym.used, sym_report=sym.report(), ops=sym.ops_replayed,
+                   iteration_time_us=float(sym.iteration_time_us))
+        out["total_s"] = sum(out[f"{s}_s"] for s in ("ingest", "classes", "symreplay"))
+        out["total_cpu_s"] = sum(out[f"{s}_cpu_s"] for s in ("ingest", "classes", "symreplay"))
+        return out
     stage("build", lambda: build_global_dfg(ts))
     g = state["build"]
     out["ops"], out["edges"] = g.number_of_nodes(), g.number_of_edges()
@@ -278,18 +293,18 @@ def measure_child(trace_dir: str) -> dict:
     return out
 
 
-def measure(trace_dir: Path, repeat: int) -> dict:
+def measure(trace_dir: Path, repeat: int, mode: str = "full") -> dict:
     """Median over ``repeat`` fresh processes of :func:`measure_child`."""
     runs = []
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     for _ in range(repeat):
-        p = subprocess.run([sys.executable, __file__, "--child", str(trace_dir)], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, __file__, "--child", str(trace_dir), "--mode", mode], capture_output=True, text=True,
                            env=env)
         if p.returncode != 0:
             raise SystemExit(f"measurement on {trace_dir} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
         runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
-    row = {k: (statistics.median(r[k] for r in runs) if isinstance(runs[0][k], float) else runs[0][k])
+    row = {k: (statistics.median(r[k] for r in runs) if type(runs[0][k]) is float else runs[0][k])
            for k in runs[0]}
     row["runs"] = runs
     return row
@@ -316,6 +331,27 @@ def print_table(rows: list[dict]) -> None:
           "machine, issue 17): replay only, extrapolated to this graph's size, not run here.")
 
 
+def print_sym_table(rows: list[dict]) -> None:
+    head = (f"{'ranks':>6} {'classes':>7} {'ingest s':>9} {'classes s':>9} {'sym replay s':>12} {'after ingest s':>14} "
+            f"{'full after ingest s':>19} {'ops replayed':>12} {'of ops':>10} {'peak MB':>8} {'iter ms':>9} "
+            f"{'= full':>7}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        s = r["sym"]
+        full_after = r["total_s"] - r["ingest_s"]
+        same = "yes" if s["iteration_time_us"] == r["iteration_time_us"] else "NO"
+        print(f"{r['ranks']:>6,} {s['classes']:>7,} {s['ingest_s']:>9.2f} {s['classes_s']:>9.2f} {s['symreplay_s']:>12.2f} "
+              f"{s['classes_s'] + s['symreplay_s']:>14.2f} {full_after:>19.2f} {s['ops']:>12,} {r['ops']:>10,} "
+              f"{s['symreplay_peak_mb']:>8.0f} {s['iteration_time_us'] / 1e3:>9.3f} {same:>7}")
+    print()
+    print("symmetry (dpro_kit/symmetry.py), in a fresh process: ingest, rank classes, then the representatives' "
+          "graph built, compiled and replayed; 'full after ingest' = build + compile + replay of all ranks (table "
+          "above); '= full': same iteration time as the full replay (every op's times: tests/test_symmetry.py).")
+    for r in rows:
+        print(f"  {r['ranks']} ranks: {r['sym']['sym_report']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -328,10 +364,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="fresh processes per point (median); default 1")
     ap.add_argument("--keep", metavar="DIR", help="generate under DIR/ranks<N> and keep the files")
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    ap.add_argument("--symmetry", action="store_true",
+                    help="also measure the replay by symmetry (ingest, classes, representatives' build+replay) in a "
+                         "fresh process of its own")
     ap.add_argument("--child", metavar="TRACE_DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", default="full", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        print(json.dumps(measure_child(a.child)))
+        print(json.dumps(measure_child(a.child, a.mode)))
         return 0
     ranks = [int(s) for s in a.ranks.split(",") if s.strip()]
     print(f"dpro_kit scale: generated torch.profiler jobs ({a.layers} layers, {a.buckets} buckets, {a.steps} steps, "
@@ -351,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
             gen_s = time.perf_counter() - t0
             row = measure(d, a.repeat)
             row.update(info, gen_s=gen_s, layers=a.layers, buckets=a.buckets, steps=a.steps, classes=a.classes)
+            if a.symmetry:
+                srow = measure(d, a.repeat, "sym")
+                srow.update(info)
+                row["sym"] = srow
             rows.append(row)
             print(f"  ... {n} ranks: {info['bytes'] / 1e6:.0f} MB generated in {gen_s:.1f} s; stages "
                   f"{row['total_s']:.1f} s", flush=True)
@@ -359,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(base, ignore_errors=True)
     print()
     print_table(rows)
+    if a.symmetry:
+        print()
+        print_sym_table(rows)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
         print(f"rows written to {a.json}")
