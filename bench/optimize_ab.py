@@ -59,7 +59,9 @@ class Cluster:
     """Runs one 2-host job (1 rank per host) per call through :func:`dpro_kit.jobs.run_job`: a fresh
     emulated cluster each time."""
 
-    def __init__(self, work: Path, hosts: int = 2, timeout: float = 600.0, cpus_per_host: float | None = None) -> None:
+    def __init__(self, work: Path, hosts: int = 2, timeout: float = 600.0, cpus_per_host: float | None = None,
+                 prefix: str = "dpab") -> None:
+        self.prefix = prefix
         self.work, self.hosts, self.timeout, self.cpus = work, hosts, timeout, cpus_per_host
         self.n = 0
         self.log = open(work / "jobs.log", "a")
@@ -74,7 +76,7 @@ class Cluster:
         cmd = [PY, str(TRAIN), *train_args, "--threads", "1", "--pin", "rank", "--backend", "gloo",
                "--quiet", "--json-out", str(times)]
         job = run_job(cmd, hosts=self.hosts, rate_mbit=rate, profile=profile, steps=steps, env=env, log=self.log,
-                      timeout=self.timeout, prefix="dpab", cpus_per_host=self.cpus)
+                      timeout=self.timeout, prefix=self.prefix, cpus_per_host=self.cpus)
         if not times.exists():
             raise RuntimeError(f"job {tag} failed (exit codes {job.codes}); see {self.work / 'jobs.log'}")
         doc = json.loads(times.read_text())

@@ -181,6 +181,11 @@ def train(args: argparse.Namespace) -> None:
         model = applied.model
     else:
         model = DDP(net, bucket_cap_mb=args.bucket_mb, **opts)
+    deferred = None
+    if args.deft_defer and not args.plan:  # DeFT's delayed updates: these buckets synchronised one iteration late
+        deferred = _deft_api().DeferredBuckets(
+            defer=range(1 << 16) if args.deft_defer == "all" else [int(k) for k in args.deft_defer.split(",")])
+        model.register_comm_hook(None, deferred.hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     n_params = sum(p.numel() for p in net.parameters())
     if rank == 0:
@@ -223,6 +228,8 @@ def train(args: argparse.Namespace) -> None:
             ok, how = applied.verify()
             print(f"plan check: {'ok' if ok else 'MISMATCH'} ({how})", flush=True)
 
+    if deferred is not None:
+        deferred.flush()
     measured = times[args.warmup:]
     all_times = [None] * world
     dist.all_gather_object(all_times, measured)
@@ -355,6 +362,17 @@ def _plan_api():
     return plan
 
 
+def _deft_api():
+    """dpro_torch.deft (installed, else from this checkout); imported only for --deft-defer."""
+    try:
+        from dpro_torch import deft
+    except ImportError:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sys.path[:0] = [os.path.join(root, "collectors", "torch"), os.path.join(root, "collectors", "common")]
+        from dpro_torch import deft
+    return deft
+
+
 def check_plan(args: argparse.Namespace) -> None:
     """Fail before any rank starts on a missing/invalid plan or one made for another model."""
     api = _plan_api()
@@ -444,6 +462,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DDP bucket_cap_mb (default: DDP's own default - 25 MB buckets after a 1 MB first bucket; "
                         "an explicit value also caps the first bucket, torch >= 2.13); ignored with --plan")
     p.add_argument("--plan", default="", help="apply this `dpro optimize` plan.json (dpro_torch.plan.apply_plan)")
+    p.add_argument("--deft-defer", default="", metavar="all|K,...",
+                   help="DeFT delayed updates: synchronise these DDP buckets (indices after DDP's rebuild, or all) "
+                        "one iteration late (dpro_torch.deft.DeferredBuckets; docs/deft.md); ignored with --plan")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--iters", type=int, default=20, help="measured iterations (after warm-up)")
     p.add_argument("--warmup", type=int, default=5)
