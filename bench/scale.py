@@ -267,6 +267,13 @@ def measure_child(trace_dir: str, mode: str = "full") -> dict:
         out[f"{name}_cpu_s"] = time.process_time() - c0
         out[f"{name}_peak_mb"] = _rss_mb()
 
+    if mode == "store-write":      # first load with the store on: parse + write the store
+        stage("ingest", lambda: load_trace(trace_dir, store=True))
+        from dpro_kit.store import TraceStore
+        st = TraceStore(trace_dir)
+        out["stored"] = st.index() is not None
+        out["store_mb"] = sum(p.stat().st_size for p in st.path.glob("*")) / 1e6 if out["stored"] else 0.0
+        return out
     stage("ingest", lambda: load_trace(trace_dir))
     ts = state["ingest"]
     out["events"] = int(len(ts.events))
@@ -293,10 +300,10 @@ def measure_child(trace_dir: str, mode: str = "full") -> dict:
     return out
 
 
-def measure(trace_dir: Path, repeat: int, mode: str = "full") -> dict:
+def measure(trace_dir: Path, repeat: int, mode: str = "full", env_extra: dict | None = None) -> dict:
     """Median over ``repeat`` fresh processes of :func:`measure_child`."""
     runs = []
-    env = dict(os.environ)
+    env = dict(os.environ, **(env_extra or {}))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     for _ in range(repeat):
         p = subprocess.run([sys.executable, __file__, "--child", str(trace_dir), "--mode", mode], capture_output=True, text=True,
@@ -367,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--symmetry", action="store_true",
                     help="also measure the replay by symmetry (ingest, classes, representatives' build+replay) in a "
                          "fresh process of its own")
+    ap.add_argument("--store", action="store_true",
+                    help="use the trace store (dpro_kit/store.py) in a temporary DPRO_CACHE: time the first load "
+                         "(parse + write), then run the stages with ingest from the store")
     ap.add_argument("--child", metavar="TRACE_DIR", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="full", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -389,10 +399,19 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 info = {"ranks": n, "bytes": sum(p.stat().st_size for p in d.glob("rank*.json")), "events_raw": None}
             gen_s = time.perf_counter() - t0
-            row = measure(d, a.repeat)
+            env: dict = {}
+            first = None
+            if a.store:
+                env = {"DPRO_CACHE": str(base / f"cache{n}"), "DPRO_STORE": "1"}
+                first = measure(d, 1, "store-write", env)      # one process: later ones read the entry
+                if not first["stored"]:
+                    raise SystemExit("the trace store was not written")
+            row = measure(d, a.repeat, "full", env)
             row.update(info, gen_s=gen_s, layers=a.layers, buckets=a.buckets, steps=a.steps, classes=a.classes)
+            if first is not None:
+                row["store_first"] = first
             if a.symmetry:
-                srow = measure(d, a.repeat, "sym")
+                srow = measure(d, a.repeat, "sym", env)
                 srow.update(info)
                 row["sym"] = srow
             rows.append(row)
@@ -401,11 +420,21 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if not a.keep:
                 shutil.rmtree(base, ignore_errors=True)
+            elif a.store:
+                shutil.rmtree(base / f"cache{n}", ignore_errors=True)
     print()
     print_table(rows)
     if a.symmetry:
         print()
         print_sym_table(rows)
+    if a.store:
+        print()
+        print("trace store (dpro_kit/store.py, Parquet under a temporary DPRO_CACHE): ingest above is from the store")
+        for r in rows:
+            f = r["store_first"]
+            print(f"  {r['ranks']:,} ranks: first load (parse + write) {f['ingest_s']:.2f} s wall / "
+                  f"{f['ingest_cpu_s']:.2f} s CPU, store {f['store_mb']:.0f} MB for {r['bytes'] / 1e6:.0f} MB of JSON; "
+                  f"stored load {r['ingest_s']:.2f} s wall / {r['ingest_cpu_s']:.2f} s CPU")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
         print(f"rows written to {a.json}")

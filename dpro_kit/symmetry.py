@@ -37,13 +37,14 @@ References
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .trace import Collective, TraceSet
+from .trace import TraceSet
 
 __all__ = ["RankClasses", "SymmetricReplay", "rank_classes", "subset_nodes", "replay_by_symmetry"]
 
@@ -71,11 +72,6 @@ class RankClasses:
         return {n: c[0] for c in self.classes for n in c}
 
 
-def _roles(colls: list[Collective], node: str) -> tuple:
-    return tuple((c.tensor, c.algorithm, node in c.participants, tuple(c.inputs.get(node, ())),
-                  tuple(c.outputs.get(node, ()))) for c in colls)
-
-
 def rank_classes(ts: TraceSet) -> RankClasses:
     """Group the nodes of ``ts`` into classes of identical nodes (module docstring: "Identical").
 
@@ -92,27 +88,42 @@ def rank_classes(ts: TraceSet) -> RankClasses:
     """
     nodes = ts.nodes()
     ev = ts.events
-    tables: dict[str, pd.DataFrame] = {}
-    for node, df in ev.groupby("node", sort=False, observed=True):
-        tables[str(node)] = df[list(CLASS_COLUMNS)].reset_index(drop=True)
-    empty = ev[list(CLASS_COLUMNS)].iloc[:0].reset_index(drop=True)
-    keys: dict[str, tuple] = {}
-    for node in nodes:
-        t = tables.get(node, empty)
-        # a cheap key (hash of every value) to find candidates; membership is then decided by exact equality
-        h = pd.util.hash_pandas_object(t, index=False).to_numpy() if len(t) else np.zeros(0, np.uint64)
-        keys[node] = (len(t), h.tobytes(), tuple(ts.edges.get(node, ())), _roles(ts.collectives, node))
+    # every node's rows (the loader concatenates nodes, but do not rely on it), in table order
+    codes, uniq = pd.factorize(ev["node"].astype(object))
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(uniq) + 1))
+    rows = {str(u): order[bounds[i]:bounds[i + 1]] for i, u in enumerate(uniq)}
+    none = np.zeros(0, dtype=np.int64)
+    # a cheap key (a hash of every value) finds candidates; membership is then decided by exact equality
+    h = pd.util.hash_pandas_object(ev[list(CLASS_COLUMNS)], index=False).to_numpy()
+    cols = [ev[c].to_numpy() for c in CLASS_COLUMNS]
+    floats = [c.dtype.kind == "f" for c in cols]
+    parts = [set(c.participants) for c in ts.collectives]
+
+    def roles(node: str) -> tuple:
+        return tuple((c.tensor, c.algorithm, node in p, tuple(c.inputs.get(node, ())), tuple(c.outputs.get(node, ())))
+                     for c, p in zip(ts.collectives, parts))
+
+    def same_rows(a: np.ndarray, b: np.ndarray) -> bool:
+        try:
+            return len(a) == len(b) and all(
+                np.array_equal(c[a], c[b], equal_nan=True) if f else bool((c[a] == c[b]).all())
+                for c, f in zip(cols, floats))
+        except (TypeError, ValueError):   # a missing value (pd.NA) compared: not provably equal
+            return False
+
     classes: list[list[str]] = []
     by_key: dict[tuple, list[list[str]]] = {}
     for node in nodes:
-        for cls in by_key.setdefault(keys[node], []):
-            rep = cls[0]
-            if tables.get(rep, empty).equals(tables.get(node, empty)):
+        r = rows.get(node, none)
+        key = (len(r), hashlib.sha256(h[r].tobytes()).digest(), tuple(ts.edges.get(node, ())), roles(node))
+        for cls in by_key.setdefault(key, []):
+            if same_rows(rows.get(cls[0], none), r):
                 cls.append(node)
                 break
         else:
             cls = [node]
-            by_key[keys[node]].append(cls)
+            by_key[key].append(cls)
             classes.append(cls)
     return RankClasses(classes=classes)
 

@@ -416,7 +416,7 @@ def load_manifest(trace_dir: str | os.PathLike) -> Manifest:
     return Manifest.from_json(read_json(mpath, what="manifest"), path=str(mpath))
 
 
-def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSet:
+def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None, store: bool | None = None) -> TraceSet:
     """Read a trace directory into a :class:`TraceSet` (all nodes, all iterations).
 
     Each node's raw files are read by the reader registered for its format
@@ -428,6 +428,10 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSe
         A trace directory (``manifest.json``, or a folder a registered discoverer recognises).
     progress : callable or None
         ``(done, total)`` callback while nodes are read.
+    store : bool or None
+        Use the columnar trace store (:mod:`dpro_kit.store`: what the readers returned, in
+        Parquet under ``$DPRO_CACHE/store``, keyed by the raw files): read it when the files
+        are unchanged, else parse and write it.  None: on when ``DPRO_STORE`` is set (not ``0``).
 
     Raises
     ------
@@ -436,19 +440,32 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSe
     """
     from .readers import get_reader  # late import: readers import this module
 
+    from .store import TraceStore, store_enabled
+
     trace_dir = Path(trace_dir)
-    manifest = load_manifest(trace_dir)
+    stored = TraceStore(trace_dir) if store_enabled(store) else None
+    if stored is not None and stored.index() is not None:
+        manifest, writer = stored.manifest(), None
+    else:
+        manifest = load_manifest(trace_dir)
+        writer = stored.writer(manifest) if stored is not None else None
+        stored = None
     frames, edges, raw_colls, mem = [], {}, [], []
     warnings = [str(w) for w in manifest.facts.warnings]
     nodes = manifest.workers() + manifest.servers()
     for i, node in enumerate(nodes):
         info = manifest.nodes[node]
         ndir = trace_dir / manifest.node_dir(node)
-        if not ndir.is_dir():
-            raise DproError(f"the trace of node {node!r} (rank {info.rank}) is missing", path=ndir,
-                            hint="copy that node's trace folder here or re-collect the job")
-        reader = get_reader(info.format or manifest.raw_format, path=str(trace_dir / "manifest.json"))
-        nt = reader(manifest, node, ndir)
+        if stored is not None:
+            nt = stored.node(node)
+        else:
+            if not ndir.is_dir():
+                raise DproError(f"the trace of node {node!r} (rank {info.rank}) is missing", path=ndir,
+                                hint="copy that node's trace folder here or re-collect the job")
+            reader = get_reader(info.format or manifest.raw_format, path=str(trace_dir / "manifest.json"))
+            nt = reader(manifest, node, ndir)
+            if writer is not None:
+                writer.put(node, nt)
         ev = nt.events
         ev["node"] = node
         ev["host"] = info.host
@@ -460,6 +477,8 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None) -> TraceSe
         warnings.extend(f"{node}: {w}" for w in nt.warnings)
         if progress is not None:
             progress(i + 1, len(nodes))
+    if writer is not None:
+        writer.commit()
     events = pd.concat(frames, ignore_index=True) if frames else empty_events()
     for col, (dtype, _) in EVENT_COLUMNS.items():
         events[col] = events[col].astype(dtype)
