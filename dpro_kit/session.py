@@ -134,7 +134,8 @@ class Session:
         if "raw" not in self._stages:
             from .trace import load_trace
             step = self.progress.step("reading traces") if self.progress is not None else None
-            self._stages["raw"] = load_trace(self.path, progress=step)
+            self._stages["raw"] = load_trace(self.path, progress=step, file_progress=(
+                self.progress.step if self.progress is not None else None))
         return self._stages["raw"]
 
     @property

@@ -416,7 +416,8 @@ def load_manifest(trace_dir: str | os.PathLike) -> Manifest:
     return Manifest.from_json(read_json(mpath, what="manifest"), path=str(mpath))
 
 
-def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None, store: bool | None = None) -> TraceSet:
+def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None, store: bool | None = None,
+               file_progress: Any = None) -> TraceSet:
     """Read a trace directory into a :class:`TraceSet` (all nodes, all iterations).
 
     Each node's raw files are read by the reader registered for its format
@@ -432,17 +433,29 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None, store: boo
         Use the columnar trace store (:mod:`dpro_kit.store`: what the readers returned, in
         Parquet under ``$DPRO_CACHE/store``, keyed by the raw files): read it when the files
         are unchanged, else parse and write it.  None: on when ``DPRO_STORE`` is set (not ``0``).
+    file_progress : callable or None
+        ``label -> (done, total) callback or None`` (:meth:`dpro_kit.session.Progress.step`):
+        readers that stream a big file report the MB read through it
+        (:data:`dpro_kit.readers.kineto.FILE_PROGRESS`).
 
     Raises
     ------
     TraceFormatError
         A file is missing or not what its format says (one line: file, record, fix).
     """
-    from .readers import get_reader  # late import: readers import this module
+    from .readers.kineto import FILE_PROGRESS  # late import: readers import this module
 
+    token = FILE_PROGRESS.set(file_progress)
+    try:
+        return _load_trace(Path(trace_dir), progress, store)
+    finally:
+        FILE_PROGRESS.reset(token)
+
+
+def _load_trace(trace_dir: Path, progress: Any, store: bool | None) -> TraceSet:
+    from .readers import get_reader  # late import: readers import this module
     from .store import TraceStore, store_enabled
 
-    trace_dir = Path(trace_dir)
     stored = TraceStore(trace_dir) if store_enabled(store) else None
     if stored is not None and stored.index() is not None:
         manifest, writer = stored.manifest(), None

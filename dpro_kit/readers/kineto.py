@@ -6,7 +6,10 @@ profiler plugin and Holistic Trace Analysis read them, and exposes
 
 * :func:`load_doc` — the JSON document (``.json`` or ``.json.gz``) with one-line
   errors for a missing, truncated (gzip or JSON), invalid or empty file;
-* :func:`parse` → :class:`KinetoTrace`: complete events (``ph == "X"``) of the
+* :func:`iter_events` — the same file read as a stream: the ``traceEvents`` one by one,
+  never the whole text or document in memory (the same one-line errors);
+* :func:`parse` (a loaded document) and :func:`parse_file` (a file, streamed) →
+  :class:`KinetoTrace`: complete events (``ph == "X"``) of the
   CPU (``cpu_op``, ``user_annotation``, ``cuda_runtime``, ``cuda_driver``,
   ``python_function``) and the GPU (``kernel``, ``gpu_memcpy``, ``gpu_memset``);
   per-thread call trees (:func:`nest`); the runtime call that launched each GPU
@@ -39,11 +42,16 @@ References
 """
 from __future__ import annotations
 
+import codecs
+import contextlib
+import gc
 import gzip
 import json
 import math
 import re
 import zlib
+from sys import intern
+from contextvars import ContextVar
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +59,8 @@ from typing import Any, Callable
 
 from ..errors import TraceFormatError
 
-__all__ = ["KEvent", "KinetoTrace", "Step", "MemorySample", "load_doc", "parse", "nest", "top_level",
+__all__ = ["KEvent", "KinetoTrace", "Step", "MemorySample", "load_doc", "iter_events", "parse", "parse_file",
+           "FILE_PROGRESS", "gc_paused", "release", "nest", "top_level",
            "subtree_sizes", "memory_samples", "distributed_info", "nccl_info", "is_nccl_kernel", "CPU_CATS",
            "GPU_CATS", "ANNOTATION_CATS", "SYNC_CALLS", "DTYPE_BYTES"]
 
@@ -77,7 +86,7 @@ _KERNEL_COLLECTIVE = {"AllReduce": "allreduce", "Broadcast": "broadcast", "AllGa
                       "ReduceScatter": "reduce_scatter", "Reduce": "reduce", "SendRecv": "sendrecv"}
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class KEvent:
     """One complete (``ph == "X"``) Kineto event.
 
@@ -199,6 +208,194 @@ def load_doc(path: str | Path) -> dict[str, Any]:
     return doc
 
 
+#: text read per refill of the streaming reader (characters; grows for one longer value)
+_CHUNK = 1 << 22
+#: files at least this big report progress (``FILE_PROGRESS``) while they are read
+PROGRESS_MIN_BYTES = 64 << 20
+#: set by :func:`dpro_kit.trace.load_trace` while it reads: ``label -> (done, total) callback or None``
+#: (:meth:`dpro_kit.session.Progress.step`); a big file's reader reports MB read of its size
+FILE_PROGRESS: ContextVar[Callable[[str], Callable[[int, int], None] | None] | None] = \
+    ContextVar("dpro_kineto_file_progress", default=None)
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+class _Text:
+    """The text of a ``.json`` / ``.json.gz`` file, read in chunks, with positions for error lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.raw = open(path, "rb")
+        except OSError as exc:
+            raise TraceFormatError(f"cannot read the file: {exc.strerror}", path=path) from None
+        self.size = max(1, path.stat().st_size)
+        self.fh: Any = gzip.GzipFile(fileobj=self.raw) if self.raw.read(2) == b"\x1f\x8b" else self.raw
+        self.raw.seek(0)
+        self.utf8 = codecs.getincrementaldecoder("utf-8")()
+        self.buf, self.pos, self.eof = "", 0, False
+        self.dropped_lines, self.dropped_col = 0, 0   # newlines before buf; characters after the last one
+        self.report: Callable[[int, int], None] | None = None
+        factory = FILE_PROGRESS.get()
+        if factory is not None and self.size >= PROGRESS_MIN_BYTES:
+            self.report = factory(f"reading {path.name} (MB)")
+        self.reported = -1
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def fill(self, n: int = _CHUNK) -> None:
+        """Drop what was consumed, read about ``n`` more characters (``eof`` at the end)."""
+        if self.pos:
+            done = self.buf[:self.pos]
+            nl = done.count("\n")
+            self.dropped_lines += nl
+            self.dropped_col = (self.dropped_col + len(done)) if not nl else len(done) - done.rfind("\n") - 1
+            self.buf, self.pos = self.buf[self.pos:], 0
+        try:
+            data = self.fh.read(n)
+            self.buf += self.utf8.decode(data, final=not data)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise TraceFormatError(f"truncated or corrupt gzip file ({exc})", path=self.path,
+                                   hint="copy the file again; it was cut short") from None
+        except UnicodeDecodeError:
+            raise TraceFormatError("not a text (UTF-8) JSON file", path=self.path) from None
+        except OSError as exc:
+            if self.fh is not self.raw:
+                raise TraceFormatError(f"truncated or corrupt gzip file ({exc})", path=self.path,
+                                       hint="copy the file again; it was cut short") from None
+            raise TraceFormatError(f"cannot read the file: {exc.strerror}", path=self.path) from None
+        if not data:
+            self.eof = True
+        if self.report is not None:
+            mb = self.raw.tell() >> 20
+            if mb != self.reported and (mb - self.reported >= 64 or self.eof):
+                self.reported = mb
+                self.report(mb if not self.eof else self.size >> 20, self.size >> 20)
+
+    def error(self, msg: str, pos: int) -> TraceFormatError:
+        """load_doc's line for a JSON error at ``pos`` of the buffer (line and column in the file)."""
+        before = self.buf[:pos]
+        nl = before.count("\n")
+        line = self.dropped_lines + nl + 1
+        col = (self.dropped_col + pos if not nl else pos - before.rfind("\n") - 1) + 1
+        trunc = self.eof and pos >= len(self.buf.rstrip()) - 1
+        return TraceFormatError(f"{'truncated' if trunc else 'invalid'} JSON at line {line} column {col}: {msg}",
+                                path=self.path, hint="the file was cut short or is not a torch.profiler trace; "
+                                "export it again")
+
+    def peek(self) -> str:
+        """The next character after whitespace ("" at the end of the file)."""
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf) or self.eof:
+                return self.buf[self.pos:self.pos + 1]
+            self.fill()
+
+    def expect(self, chars: str, msg: str) -> str:
+        c = self.peek()
+        if not c or c not in chars:
+            raise self.error(msg, self.pos)
+        self.pos += 1
+        return c
+
+    def value(self, key: bool = False) -> Any:
+        """The JSON value (``key``: the string) at the current position; refills until it is whole."""
+        self.peek()
+        while True:
+            try:
+                if key:
+                    if self.buf[self.pos:self.pos + 1] != '"':
+                        raise json.JSONDecodeError("Expecting property name enclosed in double quotes",
+                                                   self.buf, self.pos)
+                    obj, end = json.decoder.scanstring(self.buf, self.pos + 1)
+                else:
+                    obj, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                cut = exc.msg.startswith("Unterminated string") or exc.pos >= len(self.buf) - 8
+                if self.eof or not cut:
+                    raise self.error(exc.msg, exc.pos) from None
+                self.fill(max(_CHUNK, len(self.buf) - self.pos))
+                continue
+            if end >= len(self.buf) and not self.eof:   # a number may go on in the next chunk
+                self.fill(max(_CHUNK, len(self.buf) - self.pos))
+                continue
+            self.pos = end
+            return obj
+
+
+def iter_events(path: str | Path, header: dict[str, Any]) -> Any:
+    """The ``traceEvents`` of a Kineto file one by one, read as a stream (``.json`` or ``.json.gz``).
+
+    Only one chunk of the text (4 M characters, more for one longer value) and the current
+    event are held, never the whole file or document: the memory of a reader built on it is
+    what it keeps of the events (docs/reliability.md, "Memory").  Big files (at least
+    :data:`PROGRESS_MIN_BYTES`) report the MB read to :data:`FILE_PROGRESS` when it is set.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+    header : dict
+        Filled with the document's other top-level keys (``distributedInfo``,
+        ``deviceProperties``, ``baseTimeNanoseconds``, ...) as they are read; whole once the
+        generator is exhausted (Kineto writes ``baseTimeNanoseconds`` after the events).
+
+    Raises
+    ------
+    TraceFormatError
+        As :func:`load_doc`, with the same lines: missing file, truncated or corrupt gzip,
+        not UTF-8, truncated or invalid JSON (line and column), no top-level ``traceEvents``
+        list, an empty one; and two ``traceEvents`` lists.  A JSON error after some events is
+        raised when the reader reaches it, after those events were yielded.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TraceFormatError("Kineto trace not found", path=path)
+    t = _Text(path)
+    n: int | None = None       # events of the last top-level traceEvents, None when it is not a list
+    try:
+        t.fill()
+        if t.peek() != "{":
+            t.value()           # the JSON error, if any; else valid JSON that is not an object
+        elif t.expect("{", "") and t.peek() == "}":
+            t.pos += 1
+        else:
+            while True:
+                key = t.value(key=True)
+                t.expect(":", "Expecting ':' delimiter")
+                if key == "traceEvents" and t.peek() == "[":
+                    if n is not None:
+                        raise TraceFormatError("two 'traceEvents' lists in one file", path=path,
+                                               record="traceEvents", hint="export the trace again")
+                    t.pos += 1
+                    n = 0
+                    if t.peek() == "]":
+                        t.pos += 1
+                    else:
+                        while True:
+                            yield t.value()
+                            n += 1
+                            if t.expect(",]", "Expecting ',' delimiter") == "]":
+                                break
+                elif key == "traceEvents":
+                    t.value()
+                    n = None
+                else:
+                    header[key] = t.value()
+                if t.expect(",}", "Expecting ',' delimiter") == "}":
+                    break
+        if t.peek():
+            raise t.error("Extra data", t.pos)
+    finally:
+        t.close()
+    if n is None:
+        raise TraceFormatError("not a torch.profiler (Kineto) trace: no top-level 'traceEvents' list", path=path)
+    if not n:
+        raise TraceFormatError("'traceEvents' is empty", path=path, record="traceEvents",
+                               hint="the profiler recorded nothing; profile at least one step")
+
+
 def distributed_info(doc: dict[str, Any]) -> dict[str, Any] | None:
     """``distributedInfo`` with ``rank`` and ``world_size`` as ints, or None when absent or unusable."""
     di = doc.get("distributedInfo")
@@ -218,14 +415,89 @@ def distributed_info(doc: dict[str, Any]) -> dict[str, Any] | None:
 def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
     """Events, threads, streams, launches and steps of a loaded document (:func:`load_doc`).
 
+    Parameters
+    ----------
+    doc : dict
+        The document.
+    path : str or Path
+        Its file (named in errors).
+
     Raises
     ------
     TraceFormatError
         An event without a numeric ``ts``/``dur``, or a negative duration (naming the record).
     """
+    return _parse(doc["traceEvents"], doc, Path(path))
+
+
+def parse_file(path: str | Path, on_event: Callable[[Any], None] | None = None,
+               header: dict[str, Any] | None = None) -> KinetoTrace:
+    """:func:`parse` of a file read as a stream (:func:`iter_events`): the same trace, without
+    the whole document in memory.
+
+    Parameters
+    ----------
+    path : str or Path
+        A ``.json`` or ``.json.gz`` Kineto file.
+    on_event : callable, optional
+        Called with every entry of ``traceEvents`` (as written, before it is checked), for a
+        caller that wants more of the file than :class:`KinetoTrace` keeps.
+    header : dict, optional
+        Filled with the document's other top-level keys (:func:`iter_events`).
+
+    Raises
+    ------
+    TraceFormatError
+        As :func:`iter_events` and :func:`parse`.
+    """
     path = Path(path)
-    base_ns = _base_time_ns(doc, path)
-    base_us = base_ns / 1e3
+    header = {} if header is None else header
+    events = iter_events(path, header)
+    if on_event is not None:
+        events = _tap(events, on_event)
+    with gc_paused():
+        return _parse(events, header, path)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Any:
+    """No cyclic garbage collection inside (restored after): building a trace's millions of
+    objects otherwise triggers a full collection again and again (3x the time of reading a
+    large file, docs/reliability.md "Memory"); what they leave is collected afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def release(tr: KinetoTrace) -> None:
+    """Break the call trees' reference cycles (``parent`` <-> ``children``) of a trace no longer
+    needed, so it is freed at once rather than by a later full garbage collection (which,
+    while reading many files, comes rarely: the folders of many ranks would hold them all).
+
+    Parameters
+    ----------
+    tr : KinetoTrace
+        A parsed trace; its events keep their fields but lose ``parent`` and ``children``.
+    """
+    for evs in (*tr.cpu.values(), *tr.gpu.values()):
+        for ev in evs:
+            ev.parent = None
+            ev.children = []
+
+
+def _tap(events: Any, f: Callable[[Any], None]) -> Any:
+    for e in events:
+        f(e)
+        yield e
+
+
+def _parse(events: Any, header: dict[str, Any], path: Path) -> KinetoTrace:
+    """:func:`parse` over an iterable of events; ``header`` (the other top-level keys) is read
+    only once the events are exhausted (a stream fills it as it goes)."""
     cpu: dict[tuple[Any, Any], list[KEvent]] = defaultdict(list)
     gpu: dict[Any, list[KEvent]] = defaultdict(list)
     names: dict[tuple[Any, Any], str] = {}
@@ -234,7 +506,7 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
     raw_ts: dict[int, float] = {}   # id(event) -> its ts as written (flow ends carry the same value)
     fb_s: dict[Any, tuple[Any, Any, float]] = {}
     fb_f: dict[Any, tuple[Any, Any, float]] = {}
-    for i, e in enumerate(doc["traceEvents"]):
+    for i, e in enumerate(events):
         if not isinstance(e, dict):
             continue
         ph = e.get("ph")
@@ -264,14 +536,26 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
         if not 0 <= dur <= MAX_DUR_US:
             raise TraceFormatError(f"negative or invalid duration {dur!r} (0 <= dur <= {MAX_DUR_US:.0e} us)",
                                    path=path, record=f"traceEvents[{i}]", hint="the file is corrupt; export it again")
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        ev = KEvent(name=str(e.get("name", "")), cat=cat, pid=e.get("pid"), tid=e.get("tid"), ts=ts + base_us,
-                    dur=dur, args=args, index=i, start_ns=_ns(ts) + base_ns, dur_ns=_ns(dur))
+        args = e.get("args")
+        # one copy of each key and short string (a stream decodes every event apart, so nothing is shared)
+        args = {intern(k): intern(v) if type(v) is str and len(v) <= 200 else v for k, v in args.items()} \
+            if isinstance(args, dict) else {}
+        pid, tid = e.get("pid"), e.get("tid")
+        ev = KEvent(name=intern(str(e.get("name", ""))), cat=intern(cat) if type(cat) is str else cat,
+                    pid=intern(pid) if type(pid) is str else pid, tid=intern(tid) if type(tid) is str else tid,
+                    ts=ts, dur=dur, args=args, index=i, start_ns=_ns(ts), dur_ns=_ns(dur))
         raw_ts[id(ev)] = round(ts, 3)
         if cat in GPU_CATS:
             gpu[args.get("stream", e.get("tid"))].append(ev)
         else:
             cpu[(ev.pid, ev.tid)].append(ev)
+    # the base time: Kineto writes it after the events (a stream knows it only now)
+    base_ns = _base_time_ns(header, path)
+    base_us = base_ns / 1e3
+    for evs in (*cpu.values(), *gpu.values()):
+        for ev in evs:
+            ev.ts += base_us
+            ev.start_ns += base_ns
     _check_span([ev for evs in (*cpu.values(), *gpu.values()) for ev in evs], path)
     for evs in gpu.values():
         evs.sort(key=lambda x: (x.start_ns, x.index))
@@ -328,10 +612,10 @@ def parse(doc: dict[str, Any], path: str | Path) -> KinetoTrace:
         bw = ops_at.get((f_[0], f_[1], round(f_[2], 3)))
         if fw is not None and bw is not None:
             fwdbwd.append((fw, bw))
-    props = doc.get("deviceProperties")
+    props = header.get("deviceProperties")
     devices = [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
     return KinetoTrace(path=path, cpu=dict(cpu), gpu=dict(gpu), launch=launch, steps=steps,
-                       distributed=distributed_info(doc), thread_names=names, n_flows=len(pairs),
+                       distributed=distributed_info(header), thread_names=names, n_flows=len(pairs),
                        fwdbwd=fwdbwd, devices=devices)
 
 

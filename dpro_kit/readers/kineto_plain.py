@@ -77,20 +77,45 @@ LIMITATION = ("plain torch.profiler input: bucket composition, gradient-ready ti
               "keep their measured time (it includes waiting for peers), also under --world-size")
 _SUFFIXES = (".json", ".json.gz")
 _SNIFF_BYTES = 1 << 16
-_cache: dict[tuple[str, int, int], dict[str, Any]] = {}
+_cache: dict[tuple[str, int, int], "_Scan"] = {}
 
 
 # --------------------------------------------------------------------------- discovery
 
-def _load_cached(path: Path) -> dict[str, Any]:
-    """:func:`kineto.load_doc`, keeping the last two documents (discovery and reading parse each file once)."""
+@dataclass
+class _Scan:
+    """One file read once (streamed, :func:`kineto.parse_file`): what discovery needs and the parsed trace."""
+
+    trace: K.KinetoTrace
+    steps: list[K.Step]             # every complete ProfilerStep#N event, any category
+    gpu_labels: int                 # "GPU n" process labels
+    device_props: int               # entries of a non-empty deviceProperties list (0: none)
+
+
+def _scan(path: Path) -> _Scan:
+    """:func:`kineto.parse_file` of ``path`` and its steps and GPU labels, keeping the last two
+    (discovery and reading then read each file once; the JSON document is never held whole)."""
     st = path.stat()
     key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
     if key not in _cache:
-        doc = K.load_doc(path)
+        steps: list[K.Step] = []
+        labels = [0]
+
+        def see(e: Any) -> None:
+            if not isinstance(e, dict):
+                return
+            if e.get("ph") == "X" and (m := K.STEP_RE.match(str(e.get("name", "")))):
+                steps.append(K.Step(int(m.group(1)), float(e.get("ts", 0.0)),
+                                    float(e.get("ts", 0.0)) + float(e.get("dur", 0.0))))
+            elif e.get("ph") == "M" and e.get("name") == "process_labels" and \
+                    str((e.get("args") or {}).get("labels", "")).startswith("GPU"):
+                labels[0] += 1
+        header: dict[str, Any] = {}
+        tr = K.parse_file(path, on_event=see, header=header)
+        dp = header.get("deviceProperties")
         while len(_cache) >= 2:
-            _cache.pop(next(iter(_cache)))
-        _cache[key] = doc
+            K.release(_cache.pop(next(iter(_cache))).trace)
+        _cache[key] = _Scan(tr, steps, labels[0], len(dp) if isinstance(dp, list) else 0)
     return _cache[key]
 
 
@@ -149,13 +174,11 @@ def discover(trace_dir: Path) -> Manifest | None:
     if not files:
         return None
     found: list[tuple[Path, dict[str, Any] | None, list[K.Step]]] = []
+    gpus_of: dict[Path, int] = {}
     for p in files:
-        doc = _load_cached(p)
-        di = K.distributed_info(doc)
-        steps = [K.Step(int(m.group(1)), float(e.get("ts", 0.0)), float(e.get("ts", 0.0)) + float(e.get("dur", 0.0)))
-                 for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
-                 and (m := K.STEP_RE.match(str(e.get("name", ""))))]
-        found.append((p, di, steps))
+        scan = _scan(p)
+        found.append((p, scan.trace.distributed, scan.steps))
+        gpus_of[p] = _gpus_per_host(scan)
     no_di = [p for p, di, _ in found if di is None]
     if no_di:
         raise DproError("torch.profiler trace without a usable 'distributedInfo' (rank, world_size)", path=no_di[0],
@@ -181,7 +204,7 @@ def discover(trace_dir: Path) -> Manifest | None:
                             hint="profile with torch.profiler.schedule(...) and call prof.step() every iteration")
     world = next(iter(worlds))
     di0 = found[0][1]
-    gpus = _gpus_per_host(_load_cached(found[0][0]))
+    gpus = gpus_of[found[0][0]]
     common = sorted(set.intersection(*({s.number for s in st} for _, _, st in found)))
     if not common:
         raise DproError("the ranks' traces share no ProfilerStep number", path=trace_dir,
@@ -227,14 +250,9 @@ def _ranges(xs: list[int]) -> str:
     return ", ".join(out)
 
 
-def _gpus_per_host(doc: dict[str, Any]) -> int:
+def _gpus_per_host(scan: _Scan) -> int:
     """GPUs the trace lists (``deviceProperties``, else ``GPU n`` process labels); 1 if none."""
-    dp = doc.get("deviceProperties")
-    if isinstance(dp, list) and dp:
-        return len(dp)
-    n = sum(1 for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "M"
-            and e.get("name") == "process_labels" and str((e.get("args") or {}).get("labels", "")).startswith("GPU"))
-    return max(1, n)
+    return scan.device_props or max(1, scan.gpu_labels)
 
 
 # --------------------------------------------------------------------------- one rank
@@ -259,8 +277,13 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
         raise TraceFormatError(f"node {node!r} names no Kineto file", hint="let dpro discover the folder "
                                "(remove manifest.json) or add \"file\" to the node entry")
     path = Path(node_dir) / str(info.file)
-    doc = _load_cached(path)
-    return parse_rank(K.parse(doc, path), iterations=manifest.iterations)
+    tr = _scan(path).trace
+    for key in [k for k in _cache if k[0] == str(path.resolve())]:
+        del _cache[key]   # reading is the parsed file's last use: let it go (peak memory, docs/reliability.md)
+    with K.gc_paused():
+        nt = parse_rank(tr, iterations=manifest.iterations)
+    K.release(tr)
+    return nt
 
 
 def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTrace:
