@@ -277,6 +277,8 @@ def measure_child(trace_dir: str, mode: str = "full") -> dict:
     stage("ingest", lambda: load_trace(trace_dir))
     ts = state["ingest"]
     out["events"] = int(len(ts.events))
+    if mode == "ingest":
+        return out
     if mode == "sym":
         from dpro_kit.symmetry import rank_classes, replay_by_symmetry
         stage("classes", lambda: rank_classes(ts))
@@ -377,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--store", action="store_true",
                     help="use the trace store (dpro_kit/store.py) in a temporary DPRO_CACHE: time the first load "
                          "(parse + write), then run the stages with ingest from the store")
+    ap.add_argument("--engine", metavar="SCHEDULER",
+                    help="also time ingest with this DPRO_SCHEDULER (processes[:N], threads[:N], tcp://...), "
+                         "alternating with serial ingest, --repeat times each, one fresh process each")
     ap.add_argument("--child", metavar="TRACE_DIR", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="full", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -410,6 +415,15 @@ def main(argv: list[str] | None = None) -> int:
             row.update(info, gen_s=gen_s, layers=a.layers, buckets=a.buckets, steps=a.steps, classes=a.classes)
             if first is not None:
                 row["store_first"] = first
+            if a.engine:
+                ser, eng = [], []
+                for _ in range(a.repeat):       # alternate: load on the machine changes over time
+                    ser.append(measure(d, 1, "ingest", {**env, "DPRO_SCHEDULER": "serial"}))
+                    eng.append(measure(d, 1, "ingest", {**env, "DPRO_SCHEDULER": a.engine}))
+                row["engine"] = {"scheduler": a.engine,
+                                 "serial_s": statistics.median(r["ingest_s"] for r in ser),
+                                 "engine_s": statistics.median(r["ingest_s"] for r in eng),
+                                 "serial_runs": ser, "engine_runs": eng}
             if a.symmetry:
                 srow = measure(d, a.repeat, "sym", env)
                 srow.update(info)
@@ -427,6 +441,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.symmetry:
         print()
         print_sym_table(rows)
+    if a.engine:
+        print()
+        print(f"ingest, serial vs Dask ({a.engine}; DPRO_SCHEDULER), alternating fresh processes, median of {a.repeat}:")
+        for r in rows:
+            e = r["engine"]
+            print(f"  {r['ranks']:,} ranks: serial {e['serial_s']:.2f} s, {a.engine} {e['engine_s']:.2f} s "
+                  f"(x{e['serial_s'] / e['engine_s']:.2f})")
     if a.store:
         print()
         print("trace store (dpro_kit/store.py, Parquet under a temporary DPRO_CACHE): ingest above is from the store")

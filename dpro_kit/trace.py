@@ -416,8 +416,28 @@ def load_manifest(trace_dir: str | os.PathLike) -> Manifest:
     return Manifest.from_json(read_json(mpath, what="manifest"), path=str(mpath))
 
 
+def read_node(manifest: Manifest, node: str, ndir: str, where: str) -> NodeTrace:
+    """One node's :class:`NodeTrace` from its reader (a task of :func:`load_trace`, run by :mod:`dpro_kit.parallel`).
+
+    Parameters
+    ----------
+    manifest : Manifest
+        The job's manifest.
+    node : str
+        The node to read.
+    ndir : str
+        Its folder.
+    where : str
+        The manifest's path, for an unknown format's message.
+    """
+    from .readers import get_reader  # late import: readers import this module
+    info = manifest.nodes[node]
+    reader = get_reader(info.format or manifest.raw_format, path=where)
+    return reader(manifest, node, Path(ndir))
+
+
 def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None, store: bool | None = None,
-               file_progress: Any = None) -> TraceSet:
+               file_progress: Any = None, scheduler: str | None = None) -> TraceSet:
     """Read a trace directory into a :class:`TraceSet` (all nodes, all iterations).
 
     Each node's raw files are read by the reader registered for its format
@@ -436,7 +456,11 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None, store: boo
     file_progress : callable or None
         ``label -> (done, total) callback or None`` (:meth:`dpro_kit.session.Progress.step`):
         readers that stream a big file report the MB read through it
-        (:data:`dpro_kit.readers.kineto.FILE_PROGRESS`).
+        (:data:`dpro_kit.readers.kineto.FILE_PROGRESS`; serial reading only).
+    scheduler : str or None
+        Who reads the nodes (:mod:`dpro_kit.parallel`): ``serial``, ``processes[:N]``,
+        ``threads[:N]`` (local Dask) or a Dask scheduler address; None: ``$DPRO_SCHEDULER``,
+        else serial.  The result is the serial one.
 
     Raises
     ------
@@ -447,12 +471,12 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None, store: boo
 
     token = FILE_PROGRESS.set(file_progress)
     try:
-        return _load_trace(Path(trace_dir), progress, store)
+        return _load_trace(Path(trace_dir), progress, store, scheduler)
     finally:
         FILE_PROGRESS.reset(token)
 
 
-def _load_trace(trace_dir: Path, progress: Any, store: bool | None) -> TraceSet:
+def _load_trace(trace_dir: Path, progress: Any, store: bool | None, scheduler: str | None) -> TraceSet:
     from .readers import get_reader  # late import: readers import this module
     from .store import TraceStore, store_enabled
 
@@ -466,19 +490,26 @@ def _load_trace(trace_dir: Path, progress: Any, store: bool | None) -> TraceSet:
     frames, edges, raw_colls, mem = [], {}, [], []
     warnings = [str(w) for w in manifest.facts.warnings]
     nodes = manifest.workers() + manifest.servers()
-    for i, node in enumerate(nodes):
-        info = manifest.nodes[node]
-        ndir = trace_dir / manifest.node_dir(node)
-        if stored is not None:
-            nt = stored.node(node)
-        else:
+    if stored is not None:
+        traces = [stored.node(node) for node in nodes]
+    else:
+        tasks = []
+        for node in nodes:
+            info = manifest.nodes[node]
+            ndir = trace_dir / manifest.node_dir(node)
             if not ndir.is_dir():
                 raise DproError(f"the trace of node {node!r} (rank {info.rank}) is missing", path=ndir,
                                 hint="copy that node's trace folder here or re-collect the job")
-            reader = get_reader(info.format or manifest.raw_format, path=str(trace_dir / "manifest.json"))
-            nt = reader(manifest, node, ndir)
-            if writer is not None:
+            get_reader(info.format or manifest.raw_format, path=str(trace_dir / "manifest.json"))  # known format
+            tasks.append((manifest, node, str(ndir), str(trace_dir / "manifest.json")))
+        from .parallel import map_nodes
+        traces = map_nodes(read_node, tasks, scheduler=scheduler, progress=progress)
+        if writer is not None:
+            for node, nt in zip(nodes, traces):
                 writer.put(node, nt)
+    for i, (node, nt) in enumerate(zip(nodes, traces)):
+        info = manifest.nodes[node]
+        ndir = trace_dir / manifest.node_dir(node)
         ev = nt.events
         ev["node"] = node
         ev["host"] = info.host
@@ -488,7 +519,7 @@ def _load_trace(trace_dir: Path, progress: Any, store: bool | None) -> TraceSet:
         if nt.memory is not None and not nt.memory.empty:
             mem.append(nt.memory.assign(node=node))
         warnings.extend(f"{node}: {w}" for w in nt.warnings)
-        if progress is not None:
+        if progress is not None and stored is not None:     # else map_nodes reported it
             progress(i + 1, len(nodes))
     if writer is not None:
         writer.commit()
