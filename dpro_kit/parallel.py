@@ -12,10 +12,9 @@ Which scheduler (``load_trace(dir, scheduler=...)``, else ``$DPRO_SCHEDULER``):
 ``processes``                 Dask's local process pool (``dask.multiprocessing``), one
                               worker per CPU; ``processes:N`` for N workers; started by
                               ``fork`` when this process runs one thread, else ``spawn``
-``threads``                   Dask's thread pool (no gain for the JSON readers: they hold
-                              the GIL; useful for readers that release it)
 ``tcp://HOST:PORT``           an existing ``dask.distributed`` scheduler; its workers must
-                              see the trace folder under the same path (shared filesystem)
+                              see the trace folder under the same path (shared filesystem);
+                              a worker process reads one chunk at a time, whatever its threads
 ============================  ===========================================================
 
 Progress: the ``progress(done, total)`` callback as tasks finish (the CLI prints it on a
@@ -31,22 +30,25 @@ from __future__ import annotations
 
 import contextvars
 import os
+import threading
 from typing import Any, Callable, Sequence
 
 from .errors import DproError
 
 __all__ = ["resolve_scheduler", "map_nodes"]
 
-SCHEDULERS = ("serial", "processes", "threads")
+#: no thread pool: the readers hold the GIL while parsing JSON (no gain), and they are not thread-safe
+#: (module-level caches, gc paused while parsing: ``readers/kineto_plain.py``)
+SCHEDULERS = ("serial", "processes")
 
 
 def resolve_scheduler(scheduler: str | None = None) -> tuple[str, int | None]:
-    """``(kind, workers)`` for ``scheduler`` or ``$DPRO_SCHEDULER``: kind is serial, processes, threads or an address.
+    """``(kind, workers)`` for ``scheduler`` or ``$DPRO_SCHEDULER``: kind is serial, processes or an address.
 
     Parameters
     ----------
     scheduler : str or None
-        ``serial``, ``processes[:N]``, ``threads[:N]`` or ``tcp://HOST:PORT``; None: the
+        ``serial``, ``processes[:N]`` or ``tcp://HOST:PORT``; None: the
         environment's ``DPRO_SCHEDULER``, else ``serial``.
     """
     s = (scheduler if scheduler is not None else os.environ.get("DPRO_SCHEDULER", "")).strip() or "serial"
@@ -55,7 +57,7 @@ def resolve_scheduler(scheduler: str | None = None) -> tuple[str, int | None]:
     kind, _, n = s.partition(":")
     if kind not in SCHEDULERS or (n and not (n.isdigit() and int(n) > 0)):
         raise DproError(f"unknown scheduler {s!r}", record="DPRO_SCHEDULER / --scheduler",
-                        hint="use serial, processes[:N], threads[:N] or a Dask scheduler address tcp://HOST:PORT")
+                        hint="use serial, processes[:N] or a Dask scheduler address tcp://HOST:PORT")
     return kind, (int(n) if n else None)
 
 
@@ -128,16 +130,21 @@ def _mp_context() -> str:
     """``fork`` where it exists and this process runs one Python thread (workers start in milliseconds,
     with dpro_kit already imported), else ``spawn`` (Dask's default: each worker imports dpro_kit, ~2 s)."""
     import multiprocessing
-    import threading
     if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
         return "fork"
     return "spawn"
 
 
+#: one chunk at a time per process: a Dask worker with several threads would otherwise run readers
+#: concurrently, and they are not thread-safe
+_READER_LOCK = threading.Lock()
+
+
 def _run_chunk(fn: Callable[..., Any], args: list[tuple]) -> list[Any]:
     # a fresh context: the caller's context variables (a terminal progress callback, say) stay with
-    # the caller and are not run from worker processes or threads
-    return [contextvars.Context().run(fn, *a) for a in args]
+    # the caller and are not run from worker processes
+    with _READER_LOCK:
+        return [contextvars.Context().run(fn, *a) for a in args]
 
 
 def _distributed(address: str, fn: Callable[..., Any], args: Sequence[tuple],

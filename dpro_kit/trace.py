@@ -458,9 +458,9 @@ def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None, store: boo
         readers that stream a big file report the MB read through it
         (:data:`dpro_kit.readers.kineto.FILE_PROGRESS`; serial reading only).
     scheduler : str or None
-        Who reads the nodes (:mod:`dpro_kit.parallel`): ``serial``, ``processes[:N]``,
-        ``threads[:N]`` (local Dask) or a Dask scheduler address; None: ``$DPRO_SCHEDULER``,
-        else serial.  The result is the serial one.
+        Who reads the nodes (:mod:`dpro_kit.parallel`): ``serial``, ``processes[:N]`` (local
+        Dask) or a Dask scheduler address; None: ``$DPRO_SCHEDULER``, else serial.  The result
+        is the serial one.
 
     Raises
     ------
