@@ -8,10 +8,12 @@ many hosts run): host 0 = the PS, host 1 = the coordinator, hosts 2.. = the work
 steps/s = the coordinator's steps after warm-up / wall time. Configurations run in alternating
 order, ``--rounds`` times; the median is compared.
 
-The prediction takes a dpro_tf trace of the training step (``--trace``, or one recorded here
-with ``dpro profile --framework tensorflow`` on the same model) and the measured 1-worker
-steps/s at each bandwidth (the 1-worker + 1-PS profile run: it calibrates the fixed per-step
-dispatch overhead, docs/async.md), then simulates W = 1..N.
+The prediction starts (``--source ps-trace``, the default) from a ``dpro profile`` of the real
+1-worker job at each bandwidth (its coordinator traces the worker and PS: variables, placement,
+updates, launch measured; ``OUT/ps-trace-<Mbit/s>``), or (``--source step-trace``) from a dpro_tf
+trace of the training step in one process (``--trace``, or one recorded here); the measured
+1-worker steps/s at each bandwidth (the unprofiled runs) calibrates it (docs/async.md), then
+W = 1..N are simulated.
 
     sudo python bench/async_tf.py --bandwidths 100,300 --workers 1-4 --rounds 2 --out bench-async
 """
@@ -23,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,12 +36,59 @@ PY = sys.executable
 PLACEMENT: dict[str, int] = {}   # variable -> PS index, as the real job placed them (train.py prints it)
 
 
+class _CpuSampler:
+    """CPU time (user + system, /proc/PID/stat) of processes, sampled every ``dt`` s from a thread."""
+
+    def __init__(self, pids: list[int], dt: float = 0.1):
+        self.pids, self.dt, self.samples = pids, dt, []
+        self._stop = threading.Event()
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _cpu(self, pid: int) -> float:
+        try:
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(f[11]) + int(f[12])) / self._tick     # utime, stime
+        except (OSError, IndexError, ValueError):
+            return float("nan")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic(), [self._cpu(p) for p in self.pids]))
+            self._stop.wait(self.dt)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, t0: float, t1: float) -> list[float]:
+        """CPU seconds per process in [t0, t1] (linear between samples)."""
+        def at(t: float, i: int) -> float:
+            pts = [(ts, v[i]) for ts, v in self.samples if v[i] == v[i]]
+            if not pts:
+                return float("nan")
+            prev = max((p for p in pts if p[0] <= t), default=pts[0])
+            nxt = min((p for p in pts if p[0] >= t), default=pts[-1])
+            if nxt[0] == prev[0]:
+                return prev[1]
+            return prev[1] + (nxt[1] - prev[1]) * (t - prev[0]) / (nxt[0] - prev[0])
+        return [at(t1, i) - at(t0, i) for i in range(len(self.pids))]
+
+
+# the last run, per role (ps, chief, worker): CPU s per step and CPUs used over the measured steps
+# (profiled: the chief's entry is the dpro profile process, not the job)
+RUN_CPU: dict[str, dict] = {}
+
+
 def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: int, depth: int, batch: int,
             cpus: float | None, ps_cpus: float | None = None, num_ps: int = 1, prefix: str = "tfas",
-            timeout: float = 400.0) -> float:
+            timeout: float = 400.0, profile: tuple[Path, str] | None = None) -> float:
     """One real ParameterServerStrategy run; returns the coordinator's steps/s.
 
-    ``cpus``: CPU quota of every host; ``ps_cpus``: the PS host's (default ``cpus``)."""
+    ``cpus``: CPU quota of every host; ``ps_cpus``: the PS host's (default ``cpus``);
+    ``profile``: ``(out, "START:END")`` runs the coordinator under ``dpro profile --framework
+    tensorflow`` (it traces the worker and PS tasks; docs/tensorflow.md)."""
     from dpro_kit.cluster import EmulatedCluster
     from dpro_kit.jobs import CpuBudget
     hosts = workers + 1 + num_ps
@@ -62,15 +112,48 @@ def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: i
                        for j, h in enumerate(ps_hosts)]
             servers += [start(2 + i, "worker", i, ["--serve", *common], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for i in range(workers)]
-            chief = start(1, "chief", 0, ["--strategy", "ps", "--steps", str(steps), "--warmup", str(warmup), *common],
+            job = [str(TRAIN), "--strategy", "ps", "--steps", str(steps), "--warmup", str(warmup), *common]
+            if profile is not None:
+                job = ["-m", "dpro_kit.cli", "profile", "--framework", "tensorflow", "--out", str(profile[0]),
+                       "--host", "host1", "--steps", profile[1], "--", PY, *job]
+            env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}),
+                   "TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1"}
+            if profile is not None:   # this checkout's dpro_kit (and its collectors) in the profiled job
+                env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+            chief = c.run(1, [PY, *job], env=env, preexec_fn=budget.preexec(1) if budget else None,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            out, err = chief.communicate(timeout=timeout)
+            sampler = _CpuSampler([s.pid for s in servers[:num_ps]] + [chief.pid] + [s.pid for s in servers[num_ps:]])
+            lines: list[tuple[float, str]] = []     # the coordinator's stdout lines, timed as they arrive
+            errs: list[str] = []
+            readers = [threading.Thread(target=lambda: lines.extend((time.monotonic(), ln) for ln in chief.stdout)),
+                       threading.Thread(target=lambda: errs.append(chief.stderr.read()))]
+            for r in readers:
+                r.start()
+            try:
+                chief.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                chief.kill()
+                chief.wait()
+            for r in readers:
+                r.join()
+            err = "".join(errs)
+            sampler.stop()
+            out = "".join(ln for _, ln in lines)
             for s in servers:
                 s.kill()
+            if profile is not None:   # what dpro profile said (the trace's conversion)
+                Path(f"{profile[0]}.log").write_text(out + err)
             if chief.returncode != 0:
                 raise RuntimeError(f"coordinator failed ({chief.returncode}): {err[-1500:]}")
-            doc = json.loads(out.strip().splitlines()[-1])
+            t_end, last = [(t, ln) for t, ln in lines if ln.strip()][-1]
+            doc = json.loads(last)
             PLACEMENT.update(doc.get("placement") or {})
+            # every task's CPU time over the measured steps (they end when train.py prints its line)
+            cpu = sampler.between(t_end - float(doc["wall_s"]), t_end)
+            RUN_CPU.clear()
+            for role, part in (("ps", cpu[:num_ps]), ("chief", cpu[num_ps:num_ps + 1]), ("worker", cpu[num_ps + 1:])):
+                RUN_CPU[role] = {"cpu_s_per_step": [c / doc["steps"] for c in part],
+                                 "cpus_used": [c / float(doc["wall_s"]) for c in part]}
             return float(doc["steps_per_s"])
         finally:
             if budget:
@@ -101,7 +184,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cpus-per-host", type=float, default=0.3)
     ap.add_argument("--ps-cpus", type=float, default=None, help="the PS host's CPU quota (default: --cpus-per-host)")
     ap.add_argument("--ps", type=int, default=1, choices=[1, 2], help="parameter servers (real job and prediction)")
-    ap.add_argument("--trace", type=Path, default=None)
+    ap.add_argument("--source", choices=["ps-trace", "step-trace"], default="ps-trace",
+                    help="what the prediction starts from: a dpro profile of the real 1-worker job at each "
+                         "bandwidth (its coordinator traces the worker and PS), or one process's training step")
+    ap.add_argument("--trace", type=Path, default=None, help="the step trace (--source step-trace)")
     ap.add_argument("--out", type=Path, default=Path("bench-async"))
     ap.add_argument("--measure-only", action="store_true")
     ap.add_argument("--calibrate", choices=["bandwidth", "overhead"], default="bandwidth",
@@ -113,6 +199,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     meas_path = args.out / "measured.json"
     measured: dict[str, list[float]] = json.loads(meas_path.read_text()) if meas_path.exists() else {}
+    cpu_path = args.out / "cpu.json"     # per run and role: CPU s per step and CPUs used
+    cpu_runs: dict[str, list[dict]] = json.loads(cpu_path.read_text()) if cpu_path.exists() else {}
     configs = [(b, w) for b in bws for w in ws]
     for r in range(args.rounds):
         order = configs if r % 2 == 0 else list(reversed(configs))   # alternate the order every round
@@ -125,26 +213,63 @@ def main(argv=None) -> int:
                           batch=args.batch, cpus=args.cpus_per_host, ps_cpus=args.ps_cpus, num_ps=args.ps)
             measured.setdefault(key, []).append(sps)
             meas_path.write_text(json.dumps(measured, indent=1))
+            cpu_runs.setdefault(key, []).append(dict(RUN_CPU))
+            cpu_path.write_text(json.dumps(cpu_runs, indent=1))
             print(f"round {r} {b:g} Mbit/s W={w}: {sps:.3f} steps/s ({time.time() - t:.0f} s)", flush=True)
     if args.measure_only:
         return 0
     from dpro_kit.async_ps import calibrate, predict, template_from_trace
-    trace = args.trace or profile_step(args.out / "step-trace", width=args.width, depth=args.depth, batch=args.batch)
     place_path = args.out / "placement.json"
     if PLACEMENT:
         place_path.write_text(json.dumps(PLACEMENT, indent=1))
     placement = json.loads(place_path.read_text()) if place_path.exists() else None
-    tpl = template_from_trace(trace, num_ps=args.ps, placement=placement if args.ps > 1 else None)
+    templates = {}
+    if args.source == "ps-trace":   # the real 1-worker job under dpro profile, once per bandwidth
+        for b in bws:
+            tdir = args.out / f"ps-trace-{b:g}"
+            if not (tdir / "manifest.json").exists():
+                if tdir.exists():
+                    import shutil
+                    shutil.rmtree(tdir)
+                t = time.time()
+                run_pss(1, b, steps=args.steps, warmup=args.warmup, width=args.width, depth=args.depth,
+                        batch=args.batch, cpus=args.cpus_per_host, ps_cpus=args.ps_cpus, num_ps=args.ps,
+                        profile=(tdir, f"{args.warmup + 4}:{args.warmup + 10}"))
+                # (the window starts tracing 2 steps before START, and train.py's join after its warm-up
+                # waits for a running trace: a window starting inside the warm-up traces an idle job)
+                print(f"profiled the 1-worker job at {b:g} Mbit/s: {tdir} ({time.time() - t:.0f} s)", flush=True)
+            templates[b] = template_from_trace(tdir, num_ps=args.ps)    # the job's own placement is in the trace
+        tpl = templates[bws[0]]
+    else:
+        trace = args.trace or profile_step(args.out / "step-trace", width=args.width, depth=args.depth,
+                                           batch=args.batch)
+        tpl = template_from_trace(trace, num_ps=args.ps, placement=placement if args.ps > 1 else None)
+        templates = {b: tpl for b in bws}
     if args.ps > 1:
         per_ps = [sum(b for v, b in tpl.variables.items() if (placement or {}).get(v, 0) % args.ps == p)
                   for p in range(args.ps)]
         print(f"variable bytes per PS (the job's placement): {per_ps}")
+    cpu_doc = json.loads((args.out / "cpu.json").read_text()) if (args.out / "cpu.json").exists() else {}
+    quota = {"ps": args.ps_cpus or args.cpus_per_host, "chief": args.cpus_per_host, "worker": args.cpus_per_host}
+
+    def cpu_use(key: str) -> str:
+        """Median over the runs of each role's CPUs used (the busiest task of the role), of its quota."""
+        runs = [r for r in cpu_doc.get(key, []) if r.get("ps")]
+        if not runs:
+            return "—"
+        return ", ".join(f"{role} {statistics.median(max(r[role]['cpus_used']) for r in runs):.3f}/{quota[role]:g}"
+                         for role in ("ps", "chief", "worker"))
     print(f"\n| Mbit/s | W | measured steps/s (median of {args.rounds}; all) | predicted (range over 8 start "
-          f"offsets) | error |")
-    print("|---|---|---|---|---|")
-    errs = []
+          f"offsets) | error | CPUs used / quota (median of runs) |")
+    print("|---|---|---|---|---|---|")
+    errs, errs_w = [], []
     for b in bws:
         one = statistics.median(measured[f"{b:g}:1"])
+        tpl = templates[b]
+        if args.source == "ps-trace":
+            man = json.loads((args.out / f"ps-trace-{b:g}" / "manifest.json").read_text())
+            print(f"| {b:g} | | the profiled 1-worker job's own unprofiled steps: "
+                  f"{1e3 / man['extra']['measured_iteration_ms']:.2f} steps/s | | | |")
         fit = calibrate(tpl, one, how=args.calibrate, bandwidth_mbit=b, num_ps=args.ps)   # W=1 only (docs/async.md)
         preds = {p.workers: p for p in predict(tpl, ws, num_ps=args.ps, **fit)}
         for w in ws:
@@ -152,12 +277,15 @@ def main(argv=None) -> int:
             p = preds[w].steps_per_s
             e = 100 * (p - m) / m
             errs.append(abs(e))
+            if w > 1:
+                errs_w.append(abs(e))
             allm = ", ".join(f"{x:.2f}" for x in measured[f"{b:g}:{w}"])
             print(f"| {b:g} | {w} | {m:.2f} ({allm}) | {p:.2f} ({preds[w].low:.2f} .. {preds[w].high:.2f}) | "
-                  f"{e:+.1f} % |")
+                  f"{e:+.1f} % | {cpu_use(f'{b:g}:{w}')} |")
         print(f"| {b:g} | | calibrated on W=1 ({args.calibrate}): effective {fit['bandwidth_mbit']:.1f} Mbit/s, "
-              f"step overhead {fit['step_overhead_us'] / 1e3:.1f} ms | | |")
-    print(f"\nmax |error| {max(errs):.1f} %, median {statistics.median(errs):.1f} %")
+              f"step overhead {fit['step_overhead_us'] / 1e3:.1f} ms | | | |")
+    print(f"\nmax |error| {max(errs):.1f} %, median {statistics.median(errs):.1f} % (all rows); "
+          f"W > 1 only: median {statistics.median(errs_w or [0.0]):.1f} %")
     return 0
 
 
