@@ -279,6 +279,16 @@ def measure_child(trace_dir: str, mode: str = "full") -> dict:
     out["events"] = int(len(ts.events))
     if mode == "ingest":
         return out
+    if mode == "arrays":
+        from dpro_kit.graph.arrays import compile_trace
+        stage("arrays", lambda: compile_trace(ts))
+        cg = state["arrays"]
+        if cg is None:
+            raise SystemExit("compile_trace does not cover this job")
+        out["ops"] = cg.n
+        stage("replay", lambda: replay(cg))
+        out["iteration_time_us"] = float(state["replay"].iteration_time_us)
+        return out
     if mode == "sym":
         from dpro_kit.symmetry import rank_classes, replay_by_symmetry
         stage("classes", lambda: rank_classes(ts))
@@ -382,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", metavar="SCHEDULER",
                     help="also time ingest with this DPRO_SCHEDULER (processes[:N], threads[:N], tcp://...), "
                          "alternating with serial ingest, --repeat times each, one fresh process each")
+    ap.add_argument("--arrays", action="store_true",
+                    help="also measure the array-native compile (dpro_kit/graph/arrays.py: tables -> replay arrays, "
+                         "no networkx) and its replay in a fresh process of its own")
     ap.add_argument("--child", metavar="TRACE_DIR", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="full", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -424,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                                  "serial_s": statistics.median(r["ingest_s"] for r in ser),
                                  "engine_s": statistics.median(r["ingest_s"] for r in eng),
                                  "serial_runs": ser, "engine_runs": eng}
+            if a.arrays:
+                row["arrays"] = measure(d, a.repeat, "arrays", env)
             if a.symmetry:
                 srow = measure(d, a.repeat, "sym", env)
                 srow.update(info)
@@ -441,6 +456,24 @@ def main(argv: list[str] | None = None) -> int:
     if a.symmetry:
         print()
         print_sym_table(rows)
+    if a.arrays:
+        print()
+        print("array-native compile (dpro_kit/graph/arrays.py) vs build + compile through networkx, after ingest:")
+        head = (f"{'ranks':>6} {'ops':>10} {'nx build+compile s':>18} {'CPU s':>6} {'arrays s':>9} {'CPU s':>6} "
+                f"{'replay s':>8} {'tables->result s':>16} {'ops/s':>8} {'peak MB nx':>10} {'peak MB arrays':>14} "
+                f"{'= full':>6}")
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            x = r["arrays"]
+            same = "yes" if x["iteration_time_us"] == r["iteration_time_us"] and x["ops"] == r["ops"] else "NO"
+            t = x["arrays_s"] + x["replay_s"]
+            print(f"{r['ranks']:>6,} {x['ops']:>10,} {r['build_s'] + r['compile_s']:>18.2f} "
+                  f"{r['build_cpu_s'] + r['compile_cpu_s']:>6.2f} {x['arrays_s']:>9.2f} {x['arrays_cpu_s']:>6.2f} "
+                  f"{x['replay_s']:>8.2f} {t:>16.2f} {x['ops'] / t / 1e3:>6.0f} k {r['replay_peak_mb']:>10.0f} "
+                  f"{x['replay_peak_mb']:>14.0f} {same:>6}")
+        print("'= full': same op count and iteration time as the networkx path (arrays equal: "
+              "tests/test_graph_arrays.py); peak MB includes ingest.")
     if a.engine:
         print()
         print(f"ingest, serial vs Dask ({a.engine}; DPRO_SCHEDULER), alternating fresh processes, median of {a.repeat}:")

@@ -152,18 +152,50 @@ def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGr
             src0[j] = iu
             dst0[j] = index0[v]
             j += 1
-    ip0, s0, deg0 = csr_from_edges(n, src0, dst0)
-    order = _generations_order(ip0, s0, deg0)
-    if order.size < n:
+    it = [(index0[u], index0[v]) for u, v in g.graph.get("iteration_edges", []) if u in index0 and v in index0]
+    cg = compile_arrays(keys0, dur0, prio0, dev0, list(dev_names), src0, dst0, np.array(it, dtype=np.int64))
+    if cg is None:
         cycle = nx.find_cycle(g)
         raise GraphError("the dependency graph has a cycle: " + " -> ".join(repr(u) for u, _ in cycle[:6]),
                          hint="an op cannot depend on itself; check the dependency files")
+    return cg
+
+
+def compile_arrays(keys0: list[str], dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray, dev_names: list[str],
+                   src0: np.ndarray, dst0: np.ndarray, iter_pairs: np.ndarray) -> CompiledGraph | None:
+    """The :class:`CompiledGraph` of ops given as arrays in insertion order (what :func:`compile_graph` reads
+    from a networkx graph; :mod:`dpro_kit.graph.arrays` builds them from the trace tables directly).
+
+    Parameters
+    ----------
+    keys0 : list of str
+        Op keys, in insertion order.
+    dur0, prio0 : numpy.ndarray
+        Duration (us) and priority per op.
+    dev0 : numpy.ndarray
+        Index into ``dev_names`` per op, -1 for no device; ``dev_names`` in order of first appearance.
+    dev_names : list of str
+        Device names.
+    src0, dst0 : numpy.ndarray
+        Edges (op indices), in networkx adjacency order (sources in insertion order, each
+        source's successors in the order they were added).
+    iter_pairs : numpy.ndarray
+        ``(k, 2)`` iteration edges (op indices).
+
+    Returns None when the edges have a cycle (the caller names it).
+    """
+    n = len(keys0)
+    ip0, s0, deg0 = csr_from_edges(n, src0, dst0)
+    order = _generations_order(ip0, s0, deg0)
+    if order.size < n:
+        return None
     keys = [keys0[i] for i in order]
     dur = dur0[order]
     bad = ~np.isfinite(dur) | (dur < 0)
     if bad.any():
         k = keys[int(np.flatnonzero(bad)[0])]
-        raise GraphError(f"op {k!r} has duration {g.nodes[k].get('dur')!r}; durations must be finite and >= 0")
+        raise GraphError(f"op {k!r} has duration {float(dur[int(np.flatnonzero(bad)[0])])!r}; durations must be "
+                         "finite and >= 0")
     inv = np.empty(n, dtype=np.int64)
     inv[order] = np.arange(n, dtype=np.int64)
     # devices numbered in order of first appearance in the topological order (as before)
@@ -174,12 +206,9 @@ def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGr
     remap = np.full(max(len(dev_names), 1), -1, dtype=np.int64)
     remap[by_first] = np.arange(by_first.size, dtype=np.int64)
     device = np.where(used, remap[np.maximum(dev_t, 0)], -1)
-    names = list(dev_names)
-    devices = [names[int(i)] for i in by_first]
+    devices = [dev_names[int(i)] for i in by_first]
     indptr, succ, indeg = csr_from_edges(n, inv[src0], inv[dst0])
-    it = [(inv[index0[u]], inv[index0[v]]) for u, v in g.graph.get("iteration_edges", [])
-          if u in index0 and v in index0]
-    it_arr = np.array(it, dtype=np.int64).reshape(-1, 2)
+    it_arr = inv[np.asarray(iter_pairs, dtype=np.int64).reshape(-1, 2)]
     cg = CompiledGraph(keys=keys, dur=dur, device=device, devices=devices, priority=prio0[order],
                        indptr=indptr, succ=succ, indeg=indeg, iter_src=it_arr[:, 0].copy(),
                        iter_dst=it_arr[:, 1].copy())
@@ -427,5 +456,5 @@ def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[
     return ReplayResult(graph=cg, iterations=iterations, start=start, end=end, crit_pred=crit, dev_prev=prev)
 
 
-__all__ = ["compile_graph", "CompiledGraph", "csr_from_edges", "induced_subgraph", "locality_order", "renumber",
+__all__ = ["compile_arrays", "compile_graph", "CompiledGraph", "csr_from_edges", "induced_subgraph", "locality_order", "renumber",
            "replay", "ReplayResult", "run_kernel", "unroll"]
