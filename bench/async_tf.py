@@ -235,8 +235,7 @@ def main(argv=None) -> int:
                 run_pss(1, b, steps=args.steps, warmup=args.warmup, width=args.width, depth=args.depth,
                         batch=args.batch, cpus=args.cpus_per_host, ps_cpus=args.ps_cpus, num_ps=args.ps,
                         profile=(tdir, f"{args.warmup + 4}:{args.warmup + 10}"))
-                # (the window starts tracing 2 steps before START, and train.py's join after its warm-up
-                # waits for a running trace: a window starting inside the warm-up traces an idle job)
+                # (steps after the warm-up; the trace starts 2 steps before START)
                 print(f"profiled the 1-worker job at {b:g} Mbit/s: {tdir} ({time.time() - t:.0f} s)", flush=True)
             templates[b] = template_from_trace(tdir, num_ps=args.ps)    # the job's own placement is in the trace
         tpl = templates[bws[0]]

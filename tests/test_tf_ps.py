@@ -50,7 +50,9 @@ def run_ps_job(out: Path, *, rate_mbit: float = 300, width: int = 256, steps: st
             try:
                 cmd = [PY, "-m", "dpro_kit.cli", "profile", "--framework", "tensorflow", "--out", str(out),
                        "--host", "host1", "--steps", steps, "--json", "--", PY, str(TRAIN), "--strategy", "ps",
-                       "--steps", str(iters), "--warmup", "3", *common]
+                       "--steps", str(iters), "--warmup", "5", *common]
+                # warm-up 5 > START-2: the trace starts before train.py's join after the warm-up, which must
+                # not hold the job (it did: an idle trace, no task written)
                 chief = c.run(1, cmd, env=env("chief"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               preexec_fn=budget.preexec(1) if budget else None)
                 so, se = chief.communicate(timeout=timeout)

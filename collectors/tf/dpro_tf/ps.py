@@ -15,7 +15,8 @@ Python loop) records the job:
   the profiler's own cost, + 0.3 s); the steps the trace holds whole are kept (the reader needs
   the step before and after each profiled step: its gradients' update and its successor's reads);
   a worker past step ``END`` waits for the trace to come back before its next closure, and so does
-  ``ClusterCoordinator.join`` (the job never tears down while its servers are being traced);
+  ``ClusterCoordinator.join`` once a worker is past ``END`` (the job never tears down while its
+  servers are being traced; a ``join`` inside the window, e.g. after a warm-up, returns at once);
 * **files**, written by that thread once the trace is back, per traced task in
   ``OUT/<address host>/<task>/``: ``tf_ps_ops.json`` (:func:`dpro_tf.xplane.convert_task`
   plus ``step_of``: the task's step ids -> ``{worker, step}``), ``tf_graph.json`` (the scheduled
@@ -118,8 +119,11 @@ class CoordinatorRecorder:
 
         def join(coord):
             result = orig_join(coord)
-            if rec.state == "tracing":
-                rec.traced.wait()     # the job's steps are done: the trace must come back before it goes on
+            # the window is over (a worker ran past END): the trace must come back before the job goes on
+            # (it may tear down); a join before that (e.g. after a warm-up) must not stall the job the
+            # trace is recording -- more steps follow, and exit waits for the (non-daemon) trace thread
+            if rec.state == "tracing" and max(map(len, rec.closures.values()), default=0) > rec.end:
+                rec.traced.wait()
             return result
 
         _process_closure.__wrapped__ = orig_proc
