@@ -113,3 +113,20 @@ def test_unwritable_cache_goes_on(tmp_path, monkeypatch, capsys):
     ts = load_trace(d, store=True)
     assert len(ts.events) and "trace store not written" in capsys.readouterr().err
     assert store_root().parent.is_file() or not store_root().exists()
+
+
+def test_cli_replay_same_with_store(tmp_path, cache):
+    """``DPRO_STORE=1 dpro replay`` (first load writes, second reads) prints what a parse does."""
+    import subprocess
+    import scale
+    d = tmp_path / "job"
+    scale.write_job(d, 4, layers=4, buckets=2, steps=2)
+    env = dict(os.environ, DPRO_CACHE=str(cache))
+    env.pop("DPRO_STORE", None)
+    cmd = [sys.executable, "-m", "dpro_kit", "replay", str(d), "--mean-durations"]
+    plain = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    env["DPRO_STORE"] = "1"
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    assert TraceStore(d).index() is not None
+    second = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    assert plain == first == second and "predicted iteration time" in plain
