@@ -223,12 +223,15 @@ def test_is_allreduce_asks_the_scheme_registry():
     ps = Collective(tensor="p0", op="push_pull", bytes=8, participants=["w0"], algorithm="ps")
     other = Collective(tensor="x", op="broadcast", bytes=8, participants=["w0", "w1"], algorithm="bcast")
     assert is_allreduce(ring) and not is_allreduce(ps) and not is_allreduce(other)
-    tree = Collective(tensor="t0", op="allreduce_tree", bytes=8, participants=["w0", "w1"], algorithm="tree")
-    assert not is_allreduce(tree)                       # unknown scheme: not a bucket
-    register_scheme(CommScheme(name="tree", op="allreduce_tree", build=SCHEMES["ring"].build,
+    hier = Collective(tensor="t0", op="allreduce_hier", bytes=8, participants=["w0", "w1"], algorithm="test-hier")
+    assert not is_allreduce(hier)                       # unknown scheme: not a bucket
+    register_scheme(CommScheme(name="test-hier", op="allreduce_hier", build=SCHEMES["ring"].build,
                                collectives=SCHEMES["ring"].collectives, recognise=lambda g, i: None,
                                allreduce=True))
     try:
-        assert is_allreduce(tree) and is_allreduce(replace(tree, algorithm=""))   # by name, or by its op
+        assert is_allreduce(hier) and is_allreduce(replace(hier, algorithm=""))   # by name, or by its op
     finally:
-        del SCHEMES["tree"]
+        del SCHEMES["test-hier"]
+    # the built-in tree AllReduce (NCCL) is a bucket too
+    assert is_allreduce(Collective(tensor="t1", op="allreduce_tree", bytes=8, participants=["w0", "w1"],
+                                   algorithm="tree"))

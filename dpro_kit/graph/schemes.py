@@ -24,7 +24,8 @@ about one way of synchronising tensors, so that no module branches on
   with the reduced tensor): its collectives are the gradient buckets that what-ifs
   re-bucket and the memory model counts (:func:`is_allreduce`).
 
-Built in: ``ring`` (ring AllReduce), ``ps`` (parameter-server push/pull), ``ps_async``
+Built in: ``ring`` (ring AllReduce), ``tree`` (one chunk of NCCL's tree AllReduce: reduce up a
+binary tree, broadcast down), ``ps`` (parameter-server push/pull), ``ps_async``
 (asynchronous PS: per-worker updates) and ``ps_step`` (asynchronous PS whose step ends when all its
 updates are done: TensorFlow's ParameterServerStrategy).
 Adding one (tree, hierarchical, Horovod fusion, BytePS partitions): write its
@@ -41,7 +42,8 @@ import networkx as nx
 
 from ..errors import GraphError
 from ..trace import Collective, OpKind
-from .topology import CommContext, ps_async_push_pull, ps_push_pull, ps_step_push_pull, ring_allreduce, split_bytes
+from .topology import (CommContext, ps_async_push_pull, ps_push_pull, ps_step_push_pull, ring_allreduce, split_bytes,
+                       tree_allreduce, tree_order)
 
 __all__ = ["asynchronous_workers", "CommScheme", "TensorGroup", "SCHEMES", "register_scheme", "get_scheme", "scheme_for_op",
            "is_allreduce", "recognise", "ps_server_of"]
@@ -188,6 +190,26 @@ def _ring_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], l
     return (order if len(order) == len(in_ops) else sorted(in_ops)), [], []
 
 
+# --------------------------------------------------------------------------- tree (NCCL)
+
+def _tree_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], list[str]] | None:
+    """Participants in tree order, from each node's reduce-phase SEND (its parent); None if not a tree."""
+    parent: dict[str, str | None] = {}
+    tree_ops = False
+    for n, k in in_ops.items():
+        parent[n] = None
+        for s in g.successors(k):
+            d = g.nodes[s]
+            if d["kind"] == OpKind.SEND.value and d.get("phase") in ("reduce", "broadcast"):
+                tree_ops = True
+                if d["phase"] == "reduce":
+                    parent[n] = d["peer"]
+    if not tree_ops:
+        return None
+    order = tree_order(parent)
+    return (order, []) if order is not None else None
+
+
 # --------------------------------------------------------------------------- parameter server
 
 def _ps_collectives(self: CommScheme, grp: TensorGroup) -> list[Collective]:
@@ -218,6 +240,9 @@ def _ps_recognise(g: nx.DiGraph, in_ops: dict[str, str], phase: str = "aggregate
 
 register_scheme(CommScheme(name="ring", op="allreduce", build=ring_allreduce, collectives=_ring_collectives,
                            recognise=_ring_recognise, allreduce=True))
+# NCCL's tree AllReduce, one chunk per collective (after ring: recognised before it, newest first)
+register_scheme(CommScheme(name="tree", op="allreduce_tree", build=tree_allreduce, collectives=_ring_collectives,
+                           recognise=_tree_recognise, allreduce=True))
 register_scheme(CommScheme(name="ps", op="push_pull", build=ps_push_pull, collectives=_ps_collectives,
                            recognise=_ps_recognise, uses_servers=True, servers_of=_ps_servers_of))
 # asynchronous PS (MXNet dist_async): the same collectives, per-worker updates on the server

@@ -169,6 +169,182 @@ def ring_allreduce(ctx: CommContext, coll: Collective) -> None:
         ctx.graph.add_edge(last_send[i], io[r][1])
 
 
+def btree(n: int, p: int) -> tuple[int, list[int]]:
+    """Parent and children of position ``p`` in NCCL's binary tree of ``n`` positions (root 0).
+
+    Let ``b`` be the lowest set bit of ``p`` (``p > 0``).  The parent is ``p`` with bit ``b``
+    cleared and bit ``2b`` set, or only ``b`` cleared when that is ``>= n``.  The children are
+    ``p - b/2`` and the largest ``p + b/2**k < n`` (``k >= 1``), none when ``b == 1``.  The root
+    ``0`` has one child, the largest power of two below ``n``.  The tree is a binary search tree
+    of the positions (in-order = 0, 1, ..., n-1), depth ``ceil(log2 n)``.  NCCL's
+    ``ncclGetBtree`` (``src/graph/trees.cc``) computes the same tree; docs/nccl.md.
+
+    Returns
+    -------
+    tuple
+        ``(parent, children)``: parent ``-1`` for the root; children in NCCL's order (``down[0]``
+        = the lower position first).
+    """
+    if not 0 <= p < n:
+        raise ValueError(f"position {p} outside a tree of {n}")
+    if p == 0:
+        if n == 1:
+            return -1, []
+        top = 1
+        while top * 2 < n:
+            top *= 2
+        return -1, [top]
+    b = p & -p
+    up = (p & ~b) | (b << 1)
+    if up >= n:
+        up = p & ~b
+    kids = []
+    half = b >> 1
+    if half:
+        kids.append(p - half)
+        while half and p + half >= n:
+            half >>= 1
+        if half:
+            kids.append(p + half)
+    return up, kids
+
+
+def double_tree_orders(ranks: list[str]) -> tuple[list[str], list[str]]:
+    """The two tree orders of NCCL's double binary tree over ``ranks`` (one rank per node).
+
+    Tree 0 puts ``ranks[i]`` at position ``i``; tree 1 mirrors it (``ranks[i]`` at position
+    ``n-1-i``) when ``n`` is even, and shifts it by one (``ranks[i]`` at position ``i-1 mod n``)
+    when ``n`` is odd, so that no rank is an inner node of both trees (``ncclGetDtree``).
+    Returned as participant lists in tree order (``order[p]`` holds position ``p``): the
+    ``participants`` of a :func:`tree_allreduce` collective on the tree's channels.
+    """
+    n = len(ranks)
+    t1 = list(reversed(ranks)) if n % 2 == 0 else ranks[1:] + ranks[:1]
+    return list(ranks), t1
+
+
+def tree_order(parent: dict[str, str | None]) -> list[str] | None:
+    """Participants in tree order whose :func:`btree` is the tree ``parent`` describes, or None.
+
+    ``parent[node]`` is the node's parent (None for the root).  Any labelling of NCCL's binary
+    tree of ``len(parent)`` positions that gives the same parent of every node will do (subtrees
+    of the same shape are interchangeable); None when the tree has another shape (e.g. NCCL's
+    chain of the ranks within one node).
+    """
+    n = len(parent)
+    roots = [k for k, v in parent.items() if v is None]
+    if n == 0 or len(roots) != 1 or any(v is not None and v not in parent for v in parent.values()):
+        return None
+    kids: dict[str, list[str]] = {k: [] for k in parent}
+    for k, v in parent.items():
+        if v is not None:
+            kids[v].append(k)
+    pos_kids = {p: btree(n, p)[1] for p in range(n)}
+
+    def shape(children, root, seen):
+        if root in seen:
+            raise ValueError("cycle")
+        seen.add(root)
+        return tuple(sorted(shape(children, c, seen) for c in children[root]))
+
+    try:
+        seen: set = set()
+        sn = {k: shape(kids, k, set()) for k in parent}
+        shape(kids, roots[0], seen)
+        if len(seen) != n:
+            return None
+    except (ValueError, RecursionError):
+        return None
+    sp = {p: shape(pos_kids, p, set()) for p in range(n)}
+    order: list[str | None] = [None] * n
+
+    def assign(p: int, node: str) -> bool:
+        if sp[p] != sn[node] or len(pos_kids[p]) != len(kids[node]):
+            return False
+        order[p] = node
+        free = list(kids[node])
+        for q in pos_kids[p]:
+            match = next((c for c in free if sn[c] == sp[q]), None)
+            if match is None or not assign(q, match):
+                return False
+            free.remove(match)
+        return True
+
+    return [str(x) for x in order] if assign(0, roots[0]) else None
+
+
+def tree_allreduce(ctx: CommContext, coll: Collective) -> None:
+    """One chunk of NCCL's tree AllReduce: reduced up a binary tree, then broadcast down it.
+
+    ``coll.participants`` are in tree order: ``participants[p]`` sits at position ``p`` of
+    :func:`btree` (root ``participants[0]``).  Reduce phase: every non-root rank sends the whole
+    chunk (``coll.bytes``) to its parent once its own input is in (In) and it has received the
+    chunk from each of its children (phase ``reduce``, step 0).  Broadcast phase: the root, once
+    it has all its children's chunks, sends the result to each child; every other rank forwards
+    what it receives from its parent to each of its children (phase ``broadcast``, step 1).
+    Out(r) waits for r's broadcast RECV (the root: its reduce RECVs) and for all of r's SENDs.
+    Transaction ids :func:`txn_id` ``(tensor, phase, step, 0, src, dst)``.
+
+    NCCL runs one such pass per chunk of each channel's share, pipelined (chunk k+1 goes up while
+    chunk k comes down); the reader (``dpro_kit/readers/nccl.py``) makes every (channel, chunk)
+    one collective, so the pipelining comes from the link devices, which keep each direction's
+    transfers in order.  Channels alternate between the two trees of
+    :func:`double_tree_orders` (docs/nccl.md).
+
+    Parameters
+    ----------
+    ctx : CommContext
+        The graph under construction.
+    coll : dpro_kit.trace.Collective
+        One chunk; ``participants`` in tree order.
+
+    References
+    ----------
+    .. [1] Sanders, Speck, Träff, "Two-tree algorithms for full bandwidth broadcast, reduction and
+           scan", Parallel Computing 35(12), 2009 (the double binary tree).
+    .. [2] NVIDIA, "Massively Scale Your Deep Learning Training with NCCL 2.4" (2019 blog post:
+           double binary trees in NCCL), and NCCL's ``src/graph/trees.cc``,
+           ``src/device/all_reduce.h`` (``runTreeSplit``), ``src/proxy.cc`` (``ncclProxySaveOp``).
+    """
+    ranks = coll.participants
+    n = len(ranks)
+    io = {r: ctx.in_out(coll, r) for r in ranks}
+    if n == 1:
+        ctx.graph.add_edge(*io[ranks[0]])
+        return
+    g = ctx.graph
+    shape = [btree(n, p) for p in range(n)]
+    up_recv: dict[int, list[str]] = {p: [] for p in range(n)}
+    up_send: dict[int, str] = {}
+    for p in range(1, n):
+        q = shape[p][0]
+        ks, kr = ctx.transfer(coll, phase="reduce", step=0, chunk=0, src=ranks[p], dst=ranks[q], nbytes=coll.bytes)
+        g.add_edge(io[ranks[p]][0], ks)
+        g.add_edge(ks, io[ranks[p]][1])
+        up_send[p] = ks
+        up_recv[q].append(kr)
+    for p in range(1, n):
+        for kr in up_recv[p]:
+            g.add_edge(kr, up_send[p])
+    down_recv: dict[int, str] = {}
+    # parents before children: positions in breadth-first order from the root
+    todo = [0]
+    while todo:
+        p = todo.pop(0)
+        for c in shape[p][1]:
+            ks, kr = ctx.transfer(coll, phase="broadcast", step=1, chunk=0, src=ranks[p], dst=ranks[c],
+                                  nbytes=coll.bytes)
+            if p == 0:
+                g.add_edge(io[ranks[0]][0], ks)
+                g.add_edges_from((k, ks) for k in up_recv[0])
+            else:
+                g.add_edge(down_recv[p], ks)
+            g.add_edge(ks, io[ranks[p]][1])
+            g.add_edge(kr, io[ranks[c]][1])
+            down_recv[c] = kr
+            todo.append(c)
+
+
 def ps_push_pull(ctx: CommContext, coll: Collective) -> None:
     """Parameter server: per partition p on server s, every worker PUSHes, s aggregates, then PULLs.
 
@@ -318,5 +494,5 @@ def ps_step_push_pull(ctx: CommContext, coll: Collective) -> None:
             g.add_edge(kr, kout)
 
 
-__all__ = ["CommContext", "Links", "ps_async_push_pull", "ps_push_pull", "ps_step_push_pull", "ring_allreduce",
-           "split_bytes", "txn_id"]
+__all__ = ["CommContext", "Links", "btree", "double_tree_orders", "ps_async_push_pull", "ps_push_pull",
+           "ps_step_push_pull", "ring_allreduce", "split_bytes", "tree_allreduce", "tree_order", "txn_id"]
