@@ -119,7 +119,7 @@ class Session:
             raise DproError("what-if and --per-iteration need a trace directory, not a graph file", path=self.path)
         self._stages: dict[str, Any] = {}
         self._replays: dict[int, "ReplayResult"] = {}
-        self._scheduled: dict[tuple[int, str], "ReplayResult"] = {}
+        self._scheduled: dict[tuple, "ReplayResult"] = {}
 
     # ------------------------------------------------------------------ stages
     def _note(self, msg: str) -> None:
@@ -287,8 +287,9 @@ class Session:
         return info
 
     # ------------------------------------------------------------------ replay
-    def replay(self, iterations: int = 1, schedule: str = "graph") -> "ReplayResult":
-        """Replay ``graph`` for ``iterations`` back-to-back iterations (cached per count and schedule).
+    def replay(self, iterations: int = 1, schedule: str = "graph", device_model: str = "fifo",
+               overlap_factor: float = 0.0, model_options: dict | None = None) -> "ReplayResult":
+        """Replay ``graph`` for ``iterations`` back-to-back iterations (cached per count, schedule and model).
 
         Parameters
         ----------
@@ -297,12 +298,33 @@ class Session:
         schedule : str, default "graph"
             A priority order of :data:`dpro_kit.replay.rules.SCHEDULES` (``tic``, ``tac``,
             ``random``: TicTac's orders of PS transfers, :mod:`dpro_kit.optimize.tictac`).
+        device_model : str, default "fifo"
+            ``fifo`` (links are queues) or ``shared`` (Proteus: concurrent transfers share bandwidth,
+            :mod:`dpro_kit.replay.sharing`).
+        overlap_factor : float, default 0
+            Proteus' gamma: computation overlapped with a transfer of its host is slowed by (1+gamma).
+            With ``fifo`` it runs the ``shared`` executor with ``share=False`` (links stay queues).
+        model_options : dict, optional
+            More options of the ``shared`` model (``capacity``, ``fabric_capacity``); the node -> host
+            map is the manifest's.
         """
-        if schedule != "graph":
-            key = (iterations, schedule)
+        opts = dict(model_options or {})
+        if overlap_factor:
+            opts["overlap_factor"] = float(overlap_factor)
+        if device_model == "fifo" and opts:
+            device_model, opts["share"] = "shared", False
+        if device_model == "shared":
+            ts = self.graph_trace
+            if ts is not None and "hosts" not in opts:
+                opts["hosts"] = {n: i.host for n, i in ts.manifest.nodes.items() if i.host}
+        if schedule != "graph" or device_model != "fifo":
+            key = (iterations, schedule, device_model, repr(sorted(opts.items())))
             if key not in self._scheduled:
                 from .replay import replay as run_replay
-                self._scheduled[key] = run_replay(self.graph, iterations=iterations, schedule=schedule)
+                self._scheduled[key] = (_replay(self.graph, iterations, device_model=device_model,
+                                                model_options=opts or None) if schedule == "graph" else
+                                        run_replay(self.graph, iterations=iterations, schedule=schedule,
+                                                   device_model=device_model, model_options=opts or None))
             return self._scheduled[key]
         if iterations not in self._replays:
             g = self.graph
@@ -323,7 +345,7 @@ __all__ = ["DURATIONS_MEAN", "DURATIONS_PER_ITERATION", "PER_ITERATION_MAX_EVENT
 ASYNC_ITERATIONS = 12
 
 
-def _replay(g: "nx.DiGraph", iterations: int) -> "ReplayResult":
+def _replay(g: "nx.DiGraph", iterations: int, **kw: Any) -> "ReplayResult":
     """``replay(g, iterations)``; an asynchronous job (:func:`dpro_kit.graph.schemes.asynchronous_workers`)
     is replayed for at least :data:`ASYNC_ITERATIONS` iterations and reports its workers' steady state.
 
@@ -338,8 +360,8 @@ def _replay(g: "nx.DiGraph", iterations: int) -> "ReplayResult":
     from .replay import replay as run_replay
     workers = asynchronous_workers(g)
     if not workers:
-        return run_replay(g, iterations=iterations)
-    res = run_replay(g, iterations=max(iterations, ASYNC_ITERATIONS))
+        return run_replay(g, iterations=iterations, **kw)
+    res = run_replay(g, iterations=max(iterations, ASYNC_ITERATIONS), **kw)
     node_of = np.array([g.nodes[k].get("node", "") for k in res.graph.keys], dtype=object)
     res.steady = {w: np.flatnonzero(node_of == w) for w in workers}
     return res

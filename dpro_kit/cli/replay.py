@@ -20,6 +20,7 @@ Examples:
   dpro replay trace --world-size 8           what if: more workers
   dpro replay hvd-trace --fusion-threshold-mb 1 --cycle-time-ms 5   Horovod's knobs (docs/horovod.md)
   dpro replay ps-trace --schedule tac        TicTac's transfer order (docs/tictac.md)
+  dpro replay trace --device-model shared --overlap-factor 0.1   Proteus' executor (docs/replayer.md)
   dpro replay ddp-trace --deft --links 1000,300   DeFT's delayed-update schedule on two links (docs/deft.md)
   dpro replay dfg.json                       a graph file written by `dpro graph`
 """
@@ -50,6 +51,13 @@ Examples:
               help="Order of the transfers on each link / server: as the graph says (traced: FIFO), or "
                    "TicTac's TIC / TAC order of a parameter-server job's transfers, or a random one "
                    "(docs/tictac.md).")
+@click.option("--device-model", default="fifo", show_default=True, type=click.Choice(["fifo", "shared"]),
+              help="What a link does with concurrent transfers: fifo = they queue, one at a time; shared = "
+                   "they share the bandwidth of the sender's egress and the receiver's ingress (max-min fair, "
+                   "recomputed at every transfer start and end; Proteus, docs/replayer.md).")
+@click.option("--overlap-factor", default=0.0, show_default=True, type=click.FloatRange(0.0),
+              help="Proteus' gamma: computation running while a transfer of its host is in flight runs "
+                   "1+gamma times slower (fit it: docs/replayer.md \"Overlap factor\").")
 @click.option("--stragglers", is_flag=True,
               help="Rank the workers by what they cost the job: the iteration time saved if each computed like "
                    "the median worker (one more replay per rank), and how late it enters collectives "
@@ -65,7 +73,8 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
            bucket_mb: float | None, first_bucket_mb: float | None, bandwidth_mbps: float | None,
            world_size: int | None, fusion_threshold_mb: float | None, cycle_time_ms: float | None,
            slow_rank: dict[int, float], like_median: tuple[int, ...], slow_link: dict[str, float],
-           servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, deft: bool, links: str | None, as_json: bool,
+           servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, device_model: str, overlap_factor: float,
+           deft: bool, links: str | None, as_json: bool,
            quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
@@ -104,7 +113,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     if measured_timeline is not None and ts is None:
         raise DproError("--measured-timeline needs a trace directory, not a graph file", path=trace)
     progress.note(f"replaying {g.number_of_nodes()} ops x {iterations} iteration(s)")
-    res = session.replay(iterations, schedule=schedule)
+    res = session.replay(iterations, schedule=schedule, device_model=device_model, overlap_factor=overlap_factor)
     bd = breakdown(res, g)
     cp = critical_path_summary(res, g, top=top)
     if timeline is not None:
@@ -121,6 +130,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
                   for r in bd.itertuples()},
         "device_utilisation": res.utilisation(), "comm_model": g.graph.get("meta", {}).get("comm_model"),
         "schedule": schedule, "scheduling": scheduling_efficiency(res, g),
+        "device_model": device_model, "overlap_factor": overlap_factor,
     }
     if "measured_iteration_ms" in info:
         out["error_pct"] = 100.0 * (it_ms - info["measured_iteration_ms"]) / info["measured_iteration_ms"]
@@ -207,6 +217,8 @@ def print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
         v = sorted(out["per_iteration_ms"].values())
         echo(f"replayed each of {len(v)} profiled iterations: {v[0]:.3f} .. {v[-1]:.3f} ms; the median one "
              f"(iteration {out['median_iteration']}) is shown (--mean-durations: one replay of mean durations)")
+    if out.get("device_model", "fifo") != "fifo" or out.get("overlap_factor"):
+        echo(f"device model {out['device_model']}, overlap factor {out.get('overlap_factor', 0):g}")
     line = f"predicted iteration time: {out['iteration_time_ms']:.3f} ms"
     if "measured_iteration_ms" in out:
         line += f"   (measured {out['measured_iteration_ms']:.3f} ms, error {out['error_pct']:+.1f} %)"

@@ -403,12 +403,21 @@ def renumber(cg: CompiledGraph, order: np.ndarray) -> CompiledGraph:
                          iter_src=inv[cg.iter_src], iter_dst=inv[cg.iter_dst], tiebreak=cg.tiebreak[order])
 
 
-def run_kernel(cg: CompiledGraph, device_model: str = "fifo") -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                       np.ndarray, int]:
+def run_kernel(cg: CompiledGraph, device_model: str = "fifo", model_options: dict | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """The compiled replay loop on ``cg``'s arrays (``replay`` = compile + unroll + this + wrap).
 
-    ``device_model`` names a kernel of :data:`dpro_kit.replay.rules.DEVICE_MODELS`.
+    ``device_model`` names a kernel of :data:`dpro_kit.replay.rules.DEVICE_MODELS`;
+    ``model_options`` go to a model registered with ``takes_graph=True`` (``shared``).
     """
+    if device_model != "fifo" and rules.takes_graph(device_model):
+        try:
+            return rules.device_model(device_model)(cg, **(model_options or {}))
+        except TypeError as e:
+            raise GraphError(f"device model {device_model!r}: {e}") from None
+    if model_options:
+        raise GraphError(f"device model {device_model!r} takes no options (got {sorted(model_options)})",
+                         hint="the Proteus options (overlap_factor, capacity, ...) are the 'shared' model's")
     kernel = simulate if device_model == "fifo" else rules.device_model(device_model)
     return kernel(cg.dur, cg.device, cg.priority, cg.indptr, cg.succ, cg.indeg, np.zeros(cg.n),
                   max(len(cg.devices), 1), cg.tiebreak)
@@ -420,7 +429,7 @@ def _unrolled_edges(cg: CompiledGraph, iterations: int) -> tuple[np.ndarray, np.
 
 
 def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[str] | None = None,
-           schedule: str = "graph", device_model: str = "fifo") -> ReplayResult:
+           schedule: str = "graph", device_model: str = "fifo", model_options: dict | None = None) -> ReplayResult:
     """Simulate ``iterations`` iterations of ``g`` (or of the subgraph induced by ``ops``).
 
     Parameters
@@ -435,7 +444,12 @@ def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[
         A priority order of :data:`dpro_kit.replay.rules.SCHEDULES` (``tic`` / ``tac`` /
         ``random``: TicTac's orders of PS transfers, :mod:`dpro_kit.optimize.tictac`).
     device_model : str, default "fifo"
-        A kernel of :data:`dpro_kit.replay.rules.DEVICE_MODELS`.
+        A kernel of :data:`dpro_kit.replay.rules.DEVICE_MODELS` (``shared``: Proteus' bandwidth
+        sharing and overlap factor, :mod:`dpro_kit.replay.sharing`).
+    model_options : dict or None
+        Options of a ``takes_graph`` device model, e.g. ``{"overlap_factor": 0.1, "share": False,
+        "hosts": {...}, "capacity": {"egress:host0": 0.5}}`` for ``shared``
+        (:func:`dpro_kit.replay.sharing.run_shared`).
 
     Raises :class:`~dpro_kit.errors.GraphError` for a cycle, a bad duration or an unknown rule.
     """
@@ -449,7 +463,7 @@ def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[
         prio = rules.schedule_priorities(cg, schedule, sub)
         cg = replace(cg, priority=prio)
     u = unroll(cg, iterations)
-    start, end, crit, prev, done = run_kernel(u, device_model)
+    start, end, crit, prev, done = run_kernel(u, device_model, model_options)
     if done < u.dur.size:
         raise GraphError(f"only {done} of {u.dur.size} ops could run: the iteration edges form a cycle",
                          hint="an op of iteration i+1 must not precede its own iteration's ops")

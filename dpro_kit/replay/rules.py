@@ -15,9 +15,12 @@ here, outside the kernel's inner loop:
   registered when that module is imported, which the first lookup of one of
   their names does (:data:`PLUGINS`).
 * :data:`DEVICE_MODELS` — ``name -> kernel`` with the signature of
-  :func:`._kernel.simulate`.  ``fifo`` (the default): each device (compute
-  stream, link) runs one op at a time from its queue.  A shared-bandwidth model
-  (Proteus) registers another kernel.
+  :func:`._kernel.simulate`, or (registered with ``takes_graph=True``) ``f(cg, **options)``
+  on the compiled graph with the options ``replay(..., model_options=)`` passes.
+  ``fifo`` (the default): each device (compute stream, link) runs one op at a time from
+  its queue.  ``shared`` (Proteus, :mod:`.sharing`): transfers share bandwidth by
+  progressive filling over a hosts x links topology, an overlap factor slows computation
+  that overlaps communication.
 
 The iteration rule (how iteration i+1 waits for iteration i) is part of the
 graph: :data:`dpro_kit.graph.build.ITERATION_RULES`.
@@ -30,6 +33,7 @@ import numpy as np
 
 from ..errors import GraphError
 from ._kernel import simulate
+from .sharing import run_shared
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
@@ -37,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .engine import CompiledGraph
 
 __all__ = ["SCHEDULES", "DEVICE_MODELS", "PLUGINS", "register_schedule", "register_device_model",
-           "schedule_priorities", "device_model"]
+           "schedule_priorities", "device_model", "takes_graph"]
 
 
 def _graph_priorities(cg: "CompiledGraph") -> np.ndarray:
@@ -51,8 +55,11 @@ def _fifo(cg: "CompiledGraph") -> np.ndarray:
 SCHEDULES: dict[str, Callable[["CompiledGraph"], np.ndarray]] = {"graph": _graph_priorities, "fifo": _fifo}
 """Priority orders by name (module docstring)."""
 
-DEVICE_MODELS: dict[str, Callable[..., tuple]] = {"fifo": simulate}
+DEVICE_MODELS: dict[str, Callable[..., tuple]] = {"fifo": simulate, "shared": run_shared}
 """Replay kernels by name (module docstring)."""
+
+#: device models called as ``f(cg, **options)`` (the others get :func:`._kernel.simulate`'s arrays)
+_TAKES_GRAPH: set[str] = {"shared"}
 
 #: schedules whose names are known before their module is imported (outside ``dpro_kit.replay``,
 #: which must not import them at start-up): name -> module that registers it when imported
@@ -82,9 +89,20 @@ def register_schedule(name: str, priorities: Callable[..., np.ndarray], *, needs
         _NEEDS_GRAPH.discard(name)
 
 
-def register_device_model(name: str, kernel: Callable[..., tuple]) -> None:
-    """Add (or replace) a device model: a kernel with :func:`._kernel.simulate`'s signature and result."""
+def register_device_model(name: str, kernel: Callable[..., tuple], *, takes_graph: bool = False) -> None:
+    """Add (or replace) a device model: a kernel with :func:`._kernel.simulate`'s signature and result,
+    or with ``takes_graph=True`` a function ``f(cg, **options)`` of the compiled (unrolled) graph and
+    the options ``replay(..., model_options=)`` gives, with the same result."""
     DEVICE_MODELS[name] = kernel
+    if takes_graph:
+        _TAKES_GRAPH.add(name)
+    else:
+        _TAKES_GRAPH.discard(name)
+
+
+def takes_graph(name: str) -> bool:
+    """Whether device model ``name`` is called as ``f(cg, **options)``."""
+    return name in _TAKES_GRAPH
 
 
 def _lookup(table: dict, kind: str, name: str):

@@ -1,0 +1,526 @@
+"""Proteus' executor behaviours in the replayer: bandwidth sharing and the overlap factor (seed 001 §VI).
+
+The ``shared`` device model of :data:`dpro_kit.replay.rules.DEVICE_MODELS`.  Where the
+``fifo`` kernel (:mod:`._kernel`) runs one op at a time on every device — transfers on a
+link queue behind each other — this kernel is a fluid simulation: every running op has a
+*remaining work* (microseconds at its solo speed) and a *rate* (fraction of its solo speed),
+and the rates are recomputed at every start and end of a transfer.
+
+* **Bandwidth sharing** (``share=True``): transfers (ops on ``link:`` devices) do not queue;
+  a transfer starts when it is ready and the running transfers share the capacity of the
+  resources they cross by *progressive filling* (max-min fairness): all unfrozen rates grow
+  together; when a resource is saturated, the transfers crossing it are frozen at the current
+  level; a transfer never exceeds its solo speed (rate 1).
+* **Hierarchical topology (hosts x links)**: a link device is mapped to the resources it uses
+  (:func:`link_resources`): ``link:A->B`` between hosts = the sender host's ``egress:A`` and the
+  receiver host's ``ingress:B`` (a full-duplex NIC per host; what the emulated cluster's tbf per
+  direction is), plus ``fabric`` (every inter-host transfer) when ``fabric_capacity`` is given;
+  ``link:H:upload`` = ``egress:H``, ``link:H:download`` = ``ingress:H`` (parameter-server
+  interface links); a link between two nodes of one host uses the nodes' own ports ``out:n`` and
+  ``in:m`` (loopback, not the NIC).  A resource's capacity is in units of a transfer's solo
+  speed (default 1: one transfer alone runs at the speed its duration was measured or modelled
+  at); ``capacity={"egress:host0": 0.5}`` halves host0's upload.
+* **Overlap factor** ``gamma`` (``overlap_factor``): a computation op runs at rate 1/(1+gamma)
+  while at least one transfer touching its host (as sender or receiver) is in flight, else at 1;
+  so an op overlapped for its whole duration takes (1+gamma) x its duration (Proteus: "its cost
+  will increase by gamma").  Computation = ops on devices that are not links and not a node's
+  ``:comm`` stream.  The fit of gamma from a trace: :mod:`dpro_kit.replay.overlap`.
+
+With ``share=False`` the links are FIFO queues as in the ``fifo`` kernel (only the overlap
+factor acts); with ``share=False`` and ``gamma=0`` the schedule equals the ``fifo`` kernel's
+(``tests/test_sharing.py`` checks it op for op on random graphs).  Queue rule, release-before-
+pick at equal times and the critical-predecessor records are the ``fifo`` kernel's.
+
+Cost: each event scans the running ops (O(running)), and a change in the set of running
+transfers re-runs progressive filling (O(levels x transfers x resources per transfer)); the
+``fifo`` default kernel is untouched.  docs/replayer.md "Bandwidth sharing and overlap (Proteus)".
+
+References
+----------
+.. [1] Duan et al., "Proteus: Simulating the Performance of Distributed DNN Training", §VI
+       (``/work/shared/seeds/001_b74cee54beaaa4e0.txt``).
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import GraphError
+from ._kernel import njit
+
+#: per-transfer rate and saturation tolerance (relative)
+_EPS = 1e-12
+
+
+def _host_of(node: str, hosts: Mapping[str, str] | None) -> str:
+    if hosts and node in hosts:
+        return str(hosts[node])
+    return node.split("/", 1)[0] if "/" in node else node
+
+
+def _is_node(name: str, hosts: Mapping[str, str] | None) -> bool:
+    return bool(hosts and name in hosts) or ("/" in name and not hosts)
+
+
+def link_resources(device: str, hosts: Mapping[str, str] | None = None, *,
+                   fabric: bool = False) -> tuple[list[str], list[str]]:
+    """``(resources, hosts touched)`` of a link device (module docstring); ``([], [])`` for a non-link.
+
+    Parameters
+    ----------
+    device : str
+        A device name of the DFG (``link:A->B``, ``link:H:upload``, ``link:n1->n2``, ...).
+    hosts : mapping, optional
+        Node -> host (the manifest's); without it a node is a name with a ``/`` (``host0/1``)
+        and its host the part before the ``/``.
+    fabric : bool
+        Whether inter-host transfers also cross the shared ``fabric`` resource.
+    """
+    if not device.startswith("link:"):
+        return [], []
+    body = device[5:]
+    if "->" in body:
+        a, b = body.split("->", 1)
+        if _is_node(a, hosts) and _is_node(b, hosts):
+            ha, hb = _host_of(a, hosts), _host_of(b, hosts)
+            if ha == hb:                     # two processes of one host: loopback ports
+                return [f"out:{a}", f"in:{b}"], [ha]
+            res, touched = [f"egress:{ha}", f"ingress:{hb}"], [ha, hb]
+        else:
+            res, touched = [f"egress:{a}", f"ingress:{b}"], [a, b]
+        return res + (["fabric"] if fabric else []), touched
+    host, _, direction = body.rpartition(":")
+    if direction in ("upload", "download") and host:
+        return [("egress:" if direction == "upload" else "ingress:") + host] + (["fabric"] if fabric else []), [host]
+    return [device], []
+
+
+def topology(devices: Sequence[str], hosts: Mapping[str, str] | None = None, *,
+             capacity: Mapping[str, float] | None = None, fabric_capacity: float | None = None) -> dict:
+    """The kernel's topology arrays for a compiled graph's device list (see the module docstring).
+
+    Returns a dict: ``is_link`` (bool per device), ``res_ptr``/``res_idx`` (CSR: device ->
+    resources), ``res_cap``, ``resources`` (names), ``comp_grp`` (per device: the host group of a
+    computation device, -1 otherwise), ``grp_ptr``/``grp_idx`` (CSR: link device -> host groups
+    it touches), ``groups`` (host names).
+    """
+    capacity = dict(capacity or {})
+    res_names: dict[str, int] = {}
+    grp_names: dict[str, int] = {}
+    is_link = np.zeros(len(devices), dtype=np.bool_)
+    comp_grp = np.full(len(devices), -1, dtype=np.int64)
+    res_ptr, res_idx, grp_ptr, grp_idx = [0], [], [0], []
+    fabric = fabric_capacity is not None
+    for d, name in enumerate(devices):
+        res, touched = link_resources(name, hosts, fabric=fabric)
+        if res:
+            is_link[d] = True
+            res_idx += [res_names.setdefault(r, len(res_names)) for r in res]
+            grp_idx += [grp_names.setdefault(h, len(grp_names)) for h in dict.fromkeys(touched)]
+        else:
+            node, _, stream = name.rpartition(":")
+            if node and stream != "comm":
+                comp_grp[d] = grp_names.setdefault(_host_of(node, hosts), len(grp_names))
+        res_ptr.append(len(res_idx))
+        grp_ptr.append(len(grp_idx))
+    unknown = sorted(set(capacity) - set(res_names) - {"fabric"})
+    if unknown:
+        raise GraphError(f"capacity names resource {unknown[0]!r}, which no link of the graph uses",
+                         hint="known: " + ", ".join(sorted(res_names)) if res_names else "the graph has no link")
+    cap = np.ones(len(res_names), dtype=np.float64)
+    for r, i in res_names.items():
+        c = float(fabric_capacity) if r == "fabric" else float(capacity.get(r, 1.0))
+        if not np.isfinite(c) or c <= 0:
+            raise GraphError(f"capacity of resource {r!r} must be a positive number, got {c!r}")
+        cap[i] = c
+    return {"is_link": is_link, "res_ptr": np.array(res_ptr, np.int64), "res_idx": np.array(res_idx, np.int64),
+            "res_cap": cap, "resources": list(res_names), "comp_grp": comp_grp,
+            "grp_ptr": np.array(grp_ptr, np.int64), "grp_idx": np.array(grp_idx, np.int64),
+            "groups": list(grp_names)}
+
+
+@njit(cache=True)
+def _q_before(p1, r1, i1, p2, r2, i2):
+    if p1 != p2:
+        return p1 < p2
+    if r1 != r2:
+        return r1 < r2
+    return i1 < i2
+
+
+@njit(cache=True)
+def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak,  # pragma: no cover - compiled
+              share, is_link, res_ptr, res_idx, res_cap, comp_grp, grp_ptr, grp_idx, ngrp, gamma):
+    """The fluid replay (module docstring).  Returns ``start, end, crit_pred, dev_prev, n_done``
+    like :func:`._kernel.simulate`; a shared transfer has no device predecessor (``dev_prev`` -1)."""
+    n = dur.shape[0]
+    nres = res_cap.shape[0]
+    ready = ready0.copy()
+    indeg = indeg0.copy()
+    rpred = np.full(n, -1, np.int64)
+    start = np.zeros(n)
+    end = np.zeros(n)
+    crit = np.full(n, -1, np.int64)
+    prev = np.full(n, -1, np.int64)
+    rate = np.ones(n)
+    te = np.zeros(n)                    # projected end at the current rate
+    busy = np.full(ndev, -1, np.int64)
+    last = np.full(ndev, -1, np.int64)
+    devend = np.full(ndev, -np.inf)
+    inflight = np.zeros(max(ngrp, 1), np.int64)
+    # running ops (unordered set with positions)
+    run = np.empty(n, np.int64)
+    pos = np.full(n, -1, np.int64)
+    nrun = 0
+    # release heap (time, tiebreak-free key = op index)
+    h_t = np.empty(n + 1)
+    h_k = np.empty(n + 1, np.int64)
+    nh = 0
+    # device queues: heap per device segment
+    qoff = np.zeros(ndev + 1, np.int64)
+    for i in range(n):
+        if device[i] >= 0:
+            qoff[device[i] + 1] += 1
+    for d in range(ndev):
+        qoff[d + 1] += qoff[d]
+    qlen = np.zeros(ndev, np.int64)
+    m_all = max(qoff[ndev], 1)
+    q_p = np.empty(m_all)
+    q_r = np.empty(m_all)
+    q_i = np.empty(m_all, np.int64)
+    q_t = np.empty(m_all, np.int64)
+    dirty = np.empty(ndev + 1, np.int64)
+    isdirty = np.zeros(ndev, np.bool_)
+    ndirty = 0
+    # progressive-filling scratch
+    cap_left = np.empty(max(nres, 1))
+    cnt = np.zeros(max(nres, 1), np.int64)
+    frozen = np.zeros(n, np.bool_)
+    act = np.empty(n, np.int64)
+
+    for i in range(n):
+        if indeg[i] == 0:
+            j = nh
+            nh += 1
+            while j > 0:
+                pj = (j - 1) >> 1
+                if ready[i] < h_t[pj] or (ready[i] == h_t[pj] and i < h_k[pj]):
+                    h_t[j] = h_t[pj]
+                    h_k[j] = h_k[pj]
+                    j = pj
+                else:
+                    break
+            h_t[j] = ready[i]
+            h_k[j] = i
+    n_done = 0
+    t = 0.0
+    while True:
+        tn = np.inf
+        if nh > 0:
+            tn = h_t[0]
+        for k in range(nrun):
+            if te[run[k]] < tn:
+                tn = te[run[k]]
+        if tn == np.inf:
+            break
+        if tn > t:
+            t = tn
+        comm_changed = False
+        while True:                      # settle everything that happens at t
+            progress = False
+            k = 0
+            while k < nrun:              # completions
+                o = run[k]
+                if te[o] <= t:
+                    progress = True
+                    end[o] = te[o]
+                    nrun -= 1
+                    run[k] = run[nrun]
+                    pos[run[k]] = k
+                    pos[o] = -1
+                    n_done += 1
+                    d = device[o]
+                    if d >= 0:
+                        if is_link[d]:
+                            if dur[o] > 0.0:
+                                comm_changed = True
+                                for gg in range(grp_ptr[d], grp_ptr[d + 1]):
+                                    inflight[grp_idx[gg]] -= 1
+                        if busy[d] == o:
+                            busy[d] = -1
+                            devend[d] = end[o]
+                            if not isdirty[d]:
+                                isdirty[d] = True
+                                dirty[ndirty] = d
+                                ndirty += 1
+                    e = end[o]
+                    for kk in range(indptr[o], indptr[o + 1]):
+                        v = succ[kk]
+                        if e >= ready[v]:
+                            ready[v] = e
+                            rpred[v] = o
+                        indeg[v] -= 1
+                        if indeg[v] == 0:
+                            j = nh
+                            nh += 1
+                            while j > 0:
+                                pj = (j - 1) >> 1
+                                if ready[v] < h_t[pj] or (ready[v] == h_t[pj] and v < h_k[pj]):
+                                    h_t[j] = h_t[pj]
+                                    h_k[j] = h_k[pj]
+                                    j = pj
+                                else:
+                                    break
+                            h_t[j] = ready[v]
+                            h_k[j] = v
+                else:
+                    k += 1
+            while nh > 0 and h_t[0] <= t:   # releases
+                progress = True
+                x = h_k[0]
+                nh -= 1
+                if nh > 0:
+                    lt = h_t[nh]
+                    lk = h_k[nh]
+                    j = 0
+                    while True:
+                        c = 2 * j + 1
+                        if c >= nh:
+                            break
+                        if c + 1 < nh and (h_t[c + 1] < h_t[c] or (h_t[c + 1] == h_t[c] and h_k[c + 1] < h_k[c])):
+                            c += 1
+                        if h_t[c] < lt or (h_t[c] == lt and h_k[c] < lk):
+                            h_t[j] = h_t[c]
+                            h_k[j] = h_k[c]
+                            j = c
+                        else:
+                            break
+                    h_t[j] = lt
+                    h_k[j] = lk
+                d = device[x]
+                if d < 0 or (share and is_link[d]):      # starts now, no queue
+                    start[x] = t
+                    crit[x] = rpred[x]
+                    rate[x] = 1.0
+                    te[x] = t + dur[x]
+                    pos[x] = nrun
+                    run[nrun] = x
+                    nrun += 1
+                    if d >= 0 and dur[x] > 0.0:
+                        comm_changed = True
+                        for gg in range(grp_ptr[d], grp_ptr[d + 1]):
+                            inflight[grp_idx[gg]] += 1
+                    continue
+                base = qoff[d]
+                p = priority[x]
+                tbx = tiebreak[x]
+                j = qlen[d]
+                qlen[d] = j + 1
+                while j > 0:
+                    pj = (j - 1) >> 1
+                    if _q_before(p, t, tbx, q_p[base + pj], q_r[base + pj], q_t[base + pj]):
+                        q_p[base + j] = q_p[base + pj]
+                        q_r[base + j] = q_r[base + pj]
+                        q_i[base + j] = q_i[base + pj]
+                        q_t[base + j] = q_t[base + pj]
+                        j = pj
+                    else:
+                        break
+                q_p[base + j] = p
+                q_r[base + j] = t
+                q_i[base + j] = x
+                q_t[base + j] = tbx
+                if not isdirty[d]:
+                    isdirty[d] = True
+                    dirty[ndirty] = d
+                    ndirty += 1
+            # start zero-time heads now; positive-time ones once nothing else happens at t
+            for phase in range(2):
+                for jd in range(ndirty):
+                    d = dirty[jd]
+                    if busy[d] >= 0 or qlen[d] == 0:
+                        continue
+                    base = qoff[d]
+                    o = q_i[base]
+                    if phase == 0 and dur[o] > 0.0:
+                        continue
+                    r = q_r[base]
+                    m = qlen[d] - 1
+                    qlen[d] = m
+                    if m > 0:
+                        lp = q_p[base + m]
+                        lr = q_r[base + m]
+                        li = q_i[base + m]
+                        lt2 = q_t[base + m]
+                        j = 0
+                        while True:
+                            c = 2 * j + 1
+                            if c >= m:
+                                break
+                            if c + 1 < m and _q_before(q_p[base + c + 1], q_r[base + c + 1], q_t[base + c + 1],
+                                                       q_p[base + c], q_r[base + c], q_t[base + c]):
+                                c += 1
+                            if _q_before(q_p[base + c], q_r[base + c], q_t[base + c], lp, lr, lt2):
+                                q_p[base + j] = q_p[base + c]
+                                q_r[base + j] = q_r[base + c]
+                                q_i[base + j] = q_i[base + c]
+                                q_t[base + j] = q_t[base + c]
+                                j = c
+                            else:
+                                break
+                        q_p[base + j] = lp
+                        q_r[base + j] = lr
+                        q_i[base + j] = li
+                        q_t[base + j] = lt2
+                    start[o] = t
+                    if last[d] >= 0 and devend[d] >= r:
+                        crit[o] = last[d]
+                    else:
+                        crit[o] = rpred[o]
+                    prev[o] = last[d]
+                    last[d] = o
+                    busy[d] = o
+                    rate[o] = 1.0
+                    if gamma > 0.0 and comp_grp[d] >= 0 and inflight[comp_grp[d]] > 0:
+                        rate[o] = 1.0 / (1.0 + gamma)
+                    te[o] = t + dur[o] / rate[o]
+                    pos[o] = nrun
+                    run[nrun] = o
+                    nrun += 1
+                    progress = True
+                    if is_link[d] and dur[o] > 0.0:
+                        comm_changed = True
+                        for gg in range(grp_ptr[d], grp_ptr[d + 1]):
+                            inflight[grp_idx[gg]] += 1
+                if phase == 0 and progress:
+                    break                 # settle the zero-time work first
+            if not progress:
+                break
+        for jd in range(ndirty):
+            isdirty[dirty[jd]] = False
+        ndirty = 0
+        if not comm_changed:
+            continue
+        # ---- rates: progressive filling over the running shared transfers, overlap on computation
+        na = 0
+        for k in range(nrun):
+            o = run[k]
+            d = device[o]
+            if d < 0:
+                continue
+            if share and is_link[d] and te[o] > t:
+                act[na] = o
+                na += 1
+                frozen[o] = False
+                for rr in range(res_ptr[d], res_ptr[d + 1]):
+                    cnt[res_idx[rr]] = 0
+            elif gamma > 0.0 and comp_grp[d] >= 0 and te[o] > t:
+                nr = 1.0 / (1.0 + gamma) if inflight[comp_grp[d]] > 0 else 1.0
+                if nr != rate[o]:
+                    te[o] = t + (te[o] - t) * rate[o] / nr
+                    rate[o] = nr
+        if na == 0:
+            continue
+        for a in range(na):
+            d = device[act[a]]
+            for rr in range(res_ptr[d], res_ptr[d + 1]):
+                r = res_idx[rr]
+                cnt[r] += 1
+                cap_left[r] = res_cap[r]
+        level = 0.0
+        nfree = na
+        while nfree > 0:
+            inc = 1.0 - level
+            for a in range(na):
+                o = act[a]
+                if frozen[o]:
+                    continue
+                d = device[o]
+                for rr in range(res_ptr[d], res_ptr[d + 1]):
+                    r = res_idx[rr]
+                    s = cap_left[r] / cnt[r]
+                    if s < inc:
+                        inc = s
+            if inc < 0.0:
+                inc = 0.0
+            level += inc
+            # consume capacity: every unfrozen transfer grows by inc on each of its resources
+            for a in range(na):
+                o = act[a]
+                if frozen[o]:
+                    continue
+                d = device[o]
+                for rr in range(res_ptr[d], res_ptr[d + 1]):
+                    cap_left[res_idx[rr]] -= inc
+            # freeze the transfers on saturated resources (or all, at their solo speed)
+            for a in range(na):
+                o = act[a]
+                if frozen[o]:
+                    continue
+                d = device[o]
+                sat = level >= 1.0 - _EPS
+                if not sat:
+                    for rr in range(res_ptr[d], res_ptr[d + 1]):
+                        r = res_idx[rr]
+                        if cap_left[r] <= _EPS * res_cap[r]:
+                            sat = True
+                            break
+                if sat:
+                    frozen[o] = True
+                    nfree -= 1
+                    nr = level if level < 1.0 else 1.0
+                    if nr != rate[o]:
+                        te[o] = t + (te[o] - t) * rate[o] / nr
+                        rate[o] = nr
+            for a in range(na):               # recount the transfers still growing
+                d = device[act[a]]
+                for rr in range(res_ptr[d], res_ptr[d + 1]):
+                    cnt[res_idx[rr]] = 0
+            for a in range(na):
+                o = act[a]
+                if not frozen[o]:
+                    d = device[o]
+                    for rr in range(res_ptr[d], res_ptr[d + 1]):
+                        cnt[res_idx[rr]] += 1
+    return start, end, crit, prev, n_done
+
+
+def run_shared(cg, *, share: bool = True, overlap_factor: float = 0.0, hosts: Mapping[str, str] | None = None,
+               capacity: Mapping[str, float] | None = None, fabric_capacity: float | None = None) -> tuple:
+    """Run the executor on a (possibly unrolled) :class:`~dpro_kit.replay.engine.CompiledGraph`.
+
+    Parameters
+    ----------
+    cg : CompiledGraph
+        The graph's arrays (``replay`` unrolls them first).
+    share : bool, default True
+        Transfers share their resources' bandwidth (progressive filling); False: links are FIFO queues.
+    overlap_factor : float, default 0
+        Proteus' gamma: computation overlapped with a transfer of its host runs at 1/(1+gamma).
+    hosts : mapping, optional
+        Node -> host (the manifest's); default: the part of a node name before ``/``.
+    capacity : mapping, optional
+        Resource name (``egress:H``, ``ingress:H``, ``out:n``, ``in:n``, ``fabric``) -> capacity in
+        units of a transfer's solo speed (default 1).
+    fabric_capacity : float, optional
+        Capacity of one ``fabric`` resource every inter-host transfer crosses (None: no fabric limit).
+
+    Returns ``start, end, crit_pred, dev_prev, n_done`` as :func:`._kernel.simulate`.
+    """
+    gamma = float(overlap_factor)
+    if not np.isfinite(gamma) or gamma < 0:
+        raise GraphError(f"overlap factor must be a number >= 0, got {overlap_factor!r}")
+    topo = topology(cg.devices, hosts, capacity=capacity, fabric_capacity=fabric_capacity)
+    ndev = max(len(cg.devices), 1)
+    pad = (lambda a, fill: a if a.size >= ndev else np.concatenate([a, np.full(ndev - a.size, fill, a.dtype)]))
+    is_link = pad(topo["is_link"], False)
+    comp_grp = pad(topo["comp_grp"], -1)
+    res_ptr = topo["res_ptr"] if topo["res_ptr"].size == ndev + 1 else np.zeros(ndev + 1, np.int64)
+    grp_ptr = topo["grp_ptr"] if topo["grp_ptr"].size == ndev + 1 else np.zeros(ndev + 1, np.int64)
+    return _executor(cg.dur, cg.device, cg.priority, cg.indptr, cg.succ, cg.indeg, np.zeros(cg.n), ndev,
+                     cg.tiebreak, bool(share), is_link, res_ptr, topo["res_idx"], topo["res_cap"], comp_grp,
+                     grp_ptr, topo["grp_idx"], len(topo["groups"]), gamma)
+
+
+__all__ = ["link_resources", "run_shared", "topology"]
