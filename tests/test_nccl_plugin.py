@@ -40,11 +40,11 @@ def built(tmp_path_factory) -> Path:
 
 
 def run_ring(built: Path, out: Path, *, ranks: int, channels: int, nbytes: int, iters: int = 2, api: int = 6,
-             proto: str = "Simple", chunk: int = 131072) -> Path:
+             proto: str = "Simple", chunk: int = 131072, algo: str = "ring") -> Path:
     """Run the harness (it checks counts itself and exits non-zero otherwise); return the trace dir."""
     env = dict(os.environ, DPRO_NCCL_TRACE=str(out))
-    r = subprocess.run([str(built / "nccl_harness"), "ring", str(built / "libnccl-profiler-dpro.so"), str(ranks),
-                        str(channels), str(nbytes), str(iters), str(api), proto, str(chunk)],
+    r = subprocess.run([str(built / "nccl_harness"), "run", "--algo", algo, str(built / "libnccl-profiler-dpro.so"),
+                        str(ranks), str(channels), str(nbytes), str(iters), str(api), proto, str(chunk)],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("ok "), r.stdout
@@ -218,7 +218,7 @@ def test_reader_matches_ring_dfg(built, tmp_path):
     assert {d["source"] for d in dfg_sends.values()} == {"trace:txn"}
 
 
-def _one_line_error(path_dir: Path, match: str, name: str | None = None):
+def _one_line_error(path_dir: Path, match: str, name: str | None = None) -> str:
     from dpro_kit.errors import DproError
     from dpro_kit.readers import nccl
 
@@ -280,3 +280,188 @@ def test_reader_bad_input(built, tmp_path):
 
     _one_line_error(variant("resized", resize), "received", f1.name)
     _one_line_error(variant("notours", lambda p: p.write_text('{"format":"x"}\n')), "not a dpro-nccl file")
+
+
+# --------------------------------------------------------------------------- tree all-reduce (harness tree mode)
+
+def nccl_tree(ranks: int, channels: int, ch: int) -> tuple[dict[int, int | None], dict[int, list[int]]]:
+    """Parent and children (NCCL's order) of every rank on channel ``ch``: tree 0 of the double binary
+    tree when 2 ch < channels, else tree 1 (dpro_kit.graph.topology, written from ncclGetBtree/Dtree)."""
+    from dpro_kit.graph.topology import btree, double_tree_orders
+
+    order = double_tree_orders(list(range(ranks)))[0 if 2 * ch < channels else 1]
+    parent, kids = {}, {}
+    for p, r in enumerate(order):
+        up, down = btree(ranks, p)
+        parent[r] = order[up] if up >= 0 else None
+        kids[r] = [order[d] for d in down]
+    return parent, kids
+
+
+@pytest.mark.parametrize("ranks,channels,nbytes,api,proto", [
+    (2, 2, 1_048_576, 6, "Simple"),
+    (4, 2, 3_000_000 + 48, 5, "Simple"),
+    (4, 4, 777_776, 4, "LL"),
+])
+def test_tree_plugin_files(built, tmp_path, ranks, channels, nbytes, api, proto):
+    """Per rank and channel: the proxy ops of NCCL's tree (recv from each child, send to the parent, send
+    to each child, recv from the parent, in that order), one step per chunk on every op, states in NCCL's
+    order; the chunks sent to the parent add up to the channel's share, the channels' to the message."""
+    chunk, iters = 131072, 2
+    out = run_ring(built, tmp_path / "t", ranks=ranks, channels=channels, nbytes=nbytes, iters=iters, api=api,
+                   proto=proto, chunk=chunk, algo="tree")
+    files = sorted(out.glob("nccl-*.jsonl"))
+    assert len(files) == ranks
+    nloops = -(-nbytes // (channels * chunk))
+    up_bytes = defaultdict(int)        # (seq, channel) -> bytes the non-roots sent to their parents, per rank
+    for f in files:
+        head, events, end = load_raw(f)
+        r = head["rank"]
+        assert (head["api"], head["nranks"], end["dropped"]) == (api, ranks, 0)
+        colls = {e["id"]: e for e in events if e["ev"] == "coll"}
+        assert sorted(c["seq"] for c in colls.values()) == list(range(iters))
+        assert all(c["algo"] == "Tree" and c["func"] == "AllReduce" and c["proto"] == proto for c in colls.values())
+        ops = [e for e in events if e["ev"] == "op"]
+        steps = defaultdict(list)
+        for s in events:
+            if s["ev"] == "step":
+                steps[s["parent"]].append(s)
+        for cid, coll in colls.items():
+            for ch in range(channels):
+                parent, kids = nccl_tree(ranks, channels, ch)
+                mine = sorted((o for o in ops if o["parent"] == cid and o["channel"] == ch), key=lambda o: o["id"])
+                p = parent[r]
+                want = [(0, k) for k in kids[r]] + ([(1, p)] if p is not None else []) + \
+                       [(1, k) for k in kids[r]] + ([(0, p)] if p is not None else [])
+                assert [(o["send"], o["peer"]) for o in mine] == want
+                for o in mine:
+                    ss = sorted(steps[o["id"]], key=lambda s: s["step"])
+                    assert o["nsteps"] == nloops and [s["step"] for s in ss] == list(range(nloops))
+                    for s in ss:
+                        assert [x[0] for x in s["states"]] == (SEND_STATES if o["send"] else RECV_STATES)
+                        times = [s["t0"]] + [x[1] for x in s["states"]] + [s["t1"]]
+                        assert times == sorted(times)
+                    if o["send"] and o["peer"] == p:
+                        up_bytes[(coll["seq"], ch, r)] = sum(s["states"][2][2] for s in ss)
+    for seq in range(iters):
+        shares = []
+        for ch in range(channels):
+            parent, _ = nccl_tree(ranks, channels, ch)
+            sent = {up_bytes[(seq, ch, r)] for r in range(ranks) if parent[r] is not None}
+            assert len(sent) == 1          # every non-root sends its parent the whole channel share
+            shares.append(sent.pop())
+        assert sum(shares) == nbytes
+
+
+@pytest.mark.parametrize("ranks,channels,nbytes,proto", [(2, 2, 1_048_576, "Simple"), (4, 2, 3_000_000, "Simple"),
+                                                         (4, 4, 777_776, "LL")])
+def test_reader_tree_events(built, tmp_path, ranks, channels, nbytes, proto):
+    """Per channel and chunk, one reduce SEND from every non-root to its parent and one broadcast SEND
+    back, each with its RECV on the peer under the same txn; sizes equal along the tree; the chunks of
+    every (child, parent) edge add up to the message."""
+    from dpro_kit.readers import nccl
+
+    chunk, iters = 131072, 2
+    out = run_ring(built, tmp_path / "t", ranks=ranks, channels=channels, nbytes=nbytes, iters=iters, proto=proto,
+                   chunk=chunk, algo="tree")
+    job = nccl.transfers(nccl.files(out))
+    rows, node = job["rows"], job["nodes"]
+    nloops = -(-nbytes // (channels * chunk))
+    assert job["tree_order"] and job["skipped"] == {}
+    sends = [r for r in rows if r["kind"] == "SEND"]
+    recvs = {(r["iteration"], r["txn"]): r for r in rows if r["kind"] == "RECV"}
+    assert len(sends) == len(recvs) == iters * channels * nloops * 2 * (ranks - 1)
+    for s in sends:
+        rv = recvs[(s["iteration"], s["txn"])]
+        parent, _ = nccl_tree(ranks, channels, s["channel"])
+        src, dst = node.index(s["node"]), node.index(s["peer"])
+        assert (parent[src] == dst) if s["phase"] == "reduce" else (parent[dst] == src)
+        assert rv["node"] == s["peer"] and rv["peer"] == s["node"] and rv["bytes"] == s["bytes"]
+        assert s["txn"] == f"{s['tensor']}:{s['phase']}:{s['step']}:0:{s['node']}->{s['peer']}"
+        assert s["tensor"] == f"AllReduce.c{s['channel']}.l{s['loop']}"
+        assert s["start"] <= rv["start"] + rv["dur"]
+    per_tensor = defaultdict(set)
+    for s in sends:
+        per_tensor[(s["iteration"], s["tensor"])].add(s["bytes"])
+    assert all(len(b) == 1 for b in per_tensor.values())     # a chunk has one size on every tree edge
+    for it in range(iters):
+        for phase in ("reduce", "broadcast"):
+            edge = defaultdict(int)
+            for s in sends:
+                if s["iteration"] == it and s["phase"] == phase:
+                    edge[(s["channel"], s["node"], s["peer"])] += s["bytes"]
+            per_channel = defaultdict(set)
+            for (ch, _, _), b in edge.items():
+                per_channel[ch].add(b)
+            assert all(len(b) == 1 for b in per_channel.values())
+            assert sum(b.pop() for b in per_channel.values()) == nbytes
+    # the collectives: one per (channel, chunk), participants in tree order of the channel's tree
+    colls = {c["tensor"]: c for c in job["collectives"]}
+    assert len(colls) == channels * nloops
+    from dpro_kit.graph.topology import btree
+    for c in colls.values():
+        ch = int(c["tensor"].split(".c")[1].split(".")[0])
+        parent, _ = nccl_tree(ranks, channels, ch)
+        order = [node.index(x) for x in c["participants"]]
+        assert c["algorithm"] == "tree" and order[0] == next(r for r, p in parent.items() if p is None)
+        assert all(parent[order[p]] == order[btree(ranks, p)[0]] for p in range(1, ranks))
+
+
+@pytest.mark.parametrize("ranks,channels", [(2, 2), (4, 2)])
+def test_reader_matches_tree_dfg(built, tmp_path, ranks, channels):
+    """The folder loads as a trace whose tree collectives the builder expands into exactly the reader's
+    transactions (every SEND's duration from the trace); it replays, and the graph's tensors are
+    recognised as tree all-reduces."""
+    from dpro_kit.graph.build import build, build_global_dfg
+    from dpro_kit.job import Job, identity
+    from dpro_kit.replay import replay
+    from dpro_kit.trace import load_trace
+
+    out = run_ring(built, tmp_path / "t", ranks=ranks, channels=channels, nbytes=2_000_000, iters=2, algo="tree")
+    ts = load_trace(out)
+    assert ts.manifest.world_size == ranks and ts.manifest.iterations == [0, 1]
+    assert ts.manifest.extra["tree_order"] is True
+    assert {c.algorithm for c in ts.collectives} == {"tree"}
+    g = build_global_dfg(ts)
+    dfg_sends = {d["txn"]: d for _, d in g.nodes(data=True) if d.get("kind") == "SEND"}
+    assert set(dfg_sends) == set(ts.events.loc[ts.events["kind"] == "SEND", "txn"])
+    assert {d["source"] for d in dfg_sends.values()} == {"trace:txn"}
+    res = replay(g)
+    assert 0 < res.iteration_time_us < 60e6
+    job = Job.from_graph(g)
+    assert {t.algorithm for t in job.tensors.values()} == {"tree"}
+    g2 = build(job, identity(job))
+    assert {d["txn"] for _, d in g2.nodes(data=True) if d.get("kind") == "SEND"} == set(dfg_sends)
+
+
+def test_reader_tree_bad_input(built, tmp_path):
+    """A tree file whose sizes or peers do not fit the other ranks': one line naming the file and the fix."""
+    good = run_ring(built, tmp_path / "good", ranks=4, channels=2, nbytes=600_000, iters=1, algo="tree")
+    files = sorted(good.glob("nccl-*.jsonl"))
+
+    def variant(name: str, f: Path, edit) -> Path:
+        d = tmp_path / name
+        shutil.copytree(good, d)
+        edit(d / f.name)
+        return d
+
+    def resize(p: Path):
+        lines = p.read_text().splitlines()
+        k = next(i for i, x in enumerate(lines) if '"ev":"step"' in x and "[9," in x)
+        e = json.loads(lines[k])
+        e["states"] = [[s, t, z + 16 if s == 9 else z] for s, t, z in e["states"]]
+        lines[k] = json.dumps(e)
+        p.write_text("\n".join(lines) + "\n")
+
+    msg = _one_line_error(variant("resized", files[1], resize), "received")
+    assert "channel" in msg and "chunk" in msg and "different runs" in msg, msg
+
+    def repeer(p: Path):      # rank 1 (a leaf of tree 0) now "sends up" to rank 3 on channel 0
+        lines = p.read_text().splitlines()
+        k = next(i for i, x in enumerate(lines) if '"ev":"op"' in x and '"channel":0' in x and '"send":1' in x)
+        e = json.loads(lines[k])
+        e["peer"] = 3
+        lines[k] = json.dumps(e)
+        p.write_text("\n".join(lines) + "\n")
+
+    _one_line_error(variant("repeered", files[1], repeer), "sends to [3] but receives from [2]", files[1].name)

@@ -1,6 +1,8 @@
 /* Drives an NCCL profiler plugin the way NCCL does, without a GPU (docs/nccl.md).
  *
  *   nccl_harness ring  PLUGIN.so NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK
+ *   nccl_harness tree  PLUGIN.so NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK
+ *   nccl_harness run --algo ring|tree PLUGIN.so NRANKS ...   (the same two)
  *   nccl_harness bench PLUGIN.so API NSTEPS
  *
  * ring: NRANKS processes (fork), each a rank with a main thread and a proxy progress thread, run
@@ -18,6 +20,18 @@
  * event is started by the main thread before the proxy ops are posted and stopped once they are
  * (NCCL stops it at enqueue), proxy ops start when appended on the proxy thread.
  * Then the parent checks every rank's file (event counts, no drops).  Exit 0 = all good.
+ *
+ * tree: the same ranks and proxy thread for NCCL's tree all-reduce (ncclPatternTreeUpDown), one
+ * rank per node: channel c uses tree 0 of NCCL's double binary tree when 2c < NCHANNELS, else tree 1
+ * (mirrored for even NRANKS, shifted by one for odd), positions as ncclGetBtree.  Per channel the
+ * proxy ops are appended in ncclProxySaveOp's order: recv from each child, send to the parent,
+ * send to each child, recv from the parent; each has one network step per chunk (Simple, LL and
+ * LL128 alike: NCCL's tree uses chunkSteps = sliceSteps = 1), a channel's share of the message
+ * cut into nLoops = ceil(BYTES / (NCHANNELS*CHUNK)) chunks.  GPU emulation: a send to the parent
+ * of chunk k is ready once every child's chunk k arrived (leaves: at once); the root's sends to
+ * its children once every child's chunk k arrived; another rank's sends to its children once the
+ * parent's chunk k arrived; a received chunk is consumed once the sends it feeds are posted.  The
+ * collective event says algo "Tree".
  *
  * bench: one rank, one proxy op, NSTEPS send steps of 5 calls each (start, 3 states, stop),
  * timed against a table of empty functions; prints ns per call and the finalize cost per event.
@@ -199,6 +213,7 @@ struct sub {
   size_t trans_size;                          /* sub->transSize: last size set by the transport */
   size_t io_off;                              /* bytes of the current transfer moved so far */
   int inflight;                               /* send: index of the step being written, -1 none */
+  int is_send, up;                            /* tree: direction; link to the parent (1) or a child (0) */
   void *op_handle;
   void *step_handle[NCCL_STEPS];
 };
@@ -208,6 +223,9 @@ struct rank_state {
   struct layout L;
   int rank, pos;
   struct sub send[64], recv[64];
+  int tree;                                   /* 0 ring, 1 tree */
+  struct sub tsub[64][2 * 3 + 2];             /* tree: per channel, in ncclProxySaveOp's order */
+  int ntsub[64], tparent[64], tnkids[64];
   void *coll_handle;
   char *buf;
   pthread_mutex_t mu;
@@ -249,6 +267,82 @@ static int recv_consumed(const struct rank_state *R, int ch, int p) {
   return R->send[ch].transmitted > p + R->L.spc;
 }
 
+/* ------------------------------------------------------------------ the tree all-reduce */
+
+/* NCCL's binary tree of n positions (ncclGetBtree's rule, dpro_kit.graph.topology.btree): the
+ * parent and up to two children of position p. */
+static void btree(int n, int p, int *up, int kids[2], int *nkids) {
+  *nkids = 0;
+  if (p == 0) {
+    *up = -1;
+    if (n > 1) { int top = 1; while (top * 2 < n) top *= 2; kids[(*nkids)++] = top; }
+    return;
+  }
+  int b = p & -p;
+  *up = (p & ~b) | (b << 1);
+  if (*up >= n) *up = p & ~b;
+  int half = b >> 1;
+  if (half) {
+    kids[(*nkids)++] = p - half;
+    while (half && p + half >= n) half >>= 1;
+    if (half) kids[(*nkids)++] = p + half;
+  }
+}
+
+/* Tree t (0 or 1) of the double binary tree: rank <-> position. */
+static int tree_pos(int n, int t, int rank) { return t == 0 ? rank : n % 2 == 0 ? n - 1 - rank : (rank - 1 + n) % n; }
+static int tree_rank(int n, int t, int pos) { return t == 0 ? pos : n % 2 == 0 ? n - 1 - pos : (pos + 1) % n; }
+static int tree_of_channel(int nch, int c) { return 2 * c < nch ? 0 : 1; }
+
+/* Parent rank (-1 root) and child ranks of `rank` on channel c. */
+static void tree_links(int n, int nch, int c, int rank, int *up, int kids[2], int *nkids) {
+  int t = tree_of_channel(nch, c), u;
+  btree(n, tree_pos(n, t, rank), &u, kids, nkids);
+  *up = u < 0 ? -1 : tree_rank(n, t, u);
+  for (int i = 0; i < *nkids; i++) kids[i] = tree_rank(n, t, kids[i]);
+}
+
+/* Bytes of chunk (network step) p of channel ch: the channel's contiguous share (ceil(BYTES /
+ * NCHANNELS), 16-byte aligned) in nloops chunks of ceil(share / nloops) (16-byte aligned). */
+static size_t tree_step_bytes(const struct layout *L, int ch, int p) {
+  size_t share = (L->bytes + L->nch - 1) / L->nch;
+  share = (share + 15) / 16 * 16;
+  size_t c0 = (size_t)ch * share, c1 = c0 + share;
+  if (c1 > L->bytes) c1 = L->bytes;
+  if (c0 >= c1) return 0;
+  size_t per = (c1 - c0 + L->nloops - 1) / L->nloops;
+  per = (per + 15) / 16 * 16;
+  size_t s0 = c0 + (size_t)p * per, s1 = s0 + per;
+  if (s1 > c1) s1 = c1;
+  return s0 < s1 ? s1 - s0 : 0;
+}
+
+/* A tree send of chunk p is ready: to the parent (or, at the root, to a child) once every child's
+ * chunk p was handed to the GPU; elsewhere, to a child once the parent's chunk p was. */
+static int tree_send_ready(const struct rank_state *R, const struct sub *s, int p) {
+  int ch = s->channel;
+  for (int k = 0; k < R->ntsub[ch]; k++) {
+    const struct sub *o = &R->tsub[ch][k];
+    if (o->is_send) continue;
+    int feeds = (s->up || R->tparent[ch] < 0) ? !o->up : o->up;
+    if (feeds && o->transmitted <= p) return 0;
+  }
+  return 1;
+}
+
+/* A received tree chunk p is consumed once the sends it feeds posted chunk p (a leaf's broadcast
+ * chunk at once). */
+static int tree_recv_consumed(const struct rank_state *R, const struct sub *s, int p) {
+  int ch = s->channel;
+  for (int k = 0; k < R->ntsub[ch]; k++) {
+    const struct sub *o = &R->tsub[ch][k];
+    if (!o->is_send) continue;
+    int fed = s->up ? !o->up : (R->tparent[ch] < 0 ? 1 : o->up);
+    if (fed && o->transmitted <= p) return 0;
+  }
+  return 1;
+}
+
 static int send_progress(struct rank_state *R, struct sub *s) {
   int busy = 0;
   if (s->done == s->nsteps) return 0;
@@ -259,10 +353,11 @@ static int send_progress(struct rank_state *R, struct sub *s) {
     step_state(R, s, p, DPRO_ST_SEND_GPU_WAIT);
     return 1;
   }
-  if (s->inflight < 0 && s->transmitted < s->posted && send_ready(R, s->channel, s->transmitted)) {
+  if (s->inflight < 0 && s->transmitted < s->posted &&
+      (R->tree ? tree_send_ready(R, s, s->transmitted) : send_ready(R, s->channel, s->transmitted))) {
     int p = s->transmitted;
     step_state(R, s, p, DPRO_ST_SEND_PEER_WAIT);   /* stale trans_size, as NCCL */
-    s->trans_size = step_bytes(&R->L, s->channel, R->pos, p);
+    s->trans_size = R->tree ? tree_step_bytes(&R->L, s->channel, p) : step_bytes(&R->L, s->channel, R->pos, p);
     s->inflight = p;
     s->io_off = 0;
     s->transmitted++;
@@ -299,7 +394,8 @@ static int recv_progress(struct rank_state *R, struct sub *s) {
   }
   if (s->received < s->posted) {                   /* test() on the oldest irecv */
     int p = s->received;
-    size_t want = step_bytes(&R->L, s->channel, (R->pos - 1 + R->L.n) % R->L.n, p);
+    size_t want = R->tree ? tree_step_bytes(&R->L, s->channel, p)
+                          : step_bytes(&R->L, s->channel, (R->pos - 1 + R->L.n) % R->L.n, p);
     if (s->io_off < want) {
       ssize_t r = read(s->fd, R->buf, want - s->io_off);
       if (r > 0) { s->io_off += (size_t)r; busy = 1; }
@@ -320,7 +416,8 @@ static int recv_progress(struct rank_state *R, struct sub *s) {
     step_state(R, s, p, DPRO_ST_RECV_GPU_WAIT);
     busy = 1;
   }
-  if (s->done < s->transmitted && recv_consumed(R, s->channel, s->done)) {
+  if (s->done < s->transmitted &&
+      (R->tree ? tree_recv_consumed(R, s, s->done) : recv_consumed(R, s->channel, s->done))) {
     int p = s->done;
     s->done++;
     step_stop(R, s, p);
@@ -347,6 +444,31 @@ static void op_start(struct rank_state *R, struct sub *s, int is_send) {
   }
 }
 
+/* One tree all-reduce on the proxy thread: ops appended per channel in ncclProxySaveOp's order,
+ * InProgress on every sub, progress until all are done, then the ops stop. */
+static void tree_iteration(struct rank_state *R) {
+  int nch = R->L.nch;
+  for (int c = 0; c < nch; c++)
+    for (int k = 0; k < R->ntsub[c]; k++) op_start(R, &R->tsub[c][k], R->tsub[c][k].is_send);
+  for (int c = 0; c < nch; c++)
+    for (int k = 0; k < R->ntsub[c]; k++)
+      if (R->tsub[c][k].op_handle) plugin_state(R->pl, R->tsub[c][k].op_handle, DPRO_ST_PROXY_OP_IN_PROGRESS, 0);
+  for (;;) {
+    int busy = 0, left = 0;
+    for (int c = 0; c < nch; c++)
+      for (int k = 0; k < R->ntsub[c]; k++) {
+        struct sub *t = &R->tsub[c][k];
+        busy |= t->is_send ? send_progress(R, t) : recv_progress(R, t);
+        left += t->done < t->nsteps;
+      }
+    if (!left) break;
+    if (!busy) sched_yield();
+  }
+  for (int c = 0; c < nch; c++)
+    for (int k = 0; k < R->ntsub[c]; k++)
+      if (R->tsub[c][k].op_handle) plugin_stop(R->pl, R->tsub[c][k].op_handle);
+}
+
 static void *proxy_thread(void *arg) {
   struct rank_state *R = arg;
   for (int it = 0;; it++) {
@@ -356,6 +478,14 @@ static void *proxy_thread(void *arg) {
     pthread_mutex_unlock(&R->mu);
     if (stop) return NULL;
     int nch = R->L.nch;
+    if (R->tree) {
+      tree_iteration(R);
+      pthread_mutex_lock(&R->mu);
+      R->finished_iter = it + 1;
+      pthread_cond_broadcast(&R->cv);
+      pthread_mutex_unlock(&R->mu);
+      continue;
+    }
     /* ProxyAppend, per channel: the recv op, then the send op (ncclProxySaveOp for a ring) */
     for (int c = 0; c < nch; c++) {
       op_start(R, &R->recv[c], 0);
@@ -383,8 +513,10 @@ static void *proxy_thread(void *arg) {
 }
 
 static int g_fd[64][64][2];   /* [channel][ring edge r -> r+1][0 = send end, 1 = recv end] */
+static int g_tfd[64][64][2][2]; /* tree: [channel][child rank][0 = up to the parent, 1 = down][send end, recv end] */
 
-static int run_rank(const char *plugin, int api, int rank, const struct layout *L, int iters, const char *proto) {
+static int run_rank(const char *plugin, int api, int rank, const struct layout *L, int iters, const char *proto,
+                    int tree) {
   struct plugin pl;
   plugin_open(&pl, plugin, api);
   if (plugin_init(&pl, "dpro-harness", L->n, L->n, rank) != DPRO_NCCL_OK) die("rank %d: plugin init failed", rank);
@@ -405,6 +537,28 @@ static int run_rank(const char *plugin, int api, int rank, const struct layout *
     R.recv[c] = (struct sub){.channel = c, .peer = (rank - 1 + n) % n, .nsteps = nsteps,
                              .fd = g_fd[c][(rank - 1 + n) % n][1]};
   }
+  R.tree = tree;
+  for (int c = 0; tree && c < L->nch; c++) {
+    /* ncclProxySaveOp, ncclPatternTreeUpDown: recv from each child, send to the parent, send to each
+     * child, recv from the parent; one network step per chunk */
+    int up, kids[2], nk, k = 0;
+    tree_links(n, L->nch, c, rank, &up, kids, &nk);
+    R.tparent[c] = up;
+    R.tnkids[c] = nk;
+    for (int i = 0; i < nk; i++)
+      R.tsub[c][k++] = (struct sub){.channel = c, .peer = kids[i], .nsteps = L->nloops, .is_send = 0, .up = 0,
+                                    .fd = g_tfd[c][kids[i]][0][1]};
+    if (up >= 0)
+      R.tsub[c][k++] = (struct sub){.channel = c, .peer = up, .nsteps = L->nloops, .is_send = 1, .up = 1,
+                                    .fd = g_tfd[c][rank][0][0]};
+    for (int i = 0; i < nk; i++)
+      R.tsub[c][k++] = (struct sub){.channel = c, .peer = kids[i], .nsteps = L->nloops, .is_send = 1, .up = 0,
+                                    .fd = g_tfd[c][kids[i]][1][0]};
+    if (up >= 0)
+      R.tsub[c][k++] = (struct sub){.channel = c, .peer = up, .nsteps = L->nloops, .is_send = 0, .up = 1,
+                                    .fd = g_tfd[c][rank][1][1]};
+    R.ntsub[c] = k;
+  }
   pthread_t th;
   pthread_create(&th, NULL, proxy_thread, &R);
   for (int it = 0; it < iters; it++) {
@@ -412,7 +566,7 @@ static int run_rank(const char *plugin, int api, int rank, const struct layout *
     struct descr d = {.type = DPRO_EV_COLL, .parent = NULL, .rank = rank};
     d.coll = (struct dpro_d_coll){.seq = (uint64_t)it, .func = "AllReduce", .send_buff = R.buf, .recv_buff = R.buf,
                                   .count = L->bytes / 4, .root = 0, .datatype = "ncclFloat32",
-                                  .nchannels = (uint8_t)L->nch, .nwarps = 8, .algo = "Ring", .proto = proto};
+                                  .nchannels = (uint8_t)L->nch, .nwarps = 8, .algo = tree ? "Tree" : "Ring", .proto = proto};
     R.coll_handle = (pl.mask & DPRO_EV_COLL) ? plugin_start(&pl, &d) : NULL;
     pthread_mutex_lock(&R.mu);                      /* ncclProxyPost: ops handed to the proxy */
     R.posted_iter = it + 1;
@@ -436,7 +590,7 @@ static int run_rank(const char *plugin, int api, int rank, const struct layout *
 }
 
 /* Count the records of each kind in every rank's file; 0 when all are as expected. */
-static int check_output(const char *dir, const struct layout *L, int iters) {
+static int check_output(const char *dir, const struct layout *L, int iters, int tree) {
   DIR *d = opendir(dir);
   if (d == NULL) { fprintf(stderr, "nccl_harness: cannot open %s\n", dir); return 1; }
   int files = 0, bad = 0;
@@ -450,9 +604,11 @@ static int check_output(const char *dir, const struct layout *L, int iters) {
     snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
     FILE *f = fopen(path, "r");
     if (f == NULL) { bad++; continue; }
-    long coll = 0, op = 0, step = 0, end = 0, dropped = -1, nostop = 0;
+    long coll = 0, op = 0, step = 0, end = 0, dropped = -1, nostop = 0, rank = -1;
     char line[4096];
     while (fgets(line, sizeof(line), f)) {
+      const char *rq = rank < 0 ? strstr(line, "\"rank\":") : NULL;
+      if (rq) rank = atol(rq + 7);
       if (strstr(line, "\"ev\":\"coll\"")) coll++;
       else if (strstr(line, "\"ev\":\"op\"")) op++;
       else if (strstr(line, "\"ev\":\"step\"")) step++;
@@ -461,9 +617,19 @@ static int check_output(const char *dir, const struct layout *L, int iters) {
     }
     fclose(f);
     files++;
-    if (coll != iters || op != 2L * iters * L->nch || step != want_steps || end != 1 || dropped != 0 || nostop) {
-      fprintf(stderr, "nccl_harness: %s: %ld coll, %ld op, %ld step records (want %d, %d, %ld), end %ld, dropped %ld, "
-              "%ld unstopped\n", path, coll, op, step, iters, 2 * iters * L->nch, want_steps, end, dropped, nostop);
+    long want_ops = 2L * iters * L->nch;
+    if (tree) {                                     /* per channel: 2 ops per child, 2 to the parent */
+      want_ops = 0;
+      for (int c = 0; c < L->nch && rank >= 0 && rank < L->n; c++) {
+        int up, kids[2], nk;
+        tree_links(L->n, L->nch, c, (int)rank, &up, kids, &nk);
+        want_ops += (long)iters * (2 * nk + 2 * (up >= 0));
+      }
+      want_steps = want_ops * L->nloops;
+    }
+    if (coll != iters || op != want_ops || step != want_steps || end != 1 || dropped != 0 || nostop) {
+      fprintf(stderr, "nccl_harness: %s: %ld coll, %ld op, %ld step records (want %d, %ld, %ld), end %ld, dropped %ld, "
+              "%ld unstopped\n", path, coll, op, step, iters, want_ops, want_steps, end, dropped, nostop);
       bad++;
     }
   }
@@ -472,8 +638,10 @@ static int check_output(const char *dir, const struct layout *L, int iters) {
   return bad;
 }
 
-static int cmd_ring(int argc, char **argv) {
-  if (argc != 10) die("usage: ring PLUGIN NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK");
+/* argv[1] = "ring" or "tree" (argv shifted past "run --algo ALGO" by main) */
+static int cmd_allreduce(int argc, char **argv) {
+  if (argc != 10) die("usage: %s PLUGIN NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK", argv[1]);
+  int tree = strcmp(argv[1], "tree") == 0;
   const char *plugin = argv[2];
   int n = atoi(argv[3]), nch = atoi(argv[4]);
   long long bytes_ll = atoll(argv[5]), chunk_ll = atoll(argv[9]);
@@ -485,21 +653,34 @@ static int cmd_ring(int argc, char **argv) {
     die("bad arguments (2<=NRANKS<=64, 1<=NCHANNELS<=64, BYTES>=1, ITERS>=1, CHUNK>=64, API 4..6)");
   int spc = strcmp(proto, "Simple") == 0 ? 2 : 1;  /* ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS */
   struct layout L;
+  if (tree) spc = 1;                               /* tree: chunkSteps = sliceSteps = 1 (enqueue.cc) */
   layout_init(&L, n, nch, (size_t)bytes_ll, (size_t)chunk_ll, spc);
+  if (tree) {                                       /* one network step per chunk of NCHANNELS*CHUNK bytes */
+    size_t loop = (size_t)nch * (size_t)chunk_ll;
+    L.nloops = (int)(((size_t)bytes_ll + loop - 1) / loop);
+    L.steps_per_loop = 1;
+  }
   for (int c = 0; c < nch; c++)
     for (int r = 0; r < n; r++) {
-      if (socketpair(AF_UNIX, SOCK_STREAM, 0, g_fd[c][r]) != 0) die("socketpair: %s", strerror(errno));
-      fcntl(g_fd[c][r][0], F_SETFL, O_NONBLOCK);
-      fcntl(g_fd[c][r][1], F_SETFL, O_NONBLOCK);
+      int (*pairs[3])[2] = {&g_fd[c][r], &g_tfd[c][r][0], &g_tfd[c][r][1]};
+      for (int k = tree ? 1 : 0; k < (tree ? 3 : 1); k++) {   /* ring: one edge; tree: up and down */
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, *pairs[k]) != 0) die("socketpair: %s", strerror(errno));
+        fcntl((*pairs[k])[0], F_SETFL, O_NONBLOCK);
+        fcntl((*pairs[k])[1], F_SETFL, O_NONBLOCK);
+      }
     }
   pid_t pids[64];
   for (int r = 0; r < n; r++) {
     pids[r] = fork();
     if (pids[r] < 0) die("fork: %s", strerror(errno));
-    if (pids[r] == 0) exit(run_rank(plugin, api, r, &L, iters, proto));
+    if (pids[r] == 0) exit(run_rank(plugin, api, r, &L, iters, proto, tree));
   }
   for (int c = 0; c < nch; c++)
-    for (int r = 0; r < n; r++) { close(g_fd[c][r][0]); close(g_fd[c][r][1]); }
+    for (int r = 0; r < n; r++)
+      for (int k = 0; k < 2; k++) {
+        if (!tree) close(g_fd[c][r][k]);
+        if (tree) { close(g_tfd[c][r][0][k]); close(g_tfd[c][r][1][k]); }
+      }
   int failed = 0;
   for (int r = 0; r < n; r++) {
     int st = 0;
@@ -507,8 +688,8 @@ static int cmd_ring(int argc, char **argv) {
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) { fprintf(stderr, "nccl_harness: rank %d failed (status %d)\n", r, st); failed++; }
   }
   if (failed) return 1;
-  if (check_output(dir, &L, iters)) return 1;
-  printf("ok ranks=%d channels=%d bytes=%lld chunk=%lld loops=%d steps_per_op=%d iters=%d api=%d proto=%s\n", n, nch,
+  if (check_output(dir, &L, iters, tree)) return 1;
+  printf("ok algo=%s ranks=%d channels=%d bytes=%lld chunk=%lld loops=%d steps_per_op=%d iters=%d api=%d proto=%s\n", argv[1], n, nch,
          bytes_ll, chunk_ll, L.nloops, L.nloops * L.steps_per_loop, iters, api, proto);
   return 0;
 }
@@ -565,8 +746,12 @@ static int cmd_bench(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-  if (argc >= 2 && strcmp(argv[1], "ring") == 0) return cmd_ring(argc, argv);
+  if (argc >= 4 && strcmp(argv[1], "run") == 0 && strcmp(argv[2], "--algo") == 0 &&
+      (strcmp(argv[3], "ring") == 0 || strcmp(argv[3], "tree") == 0))
+    return cmd_allreduce(argc - 2, argv + 2);
+  if (argc >= 2 && (strcmp(argv[1], "ring") == 0 || strcmp(argv[1], "tree") == 0)) return cmd_allreduce(argc, argv);
   if (argc >= 2 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
-  die("usage: nccl_harness ring PLUGIN NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK | bench PLUGIN API NSTEPS");
+  die("usage: nccl_harness ring|tree PLUGIN NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK | "
+      "run --algo ring|tree PLUGIN ... | bench PLUGIN API NSTEPS");
   return 2;
 }

@@ -112,6 +112,7 @@ from . import nccl as _nccl  # noqa: E402
 
 register_reader(_nccl.FORMAT, _nccl.read_node)
 register_discoverer(_nccl.FORMAT, _nccl.discover)
+register_finisher(_nccl.FORMAT, _nccl.finish)
 
 register_reader(kineto_plain.FORMAT, kineto_plain.read_node)
 

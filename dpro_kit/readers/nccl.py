@@ -49,7 +49,8 @@ GLOB = "nccl-*.jsonl"
 ST_SEND_POSTED, ST_SEND_WAIT, ST_RECV_WAIT, ST_RECV_ARRIVED = 8, 9, 10, 11
 #: network transfers (slices) per ring chunk: NCCL's ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS
 SLICES_PER_CHUNK = {"Simple": 2, "LL": 1, "LL128": 1}
-__all__ = ["FORMAT", "VERSIONS", "discover", "files", "read_file", "read_node", "ring_transfers", "SLICES_PER_CHUNK"]
+__all__ = ["FORMAT", "VERSIONS", "discover", "files", "finish", "read_file", "read_node", "ring_transfers",
+           "SLICES_PER_CHUNK", "transfers"]
 
 _FIX = "the file was not written by collectors/nccl's plugin or was edited; re-collect"
 
@@ -262,7 +263,7 @@ def ring_transfers(paths: list[Path], *, node_of_rank: dict[int, str] | None = N
                         hint="a rank did not destroy its communicator (the plugin writes at finalize), or its "
                              "host's folder was not copied here")
     node = node_of_rank or {r: f"{d['host']}/rank{r}" for r, d in by_rank.items()}
-    # per rank: collective key (func, seq) -> {coll, ops by (channel, send) -> (op, steps by number)}
+    # per rank: collective key (func, seq) -> {coll, ops by (channel, send, peer) -> (op, steps by number)}
     per: dict[int, dict[tuple[str, int], dict[str, Any]]] = {}
     for r, d in by_rank.items():
         colls: dict[tuple[str, int], dict[str, Any]] = {}
@@ -271,8 +272,13 @@ def ring_transfers(paths: list[Path], *, node_of_rank: dict[int, str] | None = N
         cid = {c["id"]: (c["func"], c["seq"]) for c in d["colls"].values()}
         for op in d["ops"].values():
             if op["parent"] in cid:
-                colls[cid[op["parent"]]]["ops"][(op["channel"], bool(op["send"]))] = [op, {}]
-        opkey = {op["id"]: (cid[op["parent"]], (op["channel"], bool(op["send"])))
+                okey = (op["channel"], bool(op["send"]), op["peer"])
+                if okey in colls[cid[op["parent"]]]["ops"]:
+                    raise DproError(f"two {'send' if op['send'] else 'recv'} proxy ops with peer {op['peer']} on "
+                                    f"channel {op['channel']} in one collective", path=d["path"],
+                                    record=f"line {op['line']}", hint=_FIX)
+                colls[cid[op["parent"]]]["ops"][okey] = [op, {}]
+        opkey = {op["id"]: (cid[op["parent"]], (op["channel"], bool(op["send"]), op["peer"]))
                  for op in d["ops"].values() if op["parent"] in cid}
         for s in d["steps"].values():
             if s["parent"] in opkey:
@@ -283,6 +289,7 @@ def ring_transfers(paths: list[Path], *, node_of_rank: dict[int, str] | None = N
     collectives: dict[str, dict[str, Any]] = {}
     skipped: dict[str, int] = defaultdict(int)
     rank_order = True
+    tree_ok = True
     keys = sorted(set().union(*(set(c) for c in per.values())))
     for key in keys:
         func, seq = key
@@ -292,6 +299,9 @@ def ring_transfers(paths: list[Path], *, node_of_rank: dict[int, str] | None = N
             raise DproError(f"collective {func} #{seq} is in the files of ranks {have} only",
                             path=by_rank[have[0]]["path"], record=f"line {c0['line']}",
                             hint="keep one job's complete files per folder")
+        if func == "AllReduce" and c0["algo"] == "Tree":
+            tree_ok = _tree_rows(func, seq, n, per, key, by_rank, node, rows, collectives) and tree_ok
+            continue
         if func != "AllReduce" or c0["algo"] != "Ring":
             skipped[f"{func}/{c0['algo']}"] += 1
             continue
@@ -301,11 +311,18 @@ def ring_transfers(paths: list[Path], *, node_of_rank: dict[int, str] | None = N
                             path=by_rank[have[0]]["path"], record=f"line {c0['line']}",
                             hint=f"this reader knows {sorted(SLICES_PER_CHUNK)}")
         per_loop = 2 * (n - 1) * spc
-        channels = sorted({ch for r in range(n) for ch, _ in per[r][key]["ops"]})
+        channels = sorted({ch for r in range(n) for ch, _, _ in per[r][key]["ops"]})
         for ch in channels:
             sends, recvs = {}, {}
             for r in range(n):
-                ops = per[r][key]["ops"]
+                ops = {}
+                for (c, snd, _), v in per[r][key]["ops"].items():
+                    if c == ch:
+                        if (c, snd) in ops:
+                            raise DproError(f"collective {func} #{seq}: rank {r} has two "
+                                            f"{'send' if snd else 'recv'} proxy ops on channel {ch}, a ring one",
+                                            path=by_rank[r]["path"], record=f"line {v[0]['line']}", hint=_FIX)
+                        ops[(c, snd)] = v
                 for is_send, into in ((True, sends), (False, recvs)):
                     if (ch, is_send) not in ops:
                         raise DproError(f"collective {func} #{seq}: rank {r} has no "
@@ -368,13 +385,116 @@ def ring_transfers(paths: list[Path], *, node_of_rank: dict[int, str] | None = N
                                      "peer": node[r]})
                 if tensor not in collectives:
                     collectives.setdefault(tensor, {"tensor": tensor, "bytes": pass_bytes // (2 * (n - 1)),
-                                                    "ring": [node[r] for r in ring]})
+                                                    "algorithm": "ring", "op": "allreduce",
+                                                    "ring": [node[r] for r in ring],
+                                                    "participants": [node[r] for r in range(n)]})
     for row in rows:
         if not (math.isfinite(row["start"]) and row["dur"] >= 0):
             raise DproError(f"{row['op']}: negative duration {row['dur']:.3f} us", path=by_rank[row["rank"]]["path"],
                             hint=_FIX)
     return {"rows": rows, "collectives": list(collectives.values()), "rank_order": rank_order,
-            "skipped": dict(skipped), "nranks": n, "nodes": [node[r] for r in range(n)]}
+            "tree_order": tree_ok, "skipped": dict(skipped), "nranks": n, "nodes": [node[r] for r in range(n)]}
+
+
+transfers = ring_transfers
+
+
+def _tree_rows(func: str, seq: int, n: int, per: dict, key: tuple, by_rank: dict, node: dict, rows: list,
+               collectives: dict) -> bool:
+    """Append the SEND/RECV rows of one tree all-reduce (module docstring); whether every channel's
+    tree is NCCL's binary tree (then the txn ids are the tree DFG's).
+
+    Per rank and channel the proxy ops, in the order they were started (their ids), are NCCL's
+    ``ncclProxySaveOp`` order for ``ncclPatternTreeUpDown``: recv from each child, send to the
+    parent, send to each child, recv from the parent.  So the children are the peers of the recv
+    ops before the first send op, the parent the peer of the recv op after it (none: the root).
+    """
+    from ..graph.topology import tree_order, txn_id
+
+    hint_net = ("NCCL ran it without the network transport on this channel (P2P/SHM); profile with "
+                "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, or keep one job's complete files")
+    channels = sorted({ch for r in range(n) for ch, _, _ in per[r][key]["ops"]})
+    shaped = True
+    for ch in channels:
+        parent: dict[int, int | None] = {}
+        kids: dict[int, list[int]] = {}
+        lanes: dict[int, dict[tuple[bool, int], list]] = {}
+        for r in range(n):
+            where = by_rank[r]["path"]
+            mine = sorted(((k, v) for k, v in per[r][key]["ops"].items() if k[0] == ch), key=lambda kv: kv[1][0]["id"])
+            first_send = next((i for i, ((_, snd, _), _) in enumerate(mine) if snd), None)
+            if first_send is None:
+                raise DproError(f"collective {func} #{seq} (Tree): rank {r} has no send proxy op on channel {ch}",
+                                path=where, hint=hint_net)
+            before = [peer for (_, snd, peer), _ in mine[:first_send] if not snd]
+            after = [peer for (_, snd, peer), _ in mine[first_send:] if not snd]
+            line = f"line {mine[first_send][1][0]['line']}"
+            if len(after) > 1:
+                raise DproError(f"collective {func} #{seq} channel {ch} (Tree): rank {r} receives from {after} after "
+                                f"its first send; in NCCL's tree only the parent's recv op comes after the sends",
+                                path=where, record=line, hint=_FIX)
+            sends = sorted(peer for (_, snd, peer), _ in mine if snd)
+            if sends != sorted(before + after):
+                raise DproError(f"collective {func} #{seq} channel {ch} (Tree): rank {r} sends to {sends} but "
+                                f"receives from {sorted(before + after)}; a tree rank sends to and receives from "
+                                f"the same peers (children and parent)", path=where, record=line, hint=_FIX)
+            parent[r] = after[0] if after else None
+            kids[r] = before
+            lanes[r] = {(snd, peer): v for (_, snd, peer), v in mine}
+        roots = [r for r, p in parent.items() if p is None]
+        if len(roots) != 1:
+            raise DproError(f"collective {func} #{seq} channel {ch} (Tree): {len(roots)} ranks without a parent "
+                            f"({roots}); a tree has one root", path=by_rank[roots[0] if roots else 0]["path"],
+                            hint="a rank's file is from another run; keep one job's files per folder")
+        for r, p in parent.items():
+            if p is not None and r not in kids[p]:
+                raise DproError(f"collective {func} #{seq} channel {ch} (Tree): rank {r} sends up to rank {p}, which "
+                                f"does not receive from it before its own sends", path=by_rank[p]["path"],
+                                hint="keep one job's files per folder")
+        root = roots[0]
+        nsteps = next(iter(lanes[root].values()))[0]["nsteps"]
+        for r in range(n):
+            for op, steps in lanes[r].values():
+                if op["nsteps"] != nsteps or sorted(steps) != list(range(nsteps)):
+                    raise DproError(f"collective {func} #{seq} channel {ch} (Tree): proxy op has {op['nsteps']} steps "
+                                    f"({len(steps)} recorded), rank {root}'s {nsteps}; every op of a tree channel "
+                                    f"moves the same chunks", path=by_rank[r]["path"], record=f"line {op['line']}",
+                                    hint="re-collect; if NCCL changed its tree chunking, this reader needs updating")
+        order = tree_order({node[r]: (node[p] if p is not None else None) for r, p in parent.items()})
+        if order is None:       # e.g. NCCL's chain within a node: not the DFG's binary tree
+            shaped = False
+            order = [node[root]] + [node[r] for r in range(n) if r != root]
+        edges = [(c, parent[c]) for c in range(n) if parent[c] is not None]
+        for loop in range(nsteps):
+            tensor = f"{func}.c{ch}.l{loop}"
+            sizes = []
+            for c, p in edges:
+                for phase, step, src, dst in (("reduce", 0, c, p), ("broadcast", 1, p, c)):
+                    ss, rs = lanes[src][(True, dst)][1][loop], lanes[dst][(False, src)][1][loop]
+                    t_sent, z_sent = _state(ss, ST_SEND_WAIT, by_rank[src]["path"])
+                    t_arr, z_got = _state(rs, ST_RECV_ARRIVED, by_rank[dst]["path"])
+                    if z_sent != z_got:
+                        raise DproError(f"collective {func} #{seq} channel {ch} chunk {loop} ({phase}): rank {src} "
+                                        f"sent {z_sent} bytes, rank {dst} received {z_got}",
+                                        path=by_rank[dst]["path"], record=f"line {rs['line']}",
+                                        hint="the files are from different runs; keep one job's files per folder")
+                    sizes.append(z_sent)
+                    txn = txn_id(tensor, phase, step, 0, node[src], node[dst])
+                    common = {"iteration": int(seq), "stream": "comm", "tensor": tensor, "phase": phase, "step": step,
+                              "chunk": 0, "txn": txn, "bytes": int(z_sent), "channel": ch, "loop": loop}
+                    rows.append({**common, "node": node[src], "rank": src, "kind": "SEND", "op": f"SEND {txn}",
+                                 "name": f"SEND {tensor}", "start": t_sent, "dur": ss["t1"] - t_sent,
+                                 "peer": node[dst]})
+                    r0 = _state(rs, ST_RECV_WAIT, by_rank[dst]["path"])[0]
+                    rows.append({**common, "node": node[dst], "rank": dst, "kind": "RECV", "op": f"RECV {txn}",
+                                 "name": f"RECV {tensor}", "start": r0, "dur": t_arr - r0, "peer": node[src]})
+            prev = collectives.setdefault(tensor, {"tensor": tensor, "bytes": max(sizes), "algorithm": "tree",
+                                                   "op": "allreduce_tree", "participants": order})
+            if prev["algorithm"] != "tree":
+                raise DproError(f"{tensor}: collective {func} #{seq} ran as Tree, an earlier one as "
+                                f"{prev['algorithm']}", path=by_rank[root]["path"],
+                                hint="profile collectives of one size (one algorithm) per folder, or set NCCL_ALGO")
+    return shaped
 
 
 def _state(step: dict[str, Any], state: int, path: Path) -> tuple[float, int]:
@@ -441,6 +561,7 @@ def discover(trace_dir: Path) -> Manifest | None:
     return Manifest(job=f"nccl {by_rank[0]['comm']}", framework="nccl", comm_backend="nccl",
                     world_size=job["nranks"], nodes=nodes, iterations=its, raw_format=FORMAT,
                     extra={"collector": "collectors/nccl", "rank_order": job["rank_order"],
+                           "tree_order": job["tree_order"],
                            "skipped": job["skipped"], "nccl_api": by_rank[0]["api"]})
 
 
@@ -456,13 +577,32 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
         raise TraceFormatError(f"node {node!r} has no NCCL plugin file", path=node_dir)
     keep = set(EVENT_COLUMNS)
     rows = [{k: v for k, v in r.items() if k in keep} for r in job["rows"] if r["node"] == node]
-    colls = [{"tensor": c["tensor"], "op": "allreduce", "algorithm": "ring", "bytes": int(c["bytes"]),
+    colls = [{"tensor": c["tensor"], "op": c["op"], "algorithm": c["algorithm"], "bytes": int(c["bytes"]),
               "inputs": [], "outputs": [], "params": []} for c in job["collectives"]]
     warnings = []
     if not job["rank_order"]:
         warnings.append("an NCCL channel's ring is not the rank order: its transfers keep their own ids and the "
                         "ring DFG (rank order) models them with the cost model")
+    if not job["tree_order"]:
+        warnings.append("an NCCL channel's tree is not the binary tree of NCCL's double binary tree (e.g. a chain "
+                        "of the ranks within a node): the tree DFG models it as one, its transfers that differ "
+                        "get the cost model")
     if job["skipped"]:
-        warnings.append(f"collectives other than ring all-reduces are not modelled: {job['skipped']}")
+        warnings.append(f"collectives other than ring and tree all-reduces are not modelled: {job['skipped']}")
     path = str(Path(node_dir) / (manifest.nodes[node].file or ""))
     return NodeTrace(events=make_events(rows, path=path), edges=[], collectives=colls, warnings=warnings)
+
+
+def finish(ts: Any) -> Any:
+    """Tree collectives' participants in tree order (``participants[p]`` at binary-tree position p),
+    as :func:`dpro_kit.graph.topology.tree_allreduce` reads them; the merged collectives come in rank
+    order (registered as this format's finisher: :func:`dpro_kit.trace.load_trace`)."""
+    import dataclasses
+
+    if ts.path is None or not any(c.algorithm == "tree" for c in ts.collectives):
+        return ts
+    order = {c["tensor"]: c["participants"] for c in _job_of(Path(ts.path))["collectives"]}
+    colls = [dataclasses.replace(c, participants=list(order[c.tensor]))
+             if c.algorithm == "tree" and c.tensor in order and sorted(order[c.tensor]) == sorted(c.participants)
+             else c for c in ts.collectives]
+    return dataclasses.replace(ts, collectives=colls)
