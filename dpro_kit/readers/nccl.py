@@ -29,6 +29,14 @@ network transfer per slice (2 slices per chunk with the Simple protocol, NCCL's
   position ``i`` at that step, ``i`` being the rank's place in the channel's ring (followed
   from the send peers).  When that ring is the rank order, these are exactly the DFG's ids.
 
+Each tree all-reduce (``algo`` Tree) is, per channel and chunk (proxy step), one collective of
+the tree DFG (:func:`dpro_kit.graph.topology.tree_allreduce`): tensor ``<func>.c<channel>.l<chunk>``,
+per tree edge a ``reduce`` SEND/RECV child -> parent and a ``broadcast`` one parent -> child, the
+parent and children of a rank read from the start order of its proxy ops (NCCL's
+``ncclProxySaveOp``: recv from each child, send to the parent, send to each child, recv from the
+parent); the collective's participants are the tree's labelling as NCCL's binary tree, which
+:func:`finish` puts into the loaded collectives (docs/nccl.md, "Tree all-reduce").
+
 Times are moved from CLOCK_MONOTONIC onto the epoch clock with each file's clock pair (µs).
 """
 from __future__ import annotations
@@ -210,7 +218,7 @@ def _dfg_chunk(n: int, pos: int, k: int) -> int:
 
 
 def ring_transfers(paths: list[Path], *, node_of_rank: dict[int, str] | None = None) -> dict[str, Any]:
-    """SEND/RECV events of every ring all-reduce in one communicator's files (module docstring).
+    """SEND/RECV events of every ring and tree all-reduce in one communicator's files (module docstring).
 
     Parameters
     ----------
@@ -225,9 +233,12 @@ def ring_transfers(paths: list[Path], *, node_of_rank: dict[int, str] | None = N
         ``rows``: event-table rows (``node``, ``op``, ``name``, ``kind`` SEND/RECV, ``iteration``
         = collective ``seq``, ``start``/``dur`` µs, ``tensor``, ``bytes``, ``txn``, ``phase``,
         ``step``, ``chunk``, ``peer``, plus ``channel``, ``loop``, ``rank``); ``collectives``:
-        per ring pass tensor ``{tensor, bytes, ring}`` (``ring``: ranks in ring order);
+        per ring pass / tree chunk ``{tensor, bytes, algorithm, op, participants}`` (ring: plus
+        ``ring``, its nodes in ring order; tree: ``participants`` in tree order);
         ``rank_order``: whether every channel's ring is the rank order (then the ``txn`` ids are
-        the ring DFG's); ``skipped``: collectives that are not ring all-reduces (func/algo, count);
+        the ring DFG's); ``tree_order``: whether every tree channel's tree is NCCL's binary tree (then
+        the tree collectives' ids are the tree DFG's); ``skipped``: collectives that are neither
+        ring nor tree all-reduces (func/algo, count);
         ``nranks``; ``nodes``.
 
     Raises
