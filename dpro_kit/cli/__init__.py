@@ -11,6 +11,7 @@
 ``merge``          :mod:`dpro_kit.cli.merge`
 ``async-predict``  :mod:`dpro_kit.cli.async_predict` (:mod:`dpro_kit.async_ps`)
 ``cluster``        :mod:`dpro_kit.cli.cluster` (:mod:`dpro_kit.jobs`, :mod:`dpro_kit.cluster`)
+``simulate``       :mod:`dpro_kit.cli.simulate` (:mod:`dpro_kit.simulate`)
 =================  ==========================================================
 
 Conventions (:mod:`dpro_kit.cli._common`): every command has ``--json`` (one JSON
@@ -31,7 +32,7 @@ import click
 
 from .. import __version__
 from ..errors import DproError
-from . import align, async_predict, check, cluster, graph, merge, optimize, profile, replay, report
+from . import align, async_predict, check, cluster, graph, merge, optimize, profile, replay, report, simulate
 from ._common import CONTEXT_SETTINGS, EXIT_BAD_INPUT, Progress
 
 
@@ -52,13 +53,14 @@ def cli() -> None:
       dpro check -b base.json -c TRACE  CI gate: exit 1 if slower (docs/ci.md)
       dpro merge A/ B/ -o T             per-host folders of one multi-host run into one
       dpro cluster --hosts 2 -- CMD     run CMD on emulated hosts (netns + shaped links; root)
+      dpro simulate ONE --strategy S.yaml   predict DP / FSDP / TP / pipeline strategies from one profile
 
     Exit codes: 0 success, 1 check failed (dpro check), 2 bad input (one line on stderr says what and where).
     """
 
 
 for _command in (profile.profile, replay.replay, graph.graph, align.align, optimize.optimize, report.report,
-                 check.check, merge.merge, async_predict.async_predict, cluster.cluster):
+                 check.check, merge.merge, async_predict.async_predict, cluster.cluster, simulate.simulate):
     cli.add_command(_command)
 
 

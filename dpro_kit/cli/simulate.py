@@ -1,0 +1,141 @@
+"""``dpro simulate``: predict data / sharded / tensor / pipeline parallel strategies from one profile (Proteus)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import DproError
+from ._common import Progress, echo_json, open_session, output_options
+
+EPILOG = """\b
+Examples:
+  dpro profile --shapes -o one -- python examples/ddp/train.py --nproc 1 --model transformer
+  dpro simulate one --strategy fsdp.yaml                  time, breakdown, memory per rank
+  dpro simulate one --strategy ddp.yaml --compare fsdp.yaml --compare pp.yaml --memory-limit 8GiB
+  dpro simulate one --strategy pp.yaml --bandwidth-mbps 200 --json
+
+\b
+A strategy file (YAML or JSON; docs/simulate.md):
+  name: fsdp-2x1
+  ranks: 2                 # world size = dp degree x tp degree x stages
+  hosts: 2                 # ranks spread evenly over the hosts
+  bandwidth_mbps: 1000     # link between hosts (optional)
+  strategy:
+    data_parallel: {degree: 2, sharding: fsdp}     # none | zero1 | zero2 | zero3 | fsdp
+    tensor_parallel: {degree: 1}                   # Megatron column/row Linear pairs
+    pipeline: {stages: 1, micro_batches: 1, schedule: gpipe}   # or 1f1b; max_in_flight
+    recompute: false
+    children:              # per subtree, by module-name prefix (the profile's layers)
+      - {module: "blocks.layers.0", recompute: true}
+
+\b
+Output: the predicted iteration time; its breakdown per rank (compute, exposed
+communication, bubble = waiting on other ranks / pipeline fill and drain), which
+add up to the time; peak memory per rank (parameters, gradients, optimizer state,
+buffers, gathered parameters, activations) and, with a limit, the OOM verdict.
+With --compare, the strategies ranked: those that fit first, fastest first.
+"""
+
+
+@click.command(short_help="Predict parallelization strategies (DP, ZeRO/FSDP, TP, PP) from one profile.",
+               epilog=EPILOG)
+@click.argument("profile", type=click.Path(path_type=Path))
+@click.option("--strategy", "-s", "strategy_path", required=True, type=click.Path(path_type=Path),
+              help="Strategy file (YAML or JSON) to predict.")
+@click.option("--compare", "compare", multiple=True, type=click.Path(path_type=Path),
+              help="Another strategy file to predict and rank against --strategy (repeatable).")
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="Memory per device (8GiB, 512MB, bytes): each strategy gets an OOM verdict. "
+                   "Overrides the files' memory_limit.")
+@click.option("--bandwidth-mbps", type=float, default=None,
+              help="Link rate between hosts (Mbit/s) for every strategy, overriding the files' bandwidth_mbps. "
+                   "Default: the file's, else the profile's link model (10 Gbit/s for a one-process profile).")
+@click.option("--device-model", type=click.Choice(["auto", "fifo", "shared"]), default="auto", show_default=True,
+              help="Replay kernel: fifo (a link serves one transfer at a time), shared (concurrent transfers share "
+                   "a link's bandwidth, when the replayer has it); auto: shared if available.")
+@output_options("Print one JSON object: the model, every strategy's prediction, the ranking.")
+def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], memory_limit: str | None,
+             bandwidth_mbps: float | None, device_model: str, as_json: bool, quiet: bool) -> None:
+    """Predict how a training job would run under other parallelization strategies.
+
+    PROFILE is a `dpro profile --shapes` trace of the training script run with one
+    process (under DDP, so parameters and their gradient-ready ops are recorded). Its
+    layers, measured forward/backward times, parameter and activation sizes, plus each
+    strategy tree, are compiled into a distributed execution graph with the inferred
+    collectives (DP all-reduce buckets, ZeRO/FSDP all-gather and reduce-scatter, TP
+    all-reduces, pipeline send/recv) and replayed (docs/simulate.md).
+    """
+    from ..simulate.model import from_profile
+    from ..simulate.predict import predict, rank_strategies
+    from ..simulate.strategy import load_strategy, parse_memory
+
+    if bandwidth_mbps is not None and not bandwidth_mbps > 0:
+        raise DproError(f"--bandwidth-mbps must be > 0, got {bandwidth_mbps}")
+    limit = parse_memory(memory_limit, record="--memory-limit") if memory_limit is not None else None
+    strategies = [load_strategy(p) for p in (strategy_path, *compare)]   # all files checked before any work
+    if device_model == "shared":
+        from ..replay.rules import DEVICE_MODELS
+        if "shared" not in DEVICE_MODELS:
+            raise DproError("the replayer has no 'shared' device model yet", hint="use --device-model fifo")
+    session = open_session(profile, no_align=True, progress=Progress(not (quiet or as_json)))
+    model = from_profile(profile, session=session)
+    cm = session.comm_model
+    default_bw = cm.default.bandwidth_Bps if cm is not None and cm.origin != "default" else None
+    preds = [predict(model, s, bandwidth_mbps=bandwidth_mbps, default_bandwidth_Bps=default_bw, memory_limit=limit,
+                     device_model=None if device_model == "auto" else device_model) for s in strategies]
+    ranked = rank_strategies(preds)
+    if as_json:
+        echo_json({"profile": str(profile), "model": model.describe(),
+                   "strategies": [p.to_json() for p in preds],
+                   "ranking": [p.strategy.name for p in ranked]})
+        return
+    lay = model.layers
+    click.echo(f"model: {len(lay)} layers, {model.param_bytes / 2**20:.2f} MiB parameters, "
+               f"fwd {sum(x.fwd_us for x in lay) / 1e3:.2f} ms + bwd {sum(x.bwd_us for x in lay) / 1e3:.2f} ms "
+               f"+ step {model.update_us / 1e3:.2f} ms per iteration on one process ({profile})")
+    for p in preds:
+        _print_prediction(p)
+    if len(preds) > 1:
+        click.echo("")
+        click.echo("ranking (fits in memory first, then fastest):")
+        best = ranked[0].iteration_ms
+        for i, p in enumerate(ranked, 1):
+            oom = " OOM" if p.oom else ""
+            click.echo(f"  {i}. {p.strategy.name:<24} {p.iteration_ms:9.2f} ms  x{p.iteration_ms / best:5.2f}"
+                       f"  peak {p.peak_memory_bytes / 2**20:9.1f} MiB{oom}")
+
+
+def _print_prediction(p) -> None:
+    s = p.strategy
+    d = s.describe()
+    click.echo("")
+    click.echo(f"{s.name}: {s.ranks} ranks on {s.hosts} host(s), dp {s.dp} ({d['sharding']}), tp {s.tp}, "
+               f"pp {s.stages} x {s.micro_batches} micro-batches ({s.schedule})"
+               + (", recompute" if d["recompute"] else "")
+               + (f", {len(d['children'])} subtree override(s)" if d["children"] else ""))
+    b = p.breakdown_ms
+    click.echo(f"  predicted iteration: {p.iteration_ms:.2f} ms   (mean per rank: compute {b['compute']:.2f}, "
+               f"exposed comm {b['exposed_comm']:.2f}, bubble {b['bubble']:.2f} ms)")
+    lk = p.links
+    click.echo(f"  links: {lk['inter_host_mbps']:g} Mbit/s between hosts ({lk['source']}), "
+               f"{lk['intra_host_mbps']:g} within a host, {lk['latency_us']:g} us latency; replay: {p.device_model}")
+    if p.collectives:
+        click.echo("  collectives: " + ", ".join(f"{k} x{v['count']} ({v['bytes'] / 2**20:.2f} MiB)"
+                                                 for k, v in sorted(p.collectives.items())))
+    limit = p.memory_limit_bytes
+    verdict = "" if limit is None else (f"  -> OOM (limit {limit / 2**20:.1f} MiB)" if p.oom
+                                        else f"  -> fits (limit {limit / 2**20:.1f} MiB)")
+    click.echo(f"  peak memory: {p.peak_memory_bytes / 2**20:.2f} MiB{verdict}")
+    click.echo("  rank stage  compute  exp.comm   bubble |  params   grads   optim  buffers gathered    acts    peak (MiB)")
+    for r in p.per_rank:
+        m = r["memory"]
+        mib = [m[k] / 2**20 for k in ("params", "grads", "optimizer", "comm_buffers", "gathered_params",
+                                       "activations", "peak")]
+        click.echo(f"  {r['rank']:>4} {r['stage']:>5} {r['compute_ms']:8.2f} {r['exposed_comm_ms']:9.2f} "
+                   f"{r['bubble_ms']:8.2f} | " + " ".join(f"{v:7.2f}" for v in mib))
+    for n in p.notes:
+        click.echo(f"  note: {n}")
+
+
+__all__ = ["simulate"]

@@ -1,0 +1,721 @@
+"""Execution-graph compiler (Proteus §V): model graph + strategy tree -> distributed DFG.
+
+:func:`compile_strategy` turns a :class:`~dpro_kit.simulate.model.ModelGraph` and a
+:class:`~dpro_kit.simulate.strategy.Strategy` into a global DFG in the replayer's
+conventions (:mod:`dpro_kit.graph.model`: ops on ``<node>:compute`` /
+``<node>:comm`` devices, transfers on link devices of :class:`dpro_kit.graph.topology.Links`)
+that :func:`dpro_kit.replay.replay` runs, plus the memory of every device.
+
+Placement: rank ``r = stage * (dp * tp) + d * tp + t`` (tensor-parallel ranks adjacent,
+then data-parallel replicas, then pipeline stages); rank ``r`` on host
+``r // (ranks / hosts)``, node name ``h<host>/<r>``.
+
+Rules (derived in docs/simulate.md):
+
+* **Compute.**  Each data-parallel replica processes the profiled batch; a pipeline splits
+  it into ``m`` micro-batches, each op taking ``1/m`` of its profiled time.  Pipeline
+  stages are contiguous layer ranges balancing ``fwd + bwd (+ recomputed fwd)`` (linear
+  partition, minimal largest stage).
+* **Tensor parallel** (Megatron): in a subtree with ``tensor_parallel.degree = k > 1`` the
+  Linear ops are paired in forward order, the first of a pair column-parallel, the second
+  row-parallel; the ops from a column Linear to its row Linear (attention, activation)
+  run on ``1/k`` of the features: time ``/k``, activation bytes ``/k``, the pair's weights
+  ``/k``.  The row Linear's output is all-reduced over the TP group in the forward
+  (``out_bytes / m``), the column Linear's input gradient in the backward
+  (``in_bytes / m``).  An unpaired Linear stays replicated.
+* **Recomputation**: the layer's forward is re-run (one op, forward time) right before its
+  backward, per micro-batch; only the layer's input stays alive between forward and backward.
+* **Backward** time of a segment = the layer's backward x the segment's share of the
+  layer's (scaled) forward time.
+* **Data parallel** (over ranks of equal stage and TP index):
+  ``none`` — DDP buckets (parameters in reverse registration order, first bucket 1 MiB,
+  then ``bucket_mb``), each all-reduced once its layers' last backward is done;
+  ``zero1``/``zero2`` — the same buckets reduce-scattered, the optimizer step on ``1/dp``
+  of the parameters, then the buckets all-gathered;
+  ``zero3``/``fsdp`` — each layer is a unit: its parameters all-gathered before its forward
+  and again before its backward (every micro-batch; prefetch one unit ahead), its
+  gradients reduce-scattered after its last backward.
+* **Pipeline**: activations (the next stage's first layer's input, ``/m``) and their
+  gradients are sent point to point between stages; each stage runs its forward and
+  backward units in the schedule's order (control dependencies, §V-A): at most ``c``
+  forward micro-batches ahead of the backward, ``c = m`` for GPipe,
+  ``stages - s`` for 1F1B, capped by ``max_in_flight``: ``F_0 .. F_{c-1}``, then
+  ``B_0, F_c, B_1, F_{c+1}, ...``, then the remaining backwards.
+* **Collectives** are rings (:func:`dpro_kit.graph.topology.ring_allreduce` and the
+  reduce-scatter / all-gather halves): ``2(k-1)`` (all-reduce) or ``k-1`` steps of
+  ``bytes/k`` per rank, each transfer ``alpha + b/B`` from the project's link model
+  (:class:`dpro_kit.costmodel.CommModel`), one link device per ordered host pair.
+
+References
+----------
+.. [1] Duan et al., "Proteus: Simulating the Performance of Distributed DNN Training", §V
+       (execution graph compiler: splitting, inferred collectives, control dependencies)
+       (``/work/shared/seeds/001_b74cee54beaaa4e0.txt``).
+.. [2] Shoeybi et al., "Megatron-LM", 2019 (column/row parallel Linear pairs).
+.. [3] Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC 2020.
+.. [4] Huang et al., "GPipe", NeurIPS 2019; Narayanan et al., "PipeDream" (1F1B), SOSP 2019.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from ..costmodel import CommModel, LinkModel
+from ..errors import DproError
+from ..graph.model import add_op, compute_device, op_key
+from ..graph.topology import CommContext, Links, ring_allreduce, split_bytes
+from ..trace import Collective, Manifest, NodeInfo, OpKind
+from .model import Layer, ModelGraph
+from .strategy import Settings, Strategy
+
+#: DDP's first gradient bucket (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES)
+FIRST_BUCKET_BYTES = 1 << 20
+SHARDED_PARAMS = ("zero3", "fsdp")
+SHARDED_GRADS = ("zero2", "zero3", "fsdp")
+
+
+@dataclass
+class Segment:
+    """A run of a layer's forward ops between tensor-parallel communication points."""
+
+    fwd_us: float
+    bwd_us: float
+    act_bytes: float
+    fwd_ar_bytes: int = 0     # all-reduce after this segment's forward (row-parallel output)
+    bwd_ar_bytes: int = 0     # all-reduce after this segment's backward (column-parallel input grad)
+
+
+@dataclass
+class LayerPlan:
+    """What one layer becomes on one rank of its stage."""
+
+    layer: Layer
+    settings: Settings
+    segments: list[Segment]
+    params_local: float       # bytes on a rank before data-parallel sharding (TP-split weights / tp)
+    act_local: float          # activation bytes per full batch on a rank (TP-split parts / tp)
+
+
+@dataclass
+class Compiled:
+    """The compiled strategy: the DFG, the ranks, their memory and the facts the report needs.
+
+    Attributes
+    ----------
+    graph : networkx.DiGraph
+        The distributed execution graph (replay with :func:`dpro_kit.replay.replay`).
+    nodes : list of str
+        Node names by rank.
+    stage_of : list of int
+        Pipeline stage of each rank.
+    stage_layers : list of list of str
+        Layers of each stage.
+    memory : list of dict
+        Per rank: ``params``, ``grads``, ``optimizer``, ``comm_buffers``, ``gathered_params``,
+        ``activations``, ``peak`` (bytes).
+    collectives : list of dict
+        One entry per inferred collective: ``kind``, ``group`` (node names), ``bytes``, ``tag``.
+    comm_model : CommModel
+        Link model used for the transfers.
+    """
+
+    graph: nx.DiGraph
+    nodes: list[str]
+    stage_of: list[int]
+    stage_layers: list[list[str]]
+    memory: list[dict[str, float]]
+    collectives: list[dict[str, Any]] = field(default_factory=list)
+    comm_model: CommModel | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def partition_stages(costs: list[float], stages: int) -> list[list[int]]:
+    """Contiguous split of ``costs`` into ``stages`` non-empty groups minimising the largest sum.
+
+    Parameters
+    ----------
+    costs : list of float
+        Per layer cost (forward + backward time).
+    stages : int
+        Number of groups.
+
+    Examples
+    --------
+    >>> partition_stages([1, 1, 1, 1], 2)
+    [[0, 1], [2, 3]]
+    >>> partition_stages([3, 1, 1, 1], 2)
+    [[0], [1, 2, 3]]
+    """
+    n = len(costs)
+    if stages > n:
+        raise ValueError(f"{stages} stages for {n} layers")
+    pre = [0.0]
+    for c in costs:
+        pre.append(pre[-1] + float(c))
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for i in range(s, n + 1):
+            for j in range(s - 1, i):
+                v = max(best[s - 1][j], pre[i] - pre[j])
+                if v < best[s][i] - 1e-12:
+                    best[s][i], cut[s][i] = v, j
+    groups, i = [], n
+    for s in range(stages, 0, -1):
+        j = cut[s][i]
+        groups.append(list(range(j, i)))
+        i = j
+    return groups[::-1]
+
+
+def schedule_order(stage: int, stages: int, m: int, schedule: str, max_in_flight: int | None) -> list[tuple[str, int]]:
+    """The order of a stage's forward (``"F"``) and backward (``"B"``) micro-batches.
+
+    ``c`` = micro-batches in flight: ``m`` for GPipe, ``stages - stage`` for 1F1B, capped by
+    ``max_in_flight`` and ``m``; order ``F_0..F_{c-1}``, then ``B_0, F_c, B_1, ...``, then the
+    remaining backwards.
+
+    Examples
+    --------
+    >>> schedule_order(0, 2, 3, "1f1b", None)
+    [('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2)]
+    >>> schedule_order(1, 2, 3, "gpipe", None)
+    [('F', 0), ('F', 1), ('F', 2), ('B', 0), ('B', 1), ('B', 2)]
+    """
+    c = in_flight(stage, stages, m, schedule, max_in_flight)
+    out = [("F", j) for j in range(c)]
+    nf = c
+    for b in range(m):
+        out.append(("B", b))
+        if nf < m:
+            out.append(("F", nf))
+            nf += 1
+    return out
+
+
+def in_flight(stage: int, stages: int, m: int, schedule: str, max_in_flight: int | None) -> int:
+    """Forward micro-batches a stage holds at most (its activations' multiplier)."""
+    c = m if schedule == "gpipe" else stages - stage
+    if max_in_flight is not None:
+        c = min(c, max_in_flight)
+    return max(1, min(c, m))
+
+
+def plan_layers(layers: list[Layer], settings: list[Settings]) -> list[LayerPlan]:
+    """Segments of each layer of one stage after the Megatron pairing (module docstring).
+
+    Parameters
+    ----------
+    layers : list of Layer
+        One stage's layers, forward order.
+    settings : list of Settings
+        Their propagated configurations.
+    """
+    # pair Linear ops (column, row) over consecutive TP layers; mark sharded op spans
+    flat = [(li, oi) for li, lay in enumerate(layers) for oi in range(len(lay.ops))]
+    sharded: set[tuple[int, int]] = set()
+    col_at: set[tuple[int, int]] = set()
+    row_at: set[tuple[int, int]] = set()
+    open_col: int | None = None   # index in flat
+    for fi, (li, oi) in enumerate(flat):
+        op = layers[li].ops[oi]
+        tp = settings[li].tp
+        if tp <= 1:
+            open_col = None
+            continue
+        if op.linear is None:
+            continue
+        if open_col is None:
+            open_col = fi
+        else:
+            for fj in range(open_col, fi + 1):
+                sharded.add(flat[fj])
+            col_at.add(flat[open_col])
+            row_at.add(flat[fi])
+            open_col = None
+    plans = []
+    for li, lay in enumerate(layers):
+        tp = settings[li].tp
+        segs: list[Segment] = []
+        cur = Segment(0.0, 0.0, 0.0)
+        raw_total = lay.fwd_us
+        p_local = float(lay.param_bytes)
+        a_local = 0.0
+        for oi, op in enumerate(lay.ops):
+            if (li, oi) in col_at and (cur.fwd_us > 0 or cur.act_bytes > 0 or segs):
+                segs.append(cur)
+                cur = Segment(0.0, 0.0, 0.0)
+            if (li, oi) in col_at:
+                cur.bwd_ar_bytes = op.in_bytes
+            f = 1.0 / tp if (li, oi) in sharded else 1.0
+            cur.fwd_us += op.fwd_us * f
+            cur.act_bytes += op.act_bytes * f
+            a_local += op.act_bytes * f
+            if (li, oi) in col_at:
+                p_local -= (op.weight_bytes + op.bias_bytes) * (1 - 1.0 / tp)
+            elif (li, oi) in row_at:
+                p_local -= op.weight_bytes * (1 - 1.0 / tp)
+            if (li, oi) in row_at:
+                cur.fwd_ar_bytes = op.out_bytes
+                segs.append(cur)
+                cur = Segment(0.0, 0.0, 0.0)
+        if cur.fwd_us > 0 or cur.act_bytes > 0 or not segs:
+            segs.append(cur)
+        total = sum(s.fwd_us for s in segs)
+        for s in segs:
+            if raw_total > 0:
+                s.bwd_us = lay.bwd_us * s.fwd_us / raw_total
+            else:
+                s.bwd_us = lay.bwd_us / len(segs)
+        plans.append(LayerPlan(layer=lay, settings=settings[li], segments=segs, params_local=max(0.0, p_local),
+                               act_local=a_local))
+    return plans
+
+
+def ddp_buckets(items: list[tuple[str, int, int]], bucket_mb: float) -> list[list[tuple[str, int, int]]]:
+    """DDP's buckets over ``(param, bytes, layer index)`` given in backward (reverse registration) order:
+    the first closes at 1 MiB, the others at ``bucket_mb`` MB."""
+    cap_first, cap = FIRST_BUCKET_BYTES, int(bucket_mb * 1024 * 1024)
+    out: list[list[tuple[str, int, int]]] = []
+    cur: list[tuple[str, int, int]] = []
+    size = 0
+    for it in items:
+        cur.append(it)
+        size += it[1]
+        if size >= (cap_first if not out else cap):
+            out.append(cur)
+            cur, size = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+# --------------------------------------------------------------------------- compiler
+
+class _Builder:
+    """Graph under construction: compute ops, collectives (rings) and transfers."""
+
+    def __init__(self, nodes: list[str], hosts: list[str], model: CommModel) -> None:
+        self.g = nx.DiGraph()
+        self.g.graph["iteration_edges"] = []
+        man = Manifest(job="simulate", framework="simulate", comm_backend="ring", world_size=len(nodes),
+                       nodes={n: NodeInfo(host=h, rank=i, dir=None) for i, (n, h) in enumerate(zip(nodes, hosts))},
+                       iterations=[0])
+        self.ctx = CommContext(graph=self.g, manifest=man, model=model, links=Links(man))
+        self.collectives: list[dict[str, Any]] = []
+        self.n_coll = 0
+        #: (node, "F"/"B", micro-batch, unit) -> Out op of that FSDP unit's all-gather (prefetch chain)
+        self.fsdp_ag: dict[tuple[str, str, int, int], str] = {}
+
+    def compute(self, node: str, name: str, dur: float, *, kind: str, tensor: str = "") -> str:
+        key = op_key(node, name)
+        add_op(self.g, key, node=node, device=compute_device(node, "compute"), kind=kind, dur=max(0.0, float(dur)),
+               name=name, tensor=tensor, source="model")
+        return key
+
+    def collective(self, kind: str, group: list[str], nbytes: float, deps: dict[str, list[str]], tag: str) -> dict[str, str]:
+        """A ring collective over ``group``; returns node -> its Out op (ready when the result is).
+
+        ``kind``: ``allreduce`` (2(k-1) steps), ``reduce_scatter`` or ``all_gather`` (k-1 steps);
+        ``nbytes``: the whole tensor (each step moves ``nbytes / k`` per rank).
+        """
+        self.n_coll += 1
+        tensor = f"{tag}#{self.n_coll}"
+        nb = int(round(nbytes))
+        coll = Collective(tensor=tensor, op="allreduce", bytes=nb, participants=list(group))
+        self.collectives.append({"kind": kind, "group": list(group), "bytes": nb, "tag": tag, "tensor": tensor})
+        if kind == "allreduce":
+            ring_allreduce(self.ctx, coll)
+        else:
+            _ring_half(self.ctx, coll, kind)
+        out = {}
+        for r in group:
+            kin, kout = self.ctx.in_out(coll, r)
+            for d in deps.get(r, []):
+                self.g.add_edge(d, kin)
+            out[r] = kout
+        return out
+
+    def p2p(self, src: str, dst: str, nbytes: float, deps: list[str], tag: str) -> str:
+        """One point-to-point transfer after ``deps`` on ``src``; returns the RECV op on ``dst``."""
+        self.n_coll += 1
+        tensor = f"{tag}#{self.n_coll}"
+        coll = Collective(tensor=tensor, op="send", bytes=int(round(nbytes)), participants=[src, dst])
+        self.collectives.append({"kind": "send_recv", "group": [src, dst], "bytes": int(round(nbytes)), "tag": tag,
+                                 "tensor": tensor})
+        ks, kr = self.ctx.transfer(coll, phase="p2p", step=0, chunk=0, src=src, dst=dst, nbytes=int(round(nbytes)))
+        for dep in deps:
+            self.g.add_edge(dep, ks)
+        return kr
+
+
+def _ring_half(ctx: CommContext, coll: Collective, kind: str) -> None:
+    """Ring reduce-scatter (or all-gather): ``k-1`` steps; in step ``s`` rank ``i`` sends chunk
+    ``(i - s) mod k`` (reduce-scatter) / ``(i + 1 - s) mod k`` (all-gather) to rank ``i+1``; the same
+    dependencies as :func:`dpro_kit.graph.topology.ring_allreduce` (its first / second half)."""
+    ranks = coll.participants
+    n = len(ranks)
+    io = {r: ctx.in_out(coll, r) for r in ranks}
+    if n == 1:
+        ctx.graph.add_edge(*io[ranks[0]])
+        return
+    chunks = split_bytes(coll.bytes, n)
+    prev_recv: dict[int, str] = {}
+    last_send: dict[int, str] = {}
+    for s in range(n - 1):
+        cur_recv: dict[int, str] = {}
+        for i, r in enumerate(ranks):
+            c = (i - s) % n if kind == "reduce_scatter" else (i + 1 - s) % n
+            j = (i + 1) % n
+            ks, kr = ctx.transfer(coll, phase=kind, step=s, chunk=c, src=r, dst=ranks[j], nbytes=chunks[c])
+            if s == 0:
+                ctx.graph.add_edge(io[r][0], ks)
+            else:
+                ctx.graph.add_edge(prev_recv[i], ks)
+                ctx.graph.add_edge(last_send[i], ks)
+            ctx.graph.add_edge(kr, io[ranks[j]][1])
+            cur_recv[j] = kr
+            last_send[i] = ks
+        prev_recv = cur_recv
+    for i, r in enumerate(ranks):
+        ctx.graph.add_edge(last_send[i], io[r][1])
+
+
+def comm_model_for(strategy: Strategy, nodes: list[str], hosts: list[str], *, bandwidth_Bps: float,
+                   latency_us: float, intra_Bps: float) -> CommModel:
+    """The link model: ``default`` between hosts, ``per_link`` for every pair of ranks sharing a host."""
+    cm = CommModel(default=LinkModel(latency_us, bandwidth_Bps), origin="user")
+    for a, ha in zip(nodes, hosts):
+        for b, hb in zip(nodes, hosts):
+            if a != b and ha == hb:
+                cm.per_link[f"link:{a}->{b}"] = LinkModel(latency_us, intra_Bps)
+    return cm
+
+
+def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: float, latency_us: float,
+                     intra_Bps: float) -> Compiled:
+    """Compile ``model`` under ``strategy`` into a distributed execution graph (module docstring).
+
+    Parameters
+    ----------
+    model : ModelGraph
+        Layers with times and sizes (:func:`dpro_kit.simulate.model.from_profile`).
+    strategy : Strategy
+        The parsed tree (:func:`dpro_kit.simulate.strategy.load_strategy`).
+    bandwidth_Bps : float
+        Link rate between hosts (bytes/s).
+    latency_us : float
+        Per-transfer latency (the alpha of the alpha-beta model).
+    intra_Bps : float
+        Link rate between ranks of one host.
+
+    Returns
+    -------
+    Compiled
+
+    Raises
+    ------
+    DproError
+        More pipeline stages than layers, a child naming no layer.
+    """
+    st = strategy
+    strategy.check_modules(model.layer_names())
+    dp, tp, S, m = st.dp, st.tp, st.stages, st.micro_batches
+    if S > len(model.layers):
+        raise DproError(f"pipeline.stages {S} > the model's {len(model.layers)} layers", path=st.path,
+                        record="strategy.pipeline.stages", hint="layers: " + ", ".join(model.layer_names()))
+    per_host = st.ranks // st.hosts
+    nodes = [f"h{r // per_host}/{r}" for r in range(st.ranks)]
+    hosts = [f"h{r // per_host}" for r in range(st.ranks)]
+    cm = comm_model_for(st, nodes, hosts, bandwidth_Bps=bandwidth_Bps, latency_us=latency_us, intra_Bps=intra_Bps)
+    b = _Builder(nodes, hosts, cm)
+    settings = [st.settings(lay.name) for lay in model.layers]
+
+    def rank(s: int, d: int, t: int) -> int:
+        return s * dp * tp + d * tp + t
+
+    costs = [lay.fwd_us * (2 if se.recompute else 1) + lay.bwd_us for lay, se in zip(model.layers, settings)]
+    groups = partition_stages(costs, S)
+    stage_plans = [plan_layers([model.layers[i] for i in grp], [settings[i] for i in grp]) for grp in groups]
+    total_p = max(1, model.param_bytes)
+    opt_ratio = model.optimizer_state_bytes / total_p
+    stage_of = [r // (dp * tp) for r in range(st.ranks)]
+    memory: list[dict[str, float]] = [{} for _ in range(st.ranks)]
+    # per rank: keys of its compute ops
+    for s, plans in enumerate(stage_plans):
+        L = len(plans)
+        for d in range(dp):
+            for t in range(tp):
+                r = rank(s, d, t)
+                node = nodes[r]
+                other = b.compute(node, "other (data, zero_grad)", model.other_us, kind=OpKind.OTHER.value)
+                last = other
+                order = schedule_order(s, S, m, st.schedule, st.max_in_flight)
+                # units in schedule order; each unit = list of compute ops (keys), built now, chained
+                for kind_, j in order:
+                    if kind_ == "F":
+                        for li, pl in enumerate(plans):
+                            for k, seg in enumerate(pl.segments):
+                                key = b.compute(node, f"F mb{j} {pl.layer.name} seg{k}", seg.fwd_us / m,
+                                                kind=OpKind.FW.value, tensor=pl.layer.name)
+                                b.g.add_edge(last, key)
+                                last = key
+                    else:
+                        for li in range(L - 1, -1, -1):
+                            pl = plans[li]
+                            if pl.settings.recompute:
+                                key = b.compute(node, f"R mb{j} {pl.layer.name}",
+                                                sum(sg.fwd_us for sg in pl.segments) / m, kind=OpKind.FW.value,
+                                                tensor=pl.layer.name)
+                                b.g.add_edge(last, key)
+                                last = key
+                            for k in range(len(pl.segments) - 1, -1, -1):
+                                key = b.compute(node, f"B mb{j} {pl.layer.name} seg{k}", pl.segments[k].bwd_us / m,
+                                                kind=OpKind.BW.value, tensor=pl.layer.name)
+                                b.g.add_edge(last, key)
+                                last = key
+    # data dependencies: TP all-reduces between segments, pipeline sends; a stage's forward output is
+    # ready at fwd_tail (its last segment, or that segment's all-reduce), its input gradient at bwd_tail
+    K = lambda node, nm: op_key(node, nm)  # noqa: E731
+    fwd_tail: dict[tuple[str, int], str] = {}
+    bwd_tail: dict[tuple[str, int], list[str]] = {}
+    for s, plans in enumerate(stage_plans):
+        for d in range(dp):
+            tp_group = [nodes[rank(s, d, t)] for t in range(tp)]
+            for j in range(m):
+                for nd in tp_group:
+                    fwd_tail[(nd, j)] = K(nd, f"F mb{j} {plans[-1].layer.name} seg{len(plans[-1].segments) - 1}")
+                    bwd_tail[(nd, j)] = [K(nd, f"B mb{j} {plans[0].layer.name} seg0")]
+                for li, pl in enumerate(plans):
+                    if pl.settings.tp <= 1:
+                        continue
+                    for k, seg in enumerate(pl.segments):
+                        if seg.fwd_ar_bytes:
+                            deps = {nd: [K(nd, f"F mb{j} {pl.layer.name} seg{k}")] for nd in tp_group}
+                            outs = b.collective("allreduce", tp_group, seg.fwd_ar_bytes / m, deps,
+                                                f"tp fwd mb{j} {pl.layer.name}")
+                            nxt = _next_fwd(plans, li, k)
+                            for nd in tp_group:
+                                if nxt is not None:
+                                    b.g.add_edge(outs[nd], K(nd, f"F mb{j} {plans[nxt[0]].layer.name} seg{nxt[1]}"))
+                                else:
+                                    fwd_tail[(nd, j)] = outs[nd]
+                        if seg.bwd_ar_bytes:
+                            deps = {nd: [K(nd, f"B mb{j} {pl.layer.name} seg{k}")] for nd in tp_group}
+                            outs = b.collective("allreduce", tp_group, seg.bwd_ar_bytes / m, deps,
+                                                f"tp bwd mb{j} {pl.layer.name}")
+                            prv = _prev_bwd(plans, li, k)
+                            for nd in tp_group:
+                                if prv is not None:
+                                    b.g.add_edge(outs[nd], _bwd_entry_key(nd, j, plans, prv))
+                                else:
+                                    bwd_tail[(nd, j)].append(outs[nd])
+                for nd in tp_group:   # a micro-batch's backward starts after its own forward
+                    b.g.add_edge(fwd_tail[(nd, j)], _first_bwd_key(nd, j, plans))
+    for s in range(S - 1):
+        plans, nplans = stage_plans[s], stage_plans[s + 1]
+        act = nplans[0].layer.input_bytes / m
+        for d in range(dp):
+            for t in range(tp):
+                src, dst = nodes[rank(s, d, t)], nodes[rank(s + 1, d, t)]
+                for j in range(m):
+                    kr = b.p2p(src, dst, act, [fwd_tail[(src, j)]], f"pp act mb{j} s{s}->{s + 1}")
+                    b.g.add_edge(kr, K(dst, f"F mb{j} {nplans[0].layer.name} seg0"))
+                    kg = b.p2p(dst, src, act, bwd_tail[(dst, j)], f"pp grad mb{j} s{s + 1}->{s}")
+                    b.g.add_edge(kg, _first_bwd_key(src, j, plans))
+    # data-parallel gradient synchronisation and the optimizer step
+    notes: list[str] = []
+    for s, plans in enumerate(stage_plans):
+        L = len(plans)
+        for t in range(tp):
+            group = [nodes[rank(s, d, t)] for d in range(dp)]
+            # every backward of the rank is done before its step
+            upd_deps = {nd: [_last_bwd_key(nd, j, plans) for j in range(m)] for nd in group}
+            upd_scale = 0.0
+            for pl in plans:
+                f = 1.0 / dp if pl.settings.sharding != "none" else 1.0
+                upd_scale += pl.params_local * f
+            upd_us = model.update_us * upd_scale / total_p
+            ag_after: list[tuple[float, str]] = []
+            if dp > 1:
+                # buckets: layers with sharding none / zero1 / zero2, params in reverse registration order
+                items = []
+                for li in range(L - 1, -1, -1):
+                    pl = plans[li]
+                    if pl.settings.sharding in SHARDED_PARAMS:
+                        continue
+                    scale = pl.params_local / max(1, pl.layer.param_bytes)
+                    for nm, by in reversed(list(pl.layer.params.items())):
+                        items.append((nm, int(by * scale), li, pl.settings.sharding))
+                for kind_sh in ("none", "zero"):
+                    its = [(nm, by, li) for nm, by, li, sh in items if (sh == "none") == (kind_sh == "none")]
+                    for bi, bucket in enumerate(ddp_buckets(its, st.bucket_mb)):
+                        lis = {li for _, _, li in bucket}
+                        size = sum(by for _, by, _ in bucket)
+                        deps = {nd: [_bwd_layer_done_key(nd, m - 1, plans, min(lis))] for nd in group}
+                        kind = "allreduce" if kind_sh == "none" else "reduce_scatter"
+                        outs = b.collective(kind, group, size, deps, f"dp {kind} bucket{bi} s{s}")
+                        for nd in group:
+                            upd_deps[nd].append(outs[nd])
+                        if kind_sh == "zero":
+                            ag_after.append((size, f"dp all_gather bucket{bi} s{s}"))
+                # fsdp / zero3 units: all-gather before forward and backward, reduce-scatter after backward
+                _fsdp_units(b, plans, group, m, upd_deps, schedule_order(s, S, m, st.schedule, st.max_in_flight))
+            for nd in group:
+                key = b.compute(nd, "optimizer step", upd_us, kind=OpKind.UPDATE.value)
+                for dkey in upd_deps[nd]:
+                    b.g.add_edge(dkey, key)
+            for size, tag in ag_after:
+                deps = {nd: [op_key(nd, "optimizer step")] for nd in group}
+                b.collective("all_gather", group, size, deps, tag)
+    # memory per rank
+    for r in range(st.ranks):
+        s = stage_of[r]
+        plans = stage_plans[s]
+        memory[r] = stage_memory(plans, s, st, opt_ratio)
+    return Compiled(graph=b.g, nodes=nodes, stage_of=stage_of,
+                    stage_layers=[[pl.layer.name for pl in plans] for plans in stage_plans], memory=memory,
+                    collectives=b.collectives, comm_model=cm, notes=notes)
+
+
+def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,
+                upd_deps: dict[str, list[str]], order: list[tuple[str, int]]) -> None:
+    """The ZeRO-3 / FSDP units of one stage (layers with sharding zero3/fsdp) over data-parallel ``group``.
+
+    Per micro-batch, an all-gather of the unit's parameters before its forward, issued after the
+    previous all-gather and after the forward two layers back (one unit of prefetch), and again
+    before its backward (in backward order, after the backward two layers later); a
+    reduce-scatter of its gradients after its last backward.
+    """
+    L = len(plans)
+    units = [li for li, pl in enumerate(plans) if pl.settings.sharding in SHARDED_PARAMS]
+    if not units:
+        return
+    last: dict[str, str | None] = {nd: None for nd in group}
+    for kind_, j in order:
+        if kind_ == "B":
+            _fsdp_bwd(b, plans, units, group, j, last)
+            continue
+        for li in units:
+            pl = plans[li]
+            deps: dict[str, list[str]] = {}
+            for nd in group:
+                dl = [last[nd]] if last[nd] else []
+                if li >= 2:
+                    dl.append(op_key(nd, f"F mb{j} {plans[li - 2].layer.name} seg{len(plans[li - 2].segments) - 1}"))
+                elif j > 0:
+                    dl.append(op_key(nd, f"F mb{j - 1} {plans[-1].layer.name} seg{len(plans[-1].segments) - 1}"))
+                deps[nd] = dl
+            outs = b.collective("all_gather", group, pl.params_local, deps, f"fsdp all_gather fwd mb{j} {pl.layer.name}")
+            for nd in group:
+                last[nd] = outs[nd]
+                b.g.add_edge(outs[nd], op_key(nd, f"F mb{j} {pl.layer.name} seg0"))
+    for li in reversed(units):
+        pl = plans[li]
+        deps = {nd: [_bwd_layer_done_key(nd, m - 1, plans, li)] for nd in group}
+        outs = b.collective("reduce_scatter", group, pl.params_local, deps, f"fsdp reduce_scatter {pl.layer.name}")
+        for nd in group:
+            upd_deps[nd].append(outs[nd])
+
+
+def _fsdp_bwd(b: _Builder, plans: list[LayerPlan], units: list[int], group: list[str], j: int,
+              last: dict[str, str | None]) -> None:
+    """The backward all-gathers of micro-batch ``j`` (units in backward order), chained after ``last``."""
+    L = len(plans)
+    for li in reversed(units):
+        pl = plans[li]
+        deps = {}
+        for nd in group:
+            dl = [last[nd]] if last[nd] else []
+            if li + 2 < L:
+                dl.append(_bwd_layer_done_key(nd, j, plans, li + 2))
+            else:
+                dl.append(op_key(nd, f"F mb{j} {plans[-1].layer.name} seg{len(plans[-1].segments) - 1}"))
+            deps[nd] = dl
+        outs = b.collective("all_gather", group, pl.params_local, deps, f"fsdp all_gather bwd mb{j} {pl.layer.name}")
+        for nd in group:
+            last[nd] = outs[nd]
+            b.g.add_edge(outs[nd], _bwd_entry_key(nd, j, plans, (li, len(pl.segments) - 1)))
+
+
+def _next_fwd(plans: list[LayerPlan], li: int, k: int) -> tuple[int, int] | None:
+    if k + 1 < len(plans[li].segments):
+        return li, k + 1
+    return (li + 1, 0) if li + 1 < len(plans) else None
+
+
+def _prev_bwd(plans: list[LayerPlan], li: int, k: int) -> tuple[int, int] | None:
+    """The backward segment that runs after segment (li, k)'s backward."""
+    if k > 0:
+        return li, k - 1
+    return (li - 1, len(plans[li - 1].segments) - 1) if li > 0 else None
+
+
+def _bwd_entry_key(node: str, j: int, plans: list[LayerPlan], pos: tuple[int, int]) -> str:
+    """The op that starts backward segment ``pos`` (the recompute op when it is the layer's first)."""
+    li, k = pos
+    pl = plans[li]
+    if pl.settings.recompute and k == len(pl.segments) - 1:
+        return op_key(node, f"R mb{j} {pl.layer.name}")
+    return op_key(node, f"B mb{j} {pl.layer.name} seg{k}")
+
+
+def _first_bwd_key(node: str, j: int, plans: list[LayerPlan]) -> str:
+    return _bwd_entry_key(node, j, plans, (len(plans) - 1, len(plans[-1].segments) - 1))
+
+
+def _last_bwd_key(node: str, j: int, plans: list[LayerPlan]) -> str:
+    return op_key(node, f"B mb{j} {plans[0].layer.name} seg0")
+
+
+def _bwd_layer_done_key(node: str, j: int, plans: list[LayerPlan], li: int) -> str:
+    return op_key(node, f"B mb{j} {plans[li].layer.name} seg0")
+
+
+def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: float) -> dict[str, float]:
+    """Peak memory of a rank of ``stage`` (bytes), by part (docs/simulate.md "Memory").
+
+    params ``P/dp`` for zero3/fsdp layers else ``P`` (P: TP-local bytes); grads ``P/dp`` for
+    zero2/zero3/fsdp; optimizer state ``ratio x P/dp`` for any sharding; DDP's flat bucket
+    buffers (``sharding: none``, dp > 1) = their gradients; gathered parameters of
+    zero3/fsdp = the two largest adjacent units' ``(1 - 1/dp) P``; activations = ``c``
+    micro-batches in flight x per micro-batch bytes (``A/m``; a recomputed layer keeps its
+    input ``I/m``) + the largest recomputed layer's ``A/m`` (re-materialised for its backward).
+    """
+    dp, m = st.dp, st.micro_batches
+    c = in_flight(stage, st.stages, m, st.schedule, st.max_in_flight)
+    params = grads = opt = bufs = 0.0
+    unit_full = []
+    kept = 0.0
+    recomp_peak = 0.0
+    for pl in plans:
+        P = pl.params_local
+        sh = pl.settings.sharding
+        params += P / dp if sh in SHARDED_PARAMS else P
+        grads += P / dp if sh in SHARDED_GRADS else P
+        opt += opt_ratio * (P / dp if sh != "none" else P)
+        if sh == "none" and dp > 1:
+            bufs += P
+        unit_full.append(P * (1 - 1.0 / dp) if sh in SHARDED_PARAMS else 0.0)
+        if pl.settings.recompute:
+            kept += pl.layer.input_bytes / m
+            recomp_peak = max(recomp_peak, pl.act_local / m)
+        else:
+            kept += pl.act_local / m
+    gathered = max((unit_full[i] + (unit_full[i + 1] if i + 1 < len(unit_full) else 0.0))
+                   for i in range(len(unit_full))) if unit_full else 0.0
+    acts = c * kept + recomp_peak
+    out = {"params": params, "grads": grads, "optimizer": opt, "comm_buffers": bufs, "gathered_params": gathered,
+           "activations": acts, "in_flight_micro_batches": c}
+    out["peak"] = params + grads + opt + bufs + gathered + acts
+    return out
+
+
+__all__ = ["Compiled", "FIRST_BUCKET_BYTES", "LayerPlan", "Segment", "compile_strategy", "comm_model_for",
+           "ddp_buckets", "in_flight", "partition_stages", "plan_layers", "schedule_order", "stage_memory"]

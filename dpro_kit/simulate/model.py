@@ -1,0 +1,353 @@
+"""The model's op graph from one single-process profile (Proteus' op estimator, §VII).
+
+Input: a ``dpro profile --shapes`` trace of the training script run with one process
+(``python examples/ddp/train.py --nproc 1 ...``: DDP with world size 1 records the
+parameters, their layers and the op in which each gradient became ready;
+``--shapes`` records every op's input shapes in one extra iteration,
+``kineto_shapes.json``, docs/pytorch.md "Op input shapes").  Output: a
+:class:`ModelGraph`, the model as a chain of **layers** (the units a strategy tree
+names: ``manifest.extra.layers``, the child of the outermost ``nn.Sequential`` /
+``nn.ModuleList`` on a parameter's path, else its top-level module), each with
+
+* its forward ops in program order (measured duration, input shapes; Linear ops with
+  their ``in``/``out`` features, which :mod:`.compiler` splits for tensor parallelism);
+* its backward time;
+* its parameter bytes and its activation bytes (what the forward keeps for the backward).
+
+Rules (docs/simulate.md "Model graph"):
+
+* **Forward op -> layer.**  The forward ops (kind FW) are walked in order; an op whose
+  weight-position inputs (positions 1-3; position 0 for ``aten::embedding``) have the
+  shape of a parameter not yet used moves the walk to that parameter's layer (the
+  current layer first, then the later ones in registration order); other ops stay in the
+  current layer.  Ops before the first parameterised op go to the first layer, the
+  loss to the last.
+* **Backward op -> layer.**  Each gradient-ready op (DDP's ``dpro::grad_ready`` markers)
+  names a parameter, hence a layer; a backward op belongs to the layer of the next
+  gradient-ready op at or after it (the gradient it is computing), the ops after the
+  last one to that op's layer.
+* **Activation bytes** of a layer: the bytes of the non-parameter tensor inputs of its
+  forward ops that are not views (``view``, ``reshape``, ``transpose``, ...): an upper
+  bound on what autograd saves (a tensor read by two ops is counted twice).
+* **Durations**: each quantity is the median over the profiled iterations.
+* ``update_us``: the optimizer step (kind UPDATE); ``other_us``: the rest of the
+  iteration's host ops (kind OTHER: data, ``zero_grad``).
+
+References
+----------
+.. [1] Duan et al., "Proteus: Simulating the Performance of Distributed DNN Training",
+       §VII (op estimator: profiled operator costs) (``/work/shared/seeds/001_b74cee54beaaa4e0.txt``).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import DproError
+
+#: ops that return views (no new memory, not saved for backward)
+VIEW_OPS = frozenset({
+    "aten::view", "aten::reshape", "aten::transpose", "aten::permute", "aten::select", "aten::slice",
+    "aten::unsqueeze", "aten::squeeze", "aten::expand", "aten::t", "aten::unflatten", "aten::flatten",
+    "aten::detach", "aten::as_strided", "aten::alias", "aten::contiguous", "aten::split", "aten::chunk",
+    "aten::narrow", "aten::unbind", "aten::arange", "aten::full", "aten::zeros", "aten::ones", "aten::empty",
+    "aten::dropout",  # p = 0 in eval-like configs; with p > 0 its mask is counted by the next op's input
+})
+#: Kineto "Input type" -> bytes per element
+DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
+               "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8}
+LINEAR_OPS = frozenset({"aten::linear"})
+
+
+@dataclass
+class Op:
+    """One forward op of a layer.
+
+    Attributes
+    ----------
+    name : str
+        ATen name (``aten::linear``).
+    fwd_us : float
+        Measured duration (median over the profiled iterations).
+    act_bytes : int
+        Bytes of its non-parameter tensor inputs (0 for view ops).
+    linear : tuple of int or None
+        ``(in_features, out_features)`` of a Linear; None for other ops.
+    in_bytes, out_bytes : int
+        A Linear's input and output activation bytes (0 for other ops).
+    weight_bytes, bias_bytes : int
+        A Linear's weight and bias bytes (0 for other ops).
+    """
+
+    name: str
+    fwd_us: float
+    act_bytes: int = 0
+    linear: tuple[int, int] | None = None
+    in_bytes: int = 0
+    out_bytes: int = 0
+    weight_bytes: int = 0
+    bias_bytes: int = 0
+
+
+@dataclass
+class Layer:
+    """One layer (strategy-tree leaf) of the model."""
+
+    name: str
+    params: dict[str, int] = field(default_factory=dict)   # parameter name -> bytes
+    ops: list[Op] = field(default_factory=list)
+    bwd_us: float = 0.0
+    #: bytes of the tensor that enters the layer (what a recomputed layer keeps, what a pipeline sends)
+    input_bytes: int = 0
+
+    @property
+    def fwd_us(self) -> float:
+        return float(sum(o.fwd_us for o in self.ops))
+
+    @property
+    def param_bytes(self) -> int:
+        return int(sum(self.params.values()))
+
+    @property
+    def act_bytes(self) -> int:
+        return int(sum(o.act_bytes for o in self.ops))
+
+
+@dataclass
+class ModelGraph:
+    """The model as a chain of layers with measured times and sizes (module docstring).
+
+    Attributes
+    ----------
+    layers : list of Layer
+        Forward order.
+    update_us : float
+        Optimizer step of the whole model on one process.
+    other_us : float
+        Host ops outside forward/backward/update (data, zero_grad).
+    optimizer_state_bytes : int
+        Optimizer state of the whole model (collector's record, else 1 x parameters: SGD momentum).
+    source : str
+        The profile it came from.
+    notes : list of str
+        Assumptions made while reading it.
+    """
+
+    layers: list[Layer]
+    update_us: float = 0.0
+    other_us: float = 0.0
+    optimizer_state_bytes: int = 0
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def param_bytes(self) -> int:
+        return int(sum(layer.param_bytes for layer in self.layers))
+
+    def layer_names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def describe(self) -> dict[str, Any]:
+        """Per-layer facts as a JSON-able dict."""
+        return {"source": self.source, "update_us": self.update_us, "other_us": self.other_us,
+                "param_bytes": self.param_bytes, "optimizer_state_bytes": self.optimizer_state_bytes,
+                "layers": [{"name": lay.name, "fwd_us": round(lay.fwd_us, 3), "bwd_us": round(lay.bwd_us, 3),
+                            "param_bytes": lay.param_bytes, "act_bytes": lay.act_bytes,
+                            "linears": sum(1 for o in lay.ops if o.linear)} for lay in self.layers],
+                "notes": list(self.notes)}
+
+
+def _numel(dims: Any) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def _tensor_inputs(args: dict[str, Any]) -> list[tuple[int, tuple[int, ...], int]]:
+    """(position, shape, bytes per element) of each tensor input recorded for an op."""
+    dims = args.get("Input Dims") or []
+    types = args.get("Input type") or []
+    out = []
+    for i, d in enumerate(dims):
+        t = types[i] if i < len(types) else ""
+        if isinstance(d, list) and d and t in DTYPE_BYTES and all(isinstance(x, int) for x in d):
+            out.append((i, tuple(int(x) for x in d), DTYPE_BYTES[t]))
+    return out
+
+
+def _weight_positions(name: str) -> tuple[int, ...]:
+    if name == "aten::embedding":
+        return (0,)
+    if name == "aten::batch_norm":
+        return (1, 2)
+    return (1, 2, 3)
+
+
+def from_profile(path: str | Path, *, session: Any = None) -> ModelGraph:
+    """Read a :class:`ModelGraph` from a ``dpro profile --shapes`` trace of one process.
+
+    Parameters
+    ----------
+    path : str or Path
+        The trace directory.
+    session : dpro_kit.session.Session or None
+        An open session on ``path`` (the CLI's); None: one is opened (no clock alignment:
+        one process has one clock).
+
+    Raises
+    ------
+    DproError
+        Not a torch profile, no parameters/gradient-ready ops (not run under DDP), no
+        ``--shapes`` iteration, or no forward op.
+    """
+    from ..readers.torch_kineto import read_op_shapes
+    from ..session import Session
+    from ..trace import read_json
+
+    s = session if session is not None else Session(path, align=False)
+    ts = s.profiled
+    if ts is None:
+        raise DproError("dpro simulate needs a trace directory, not a graph file", path=path)
+    m = ts.manifest
+    workers = m.workers()
+    if not workers:
+        raise DproError("the trace has no worker", path=path)
+    node = workers[0]
+    notes: list[str] = []
+    if len(workers) > 1:
+        notes.append(f"the profile has {len(workers)} ranks; the model is read from {node} (a single-process "
+                     "profile is the intended input)")
+    info = m.nodes[node]
+    node_dir = Path(ts.path) / (info.dir or node)
+    meta_path = node_dir / "meta.json"
+    meta = read_json(meta_path, what="rank meta.json") if meta_path.exists() else {}
+    shapes = read_op_shapes(node_dir) if meta_path.exists() else {}
+    if not shapes:
+        raise DproError("the profile has no op shapes", path=path,
+                        hint="profile one process with `dpro profile --shapes` (docs/simulate.md)")
+    # parameters: names, bytes, shapes, layers, registration order
+    layer_map = m.facts.layers or {}
+    shape_of: dict[str, tuple[int, ...]] = {}
+    order: list[str] = []
+    for entry in meta.get("ddp") or []:
+        for p in entry.get("params") or []:
+            nm = str(p.get("name"))
+            shape_of[nm] = tuple(int(x) for x in p.get("shape") or [])
+            order.append(nm)
+    from ..graph.schemes import is_allreduce
+    from ..optimize.memory import layer_of
+    pbytes: dict[str, int] = {}
+    ready: dict[str, str] = {}
+    for c in ts.collectives:
+        if not is_allreduce(c):
+            continue
+        for j, nm in enumerate(c.params):
+            if j < len(c.param_bytes):
+                pbytes[nm] = int(c.param_bytes[j])
+            ops = (c.param_ready or {}).get(node) or []
+            if j < len(ops) and ops[j]:
+                ready[nm] = str(ops[j])
+    if not pbytes:
+        raise DproError("the profile records no parameters (no DDP bucket)", path=path,
+                        hint="run the script under DistributedDataParallel with one process "
+                             "(e.g. examples/ddp/train.py --nproc 1)")
+    if not order:
+        order = sorted(pbytes)
+    layers: dict[str, Layer] = {}
+    for nm in order:
+        if nm in pbytes:
+            lay = layer_of(nm, layer_map)
+            layers.setdefault(lay, Layer(name=lay)).params[nm] = pbytes[nm]
+    names = list(layers)
+    ev = ts.events
+    ev = ev[ev["node"] == node]
+    stream = ev["stream"].astype(str)
+    ev = ev[(stream != "comm") & ~stream.str.startswith("gpu")]
+    iters = sorted(int(i) for i in ev["iteration"].unique())
+    if not iters:
+        raise DproError("the profile has no iteration", path=path)
+    per_iter: list[tuple[list[list[tuple[str, float, dict]]], list[float], float, float]] = []
+    for it in iters:
+        e = ev[ev["iteration"] == it].sort_values("start", kind="stable")
+        kinds = e["kind"].astype(str).to_list()
+        ids = e["op"].astype(str).to_list()
+        opnames = e["name"].astype(str).to_list()
+        durs = e["dur"].to_numpy(dtype=float)
+        # forward ops -> layers (shape matching)
+        remaining = {n: sorted(shape_of.get(p, ()) for p in layers[n].params) for n in names}
+        cur = 0
+        fwd: list[list[tuple[str, float, dict]]] = [[] for _ in names]
+        for k, oid, nm, d in zip(kinds, ids, opnames, durs):
+            if k != "FW":
+                continue
+            args = shapes.get(oid, {})
+            for pos, shp, _b in _tensor_inputs(args):
+                if pos not in _weight_positions(nm):
+                    continue
+                for j in range(cur, len(names)):
+                    if shp in remaining[names[j]]:
+                        remaining[names[j]].remove(shp)
+                        cur = j
+                        break
+            fwd[cur].append((nm, float(d), args))
+        # backward ops -> layers (next gradient-ready op)
+        bwd = [0.0] * len(names)
+        pos_of = {oid: i for i, oid in enumerate(ids)}
+        marks = sorted((pos_of[o], names.index(layer_of(p, layer_map))) for p, o in ready.items()
+                       if o in pos_of and layer_of(p, layer_map) in layers)
+        bw_idx = [i for i, k in enumerate(kinds) if k == "BW"]
+        mi = 0
+        for i in bw_idx:
+            while mi < len(marks) and marks[mi][0] < i:
+                mi += 1
+            lay = marks[mi][1] if mi < len(marks) else (marks[-1][1] if marks else 0)
+            bwd[lay] += float(durs[i])
+        upd = float(sum(d for k, d in zip(kinds, durs) if k == "UPDATE"))
+        oth = float(sum(d for k, d in zip(kinds, durs) if k == "OTHER"))
+        per_iter.append((fwd, bwd, upd, oth))
+    if not any(per_iter[0][0]):
+        raise DproError("the profile has no forward op (kind FW)", path=path)
+    # medians over iterations; op lists from the median-length iteration, durations per position
+    out_layers = []
+    for li, n in enumerate(names):
+        lay = layers[n]
+        seqs = [p[0][li] for p in per_iter]
+        ref = seqs[len(seqs) // 2]
+        same = [sq for sq in seqs if [o[0] for o in sq] == [o[0] for o in ref]]
+        for k, (nm, _d, args) in enumerate(ref):
+            dur = statistics.median(sq[k][1] for sq in same)
+            tin = _tensor_inputs(args)
+            wpos = _weight_positions(nm)
+            pshapes = {shape_of.get(p) for p in lay.params}
+            acts = [(pos, shp, b) for pos, shp, b in tin if not (pos in wpos and shp in pshapes)]
+            act = 0 if nm in VIEW_OPS else int(sum(_numel(shp) * b for _p, shp, b in acts))
+            op = Op(name=nm, fwd_us=float(dur), act_bytes=act)
+            if nm in LINEAR_OPS and len(tin) >= 2 and tin[0][0] == 0 and tin[1][0] == 1 and len(tin[1][1]) == 2:
+                out_f, in_f = tin[1][1]
+                x_shape, xb = tin[0][1], tin[0][2]
+                op.linear = (int(in_f), int(out_f))
+                op.in_bytes = _numel(x_shape) * xb
+                op.out_bytes = op.in_bytes // max(1, in_f) * out_f
+                op.weight_bytes = _numel(tin[1][1]) * tin[1][2]
+                op.bias_bytes = _numel(tin[2][1]) * tin[2][2] if len(tin) >= 3 and tin[2][0] == 2 else 0
+            lay.ops.append(op)
+        if lay.ops:
+            first = next((a for a in (_tensor_inputs(o[2]) for o in ref) if a), [])
+            acts0 = [(pos, shp, b) for pos, shp, b in first if shp not in {shape_of.get(p) for p in lay.params}]
+            lay.input_bytes = int(_numel(acts0[0][1]) * acts0[0][2]) if acts0 else 0
+        lay.bwd_us = float(statistics.median(p[1][li] for p in per_iter))
+        out_layers.append(lay)
+    opt = m.facts.optimizer_state_bytes
+    total_p = sum(lay.param_bytes for lay in out_layers)
+    if opt is None:
+        opt = total_p
+        notes.append("optimizer state assumed 1 x parameters (the profile does not record it)")
+    return ModelGraph(layers=out_layers, update_us=float(statistics.median(p[2] for p in per_iter)),
+                      other_us=float(statistics.median(p[3] for p in per_iter)), optimizer_state_bytes=int(opt),
+                      source=str(path), notes=notes)
+
+
+__all__ = ["DTYPE_BYTES", "Layer", "ModelGraph", "Op", "VIEW_OPS", "from_profile"]

@@ -1,0 +1,187 @@
+"""Predict a strategy: compile, replay, and report time, breakdown, memory and the OOM verdict.
+
+:func:`predict` is what ``dpro simulate`` runs for each strategy file: compile the
+strategy (:func:`dpro_kit.simulate.compiler.compile_strategy`), replay one iteration
+of the execution graph (:func:`dpro_kit.replay.replay`, device model ``shared`` when
+the replayer has it — concurrent transfers on one link share its bandwidth — else
+``fifo``), and read off
+
+* ``iteration_ms``: the replayed makespan (one iteration, from the first op to the last);
+* per rank, the **breakdown** of that time: ``compute`` (its compute device busy),
+  ``exposed_comm`` (no compute running while a transfer from or to the rank, or its
+  ``comm`` stream, is busy), ``bubble`` (the rest: waiting on other ranks, pipeline
+  fill and drain); they add up to ``iteration_ms``;
+* per rank, the **memory** by part and its peak (:func:`dpro_kit.simulate.compiler.stage_memory`),
+  and the OOM verdict against a limit.
+
+:func:`rank_strategies` orders several predictions (fits in memory first, then time).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+from ..costmodel import DEFAULT_LATENCY_US
+from .compiler import Compiled, compile_strategy
+from .model import ModelGraph
+from .strategy import Strategy
+
+#: default rate between ranks of one host when the strategy file does not give one (loopback)
+DEFAULT_INTRA_HOST_MBPS = 10_000.0
+
+
+@dataclass
+class Prediction:
+    """One strategy's predicted iteration (see the module docstring)."""
+
+    strategy: Strategy
+    iteration_ms: float
+    breakdown_ms: dict[str, float]
+    per_rank: list[dict[str, Any]]
+    peak_memory_bytes: int
+    memory_limit_bytes: int | None
+    oom: bool | None
+    links: dict[str, Any]
+    device_model: str
+    collectives: dict[str, dict[str, float]]
+    compiled: Compiled | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (``dpro simulate --json``)."""
+        return {"name": self.strategy.name, "path": self.strategy.path, "strategy": self.strategy.describe(),
+                "iteration_ms": round(self.iteration_ms, 4),
+                "breakdown_ms": {k: round(v, 4) for k, v in self.breakdown_ms.items()},
+                "peak_memory_bytes": int(self.peak_memory_bytes), "memory_limit_bytes": self.memory_limit_bytes,
+                "oom": self.oom, "device_model": self.device_model, "links": self.links,
+                "collectives": self.collectives, "ranks": self.per_rank,
+                "stages": self.compiled.stage_layers if self.compiled else None, "notes": self.notes}
+
+
+def _union_len(iv: list[tuple[float, float]]) -> float:
+    if not iv:
+        return 0.0
+    iv.sort()
+    tot, (a, b) = 0.0, iv[0]
+    for s, e in iv[1:]:
+        if s > b:
+            tot += b - a
+            a, b = s, e
+        else:
+            b = max(b, e)
+    return tot + (b - a)
+
+
+def _minus_len(iv: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
+    """Length of union(iv) not covered by union(cover)."""
+    both = _union_len(list(iv) + list(cover))
+    return both - _union_len(list(cover))
+
+
+def pick_device_model() -> str:
+    """``shared`` (bandwidth sharing, issue 16 item 3) when the replayer registers it, else ``fifo``."""
+    from ..replay.rules import DEVICE_MODELS
+    return "shared" if "shared" in DEVICE_MODELS else "fifo"
+
+
+def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | None = None,
+            default_bandwidth_Bps: float | None = None, memory_limit: int | None = None,
+            device_model: str | None = None) -> Prediction:
+    """Compile and replay ``strategy`` on ``model``.
+
+    Parameters
+    ----------
+    model : ModelGraph
+        From :func:`dpro_kit.simulate.model.from_profile`.
+    strategy : Strategy
+        From :func:`dpro_kit.simulate.strategy.load_strategy`.
+    bandwidth_mbps : float or None
+        Inter-host rate (Mbit/s) overriding the strategy file's ``bandwidth_mbps``.
+    default_bandwidth_Bps : float or None
+        Rate when neither gives one (the profile's link model); None: 10 Gbit/s.
+    memory_limit : int or None
+        Bytes per device overriding the file's ``memory_limit``; None and no file limit: no verdict.
+    device_model : str or None
+        Replay kernel; None: :func:`pick_device_model`.
+
+    Returns
+    -------
+    Prediction
+    """
+    from ..costmodel import DEFAULT_BANDWIDTH_BPS
+    from ..replay import replay
+
+    if bandwidth_mbps is not None:
+        bw = bandwidth_mbps * 1e6 / 8
+        bw_src = "--bandwidth-mbps"
+    elif strategy.bandwidth_mbps is not None:
+        bw = strategy.bandwidth_mbps * 1e6 / 8
+        bw_src = "strategy file"
+    else:
+        bw = default_bandwidth_Bps or DEFAULT_BANDWIDTH_BPS
+        bw_src = "profile link model" if default_bandwidth_Bps else "default"
+    intra = (strategy.intra_host_bandwidth_mbps or DEFAULT_INTRA_HOST_MBPS) * 1e6 / 8
+    lat = strategy.latency_us if strategy.latency_us is not None else DEFAULT_LATENCY_US
+    comp = compile_strategy(model, strategy, bandwidth_Bps=bw, latency_us=lat, intra_Bps=intra)
+    dm = device_model or pick_device_model()
+    res = replay(comp.graph, device_model=dm)
+    g = comp.graph
+    T = res.makespan_us
+    keys = res.graph.keys
+    dev_names = res.graph.devices
+    per_node_compute: dict[str, list[tuple[float, float]]] = {n: [] for n in comp.nodes}
+    per_node_comm: dict[str, list[tuple[float, float]]] = {n: [] for n in comp.nodes}
+    for i, k in enumerate(keys):
+        d = int(res.graph.device[i])
+        if d < 0:
+            continue
+        dv = dev_names[d]
+        a = g.nodes[k]
+        s, e = float(res.start[i]), float(res.end[i])
+        if e <= s:
+            continue
+        if dv.endswith(":compute"):
+            per_node_compute[a["node"]].append((s, e))
+        elif dv.startswith("link:") or dv.endswith(":comm"):
+            per_node_comm[a["node"]].append((s, e))
+            if a.get("peer") in per_node_comm:
+                per_node_comm[a["peer"]].append((s, e))
+    per_rank = []
+    for r, n in enumerate(comp.nodes):
+        comp_us = _union_len(list(per_node_compute[n]))
+        exp = _minus_len(per_node_comm[n], per_node_compute[n])
+        mem = {k: int(v) if k != "in_flight_micro_batches" else int(v) for k, v in comp.memory[r].items()}
+        per_rank.append({"rank": r, "node": n, "stage": comp.stage_of[r], "compute_ms": comp_us / 1e3,
+                         "exposed_comm_ms": exp / 1e3, "bubble_ms": max(0.0, T - comp_us - exp) / 1e3,
+                         "memory": mem})
+    nr = max(1, len(per_rank))
+    breakdown = {"compute": sum(p["compute_ms"] for p in per_rank) / nr,
+                 "exposed_comm": sum(p["exposed_comm_ms"] for p in per_rank) / nr,
+                 "bubble": sum(p["bubble_ms"] for p in per_rank) / nr}
+    peak = int(max(p["memory"]["peak"] for p in per_rank)) if per_rank else 0
+    limit = memory_limit if memory_limit is not None else strategy.memory_limit
+    oom = None if limit is None else bool(peak > limit)
+    colls: dict[str, dict[str, float]] = {}
+    for c in comp.collectives:
+        kind = c["kind"]
+        e = colls.setdefault(kind, {"count": 0, "bytes": 0})
+        e["count"] += 1
+        e["bytes"] += c["bytes"]
+    links = {"inter_host_mbps": bw * 8 / 1e6, "source": bw_src, "intra_host_mbps": intra * 8 / 1e6,
+             "latency_us": lat}
+    notes = list(model.notes) + list(comp.notes)
+    if dm == "fifo":
+        notes.append("replayed with FIFO links (no bandwidth sharing between concurrent transfers)")
+    return Prediction(strategy=strategy, iteration_ms=T / 1e3, breakdown_ms=breakdown, per_rank=per_rank,
+                      peak_memory_bytes=peak, memory_limit_bytes=limit, oom=oom, links=links, device_model=dm,
+                      collectives=colls, compiled=comp, notes=notes)
+
+
+def rank_strategies(preds: list[Prediction]) -> list[Prediction]:
+    """Best first: strategies that fit in memory (or have no limit) by predicted time, then the OOM ones."""
+    return sorted(preds, key=lambda p: (bool(p.oom), p.iteration_ms))
+
+
+__all__ = ["DEFAULT_INTRA_HOST_MBPS", "Prediction", "pick_device_model", "predict", "rank_strategies"]
+
