@@ -1,0 +1,374 @@
+"""dpro simulate (issue 16): strategy trees, the compiler's collectives and hand-computed schedules.
+
+Tiny models are built by hand (layers with measured-like times and sizes) so every
+number below is computed in the comments; one real one-process ``dpro profile
+--shapes`` of examples/ddp/train.py (transformer) feeds the model reader and the CLI.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpro_kit.errors import DproError
+from dpro_kit.simulate.compiler import compile_strategy, ddp_buckets, partition_stages, schedule_order
+from dpro_kit.simulate.model import Layer, ModelGraph, Op
+from dpro_kit.simulate.predict import predict
+from dpro_kit.simulate.strategy import parse_memory, parse_strategy
+
+ROOT = Path(__file__).resolve().parents[1]
+MBIT = 1e6 / 8
+
+
+def strat(doc: dict, name: str = "t"):
+    return parse_strategy(doc, path=f"{name}.yaml", default_name=name)
+
+
+def chain_model(n: int, fwd: float = 1000.0, bwd: float = 2000.0, params: int = 0, act: int = 0,
+                inp: int = 0, update: float = 0.0) -> ModelGraph:
+    layers = [Layer(name=f"layers.{i}", params={f"layers.{i}.w": params} if params else {},
+                    ops=[Op("aten::mul", fwd, act_bytes=act)], bwd_us=bwd, input_bytes=inp) for i in range(n)]
+    return ModelGraph(layers=layers, update_us=update, other_us=0.0, optimizer_state_bytes=n * params)
+
+
+def run(model, doc, **kw):
+    kw.setdefault("device_model", "fifo")
+    return predict(model, strat(doc), **kw)
+
+
+# --------------------------------------------------------------------------- strategy tree
+
+def test_parse_and_propagate():
+    s = strat({"ranks": 8, "hosts": 2, "strategy": {
+        "data_parallel": {"degree": 2, "sharding": "zero2"}, "tensor_parallel": {"degree": 2},
+        "pipeline": {"stages": 2, "micro_batches": 4, "schedule": "1f1b", "max_in_flight": 2},
+        "children": [{"module": "blocks", "recompute": True, "children": [
+            {"module": "blocks.1", "data_parallel": {"sharding": "fsdp"}, "tensor_parallel": {"degree": 1}}]},
+            {"module": "head", "recompute": False}]}})
+    assert (s.dp, s.tp, s.stages, s.micro_batches, s.schedule, s.max_in_flight) == (2, 2, 2, 4, "1f1b", 2)
+    root = s.settings("embed")
+    assert (root.sharding, root.tp, root.recompute) == ("zero2", 2, False)
+    b0 = s.settings("blocks.0")              # inherits sharding and tp from the root, recompute from "blocks"
+    assert (b0.sharding, b0.tp, b0.recompute) == ("zero2", 2, True)
+    b1 = s.settings("blocks.1.mlp")          # deepest node wins, unset keys come from its parent
+    assert (b1.sharding, b1.tp, b1.recompute) == ("fsdp", 1, True)
+    assert s.settings("blocks.10").sharding == "zero2"   # whole components: blocks.1 does not cover blocks.10
+    assert s.settings("blocks.10").recompute is True
+
+
+@pytest.mark.parametrize("doc,record,words", [
+    ({"ranks": 2, "strategy": {"data_parallel": {"degree": 2}}, "colour": 1}, "colour", "unknown key"),
+    ({"ranks": 4, "strategy": {"data_parallel": {"degree": 2}}}, "strategy", "ranks is 4"),
+    ({"ranks": 2, "strategy": {"data_parallel": {"degree": 2, "sharding": "zero4"}}},
+     "strategy.data_parallel.sharding", "unknown sharding"),
+    ({"ranks": 2, "strategy": {"pipeline": {"stages": 2, "schedule": "interleaved"}}},
+     "strategy.pipeline.schedule", "unknown schedule"),
+    ({"ranks": 2, "strategy": {"pipeline": {"stages": 2, "micro_batches": 0}}},
+     "strategy.pipeline.micro_batches", "integer >= 1"),
+    ({"ranks": 3, "hosts": 2, "strategy": {"data_parallel": {"degree": 3}}}, "hosts", "evenly"),
+    ({"ranks": 2, "strategy": {"data_parallel": {"degree": 2}, "children": [{"module": "a", "pipeline": {}}]}},
+     "strategy.children[0].pipeline", "root only"),
+    ({"ranks": 2, "strategy": {"tensor_parallel": {"degree": 2}, "children": [
+        {"module": "a", "tensor_parallel": {"degree": 4}}]}}, "strategy.children[0].tensor_parallel.degree", "1"),
+    ({"ranks": 2, "strategy": {"data_parallel": {"degree": 2}, "children": [
+        {"module": "a", "children": [{"module": "b"}]}]}}, "strategy.children[0].children[0].module", "not inside"),
+    ({"ranks": 2, "strategy": {"data_parallel": {"degree": 2}, "recompute": "yes"}}, "strategy.recompute",
+     "true or false"),
+    ({"ranks": 1, "strategy": {"data_parallel": {"degree": 1, "sharding": "fsdp"}}},
+     "strategy.data_parallel.sharding", ">= 2"),
+    ({"ranks": 2, "memory_limit": "lots", "strategy": {"data_parallel": {"degree": 2}}}, "memory_limit",
+     "memory size"),
+    ({"strategy": {}}, "ranks", "missing"),
+])
+def test_bad_strategy_is_one_line_naming_file_and_key(doc, record, words):
+    with pytest.raises(DproError) as e:
+        strat(doc, name="bad")
+    line = e.value.one_line()
+    assert "\n" not in line and line.startswith(f"bad.yaml [{record}]: ") and words in line, line
+
+
+def test_child_must_name_a_layer():
+    s = strat({"ranks": 2, "strategy": {"data_parallel": {"degree": 2}, "children": [{"module": "layers.7"}]}})
+    with pytest.raises(DproError, match=r"\[strategy.children\[0\].module\]: module 'layers.7' matches no layer"):
+        compile_strategy(chain_model(2), s, bandwidth_Bps=1e9, latency_us=0, intra_Bps=1e9)
+    s = strat({"ranks": 2, "strategy": {"data_parallel": {"degree": 2}, "children": [{"module": "layers.1.fc"}]}})
+    with pytest.raises(DproError, match="inside layer 'layers.1'"):
+        compile_strategy(chain_model(2), s, bandwidth_Bps=1e9, latency_us=0, intra_Bps=1e9)
+
+
+def test_memory_sizes():
+    assert parse_memory("8GiB") == 8 * 2**30 and parse_memory("512MB") == 512 * 10**6 and parse_memory(4096) == 4096
+    with pytest.raises(DproError):
+        parse_memory("-1GB")
+
+
+# --------------------------------------------------------------------------- helpers of the compiler
+
+def test_partition_and_orders():
+    assert partition_stages([1, 1, 1, 1], 2) == [[0, 1], [2, 3]]
+    assert partition_stages([5, 1, 1, 1, 1, 1], 2) == [[0], [1, 2, 3, 4, 5]]
+    assert partition_stages([1, 2, 3, 4, 5], 3) == [[0, 1, 2], [3], [4]]
+    # 1F1B: stage s keeps stages - s micro-batches in flight; GPipe all of them; max_in_flight caps both
+    assert schedule_order(0, 3, 4, "1f1b", None) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1),
+                                                    ("B", 2), ("B", 3)]
+    assert schedule_order(2, 3, 4, "1f1b", None) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2),
+                                                    ("F", 3), ("B", 3)]
+    assert schedule_order(0, 2, 3, "gpipe", 2) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("B", 2)]
+    # DDP buckets: the first closes at 1 MiB, the next at bucket_mb
+    items = [("a", 600_000, 0), ("b", 600_000, 0), ("c", 2_000_000, 1), ("d", 100, 1)]
+    assert [[x[0] for x in b] for b in ddp_buckets(items, 2.0)] == [["a", "b"], ["c", "d"]]
+
+
+# --------------------------------------------------------------------------- hand-computed schedules
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_bubble_equal_stages(schedule):
+    """4 equal layers (fwd 1 ms, bwd 2 ms) on 2 stages, m = 4 micro-batches, free transfers:
+    per stage and micro-batch f = 2 x 1000 / 4 = 500 us, b = 1000 us; both schedules take
+    (m + p - 1)(f + b) = 5 x 1500 = 7500 us; each rank computes m(f + b) = 6000 us, so the
+    bubble is 1500 us = (p - 1)/(m + p - 1) = 1/5 of the iteration."""
+    p = run(chain_model(4), {"ranks": 2, "hosts": 2, "latency_us": 0, "strategy": {
+        "pipeline": {"stages": 2, "micro_batches": 4, "schedule": schedule}}})
+    assert p.iteration_ms == pytest.approx(7.5, abs=1e-9)
+    assert p.compiled.stage_layers == [["layers.0", "layers.1"], ["layers.2", "layers.3"]]
+    for r in p.per_rank:
+        assert r["compute_ms"] == pytest.approx(6.0, abs=1e-9)
+        assert r["bubble_ms"] / p.iteration_ms == pytest.approx((2 - 1) / (4 + 2 - 1), abs=1e-9)
+        assert r["exposed_comm_ms"] == pytest.approx(0.0, abs=1e-9)
+    # one activation and one gradient send per micro-batch, stage 0 <-> stage 1
+    sends = [c for c in p.compiled.collectives if c["kind"] == "send_recv"]
+    assert len(sends) == 8
+    assert sorted({tuple(c["group"]) for c in sends}) == [("h0/0", "h1/1"), ("h1/1", "h0/0")]
+
+
+def test_pipeline_activation_memory_by_schedule():
+    """Activations per layer 1000 B, 2 layers per stage, m = 4: 500 B per micro-batch and stage.
+    GPipe holds all 4 micro-batches (2000 B); 1F1B stage 0 holds 2 (1000 B), stage 1 holds 1 (500 B).
+    Recomputation keeps only each layer's input (400 B / 4 per micro-batch, 200 B per stage) plus one
+    layer re-materialised (1000 / 4 = 250 B): GPipe 4 x 200 + 250 = 1050 B."""
+    m = chain_model(4, act=1000, inp=400)
+    base = {"ranks": 2, "hosts": 2, "latency_us": 0, "bandwidth_mbps": 1e6}
+    g = run(m, {**base, "strategy": {"pipeline": {"stages": 2, "micro_batches": 4, "schedule": "gpipe"}}})
+    assert [r["memory"]["activations"] for r in g.per_rank] == [2000, 2000]
+    f = run(m, {**base, "strategy": {"pipeline": {"stages": 2, "micro_batches": 4, "schedule": "1f1b"}}})
+    assert [r["memory"]["activations"] for r in f.per_rank] == [1000, 500]
+    c = run(m, {**base, "strategy": {"pipeline": {"stages": 2, "micro_batches": 4, "schedule": "1f1b",
+                                                  "max_in_flight": 1}}})
+    assert [r["memory"]["activations"] for r in c.per_rank] == [500, 500]
+    rc = run(m, {**base, "strategy": {"pipeline": {"stages": 2, "micro_batches": 4}, "recompute": True}})
+    assert [r["memory"]["activations"] for r in rc.per_rank] == [1050, 1050]
+
+
+def test_recompute_time():
+    """Recomputation re-runs each layer's forward before its backward: b = 1000 + 500 us per stage and
+    micro-batch, f = 500: GPipe (m + p - 1)(f + b) = 5 x 2000 = 10000 us."""
+    p = run(chain_model(4), {"ranks": 2, "hosts": 2, "latency_us": 0, "strategy": {
+        "pipeline": {"stages": 2, "micro_batches": 4}, "recompute": True}})
+    assert p.iteration_ms == pytest.approx(10.0, abs=1e-9)
+    assert sum(1 for k in p.compiled.graph if "|R mb" in k) == 2 * 2 * 4   # ranks x layers x micro-batches
+
+
+def one_layer(params=4_000_000, update=500.0):
+    return ModelGraph(layers=[Layer(name="fc", params={"fc.weight": params}, ops=[Op("aten::mul", 1000.0)],
+                                    bwd_us=2000.0)], update_us=update, optimizer_state_bytes=params)
+
+
+DP2 = {"ranks": 2, "hosts": 2, "bandwidth_mbps": 1000, "latency_us": 0}
+
+
+def test_ddp_allreduce():
+    """One 4 MB parameter, 2 ranks on 2 hosts at 1000 Mbit/s (125e6 B/s): one bucket, a ring
+    all-reduce of 2(n-1) = 2 steps of 2e6 B = 2 x 16000 us; the step after it:
+    1000 + 2000 + 32000 + 500 = 35500 us.  Memory: params, grads, SGD state and DDP's bucket
+    buffer, 4e6 B each."""
+    p = run(one_layer(), {**DP2, "strategy": {"data_parallel": {"degree": 2}}})
+    assert p.iteration_ms == pytest.approx(35.5, abs=1e-9)
+    colls = p.compiled.collectives
+    assert [(c["kind"], c["group"], c["bytes"]) for c in colls] == [("allreduce", ["h0/0", "h1/1"], 4_000_000)]
+    # 2 ring steps x 2 ranks: SEND ops on both directions' links, 2e6 B each
+    sends = [d for _, d in p.compiled.graph.nodes(data=True) if d["kind"] == "SEND"]
+    assert sorted((d["device"], d["bytes"], d["dur"]) for d in sends) == \
+        [("link:h0->h1", 2_000_000, 16000.0)] * 2 + [("link:h1->h0", 2_000_000, 16000.0)] * 2
+    r = p.per_rank[0]
+    assert (r["compute_ms"], r["exposed_comm_ms"], r["bubble_ms"]) == pytest.approx((3.5, 32.0, 0.0))
+    assert {k: r["memory"][k] for k in ("params", "grads", "optimizer", "comm_buffers")} == \
+        dict(params=4_000_000, grads=4_000_000, optimizer=4_000_000, comm_buffers=4_000_000)
+
+
+@pytest.mark.parametrize("sharding,grads", [("zero1", 4_000_000), ("zero2", 2_000_000)])
+def test_zero12_reduce_scatter_then_all_gather(sharding, grads):
+    """ZeRO-1/2: the bucket is reduce-scattered (n-1 = 1 step of 2e6 B: 16000 us), the step runs on
+    half the parameters (250 us), the updated halves are all-gathered (16000 us):
+    3000 + 16000 + 250 + 16000 = 35250 us.  Optimizer state halves; ZeRO-2 also the gradients."""
+    p = run(one_layer(), {**DP2, "strategy": {"data_parallel": {"degree": 2, "sharding": sharding}}})
+    assert p.iteration_ms == pytest.approx(35.25, abs=1e-9)
+    assert [(c["kind"], c["bytes"]) for c in p.compiled.collectives] == \
+        [("reduce_scatter", 4_000_000), ("all_gather", 4_000_000)]
+    mem = p.per_rank[1]["memory"]
+    assert (mem["params"], mem["grads"], mem["optimizer"], mem["comm_buffers"]) == \
+        (4_000_000, grads, 2_000_000, 0)
+
+
+def test_fsdp_units():
+    """Two FSDP units of 2e6 B (1 all-gather step of 1e6 B = 8000 us on each link direction):
+    AG_fwd(A) 0-8000, AG_fwd(B) 8000-16000, F(A) 8000-9000, F(B) 16000-17000,
+    AG_bwd(B) 17000-25000, AG_bwd(A) 25000-33000 (FIFO link), B(B) 25000-27000,
+    RS(B) waits for the link: 33000-41000, B(A) 33000-35000, RS(A) 41000-49000,
+    step on half the parameters 500 x 0.5 = 250 us: 49250 us."""
+    m = ModelGraph(layers=[Layer(name=n, params={f"{n}.w": 2_000_000}, ops=[Op("aten::mul", 1000.0)], bwd_us=2000.0)
+                           for n in ("a", "b")], update_us=500.0, optimizer_state_bytes=4_000_000)
+    p = run(m, {**DP2, "strategy": {"data_parallel": {"degree": 2, "sharding": "fsdp"}}})
+    kinds = [(c["kind"], c["tag"].split(" mb")[0], c["bytes"]) for c in p.compiled.collectives]
+    assert sorted(kinds) == sorted([("all_gather", "fsdp all_gather fwd", 2_000_000)] * 2
+                                   + [("all_gather", "fsdp all_gather bwd", 2_000_000)] * 2
+                                   + [("reduce_scatter", "fsdp reduce_scatter a", 2_000_000),
+                                      ("reduce_scatter", "fsdp reduce_scatter b", 2_000_000)])
+    assert all(c["group"] == ["h0/0", "h1/1"] for c in p.compiled.collectives)
+    assert p.iteration_ms == pytest.approx(49.25, abs=1e-9)
+    mem = p.per_rank[0]["memory"]
+    # params, grads and optimizer state sharded; both units gathered at once (prefetch) = (1 - 1/2) x 4e6
+    assert (mem["params"], mem["grads"], mem["optimizer"], mem["gathered_params"]) == \
+        (2_000_000, 2_000_000, 2_000_000, 2_000_000)
+
+
+def tp_model():
+    ops = [Op("aten::linear", 1000.0, act_bytes=800_000, linear=(4, 8), in_bytes=800_000, out_bytes=1_600_000,
+              weight_bytes=128, bias_bytes=32),
+           Op("aten::relu", 200.0, act_bytes=1_600_000),
+           Op("aten::linear", 1000.0, act_bytes=1_600_000, linear=(8, 4), in_bytes=1_600_000, out_bytes=800_000,
+              weight_bytes=128, bias_bytes=16),
+           Op("aten::layer_norm", 300.0, act_bytes=800_000)]
+    return ModelGraph(layers=[Layer(name="mlp", params={"fc1.w": 160, "fc2.w": 144}, ops=ops, bwd_us=5000.0)],
+                      update_us=0.0, optimizer_state_bytes=304)
+
+
+def test_tensor_parallel_megatron_pair():
+    """Column fc1 -> relu -> row fc2 run on half the features: 2200 / 2 = 1100 us; layer_norm 300 us
+    replicated.  Forward all-reduce of fc2's output (8e5 B), backward all-reduce of fc1's input
+    gradient (8e5 B); 2 ranks on one host at 1000 Mbit/s: 2 steps x 4e5 B = 6400 us each.
+    Backward 5000 us split by forward share: 5000 x 1100/2500 = 2200, 5000 x 300/2500 = 600.
+    1100 + 6400 + 300 + 600 + 2200 + 6400 = 17000 us.  Parameters: fc1 (160 B) and fc2's weight
+    (128 B) halved, fc2's bias (16 B) replicated: 304 - 80 - 64 = 160 B."""
+    p = run(tp_model(), {"ranks": 2, "hosts": 1, "intra_host_bandwidth_mbps": 1000, "latency_us": 0,
+                         "strategy": {"tensor_parallel": {"degree": 2}}})
+    assert [(c["kind"], c["group"], c["bytes"]) for c in p.compiled.collectives] == \
+        [("allreduce", ["h0/0", "h0/1"], 800_000)] * 2
+    assert p.iteration_ms == pytest.approx(17.0, abs=1e-9)
+    assert p.per_rank[0]["memory"]["params"] == 160
+    # activations: fc1 .. fc2 inputs halved (800k + 1.6M + 1.6M) / 2, layer_norm's input whole
+    assert p.per_rank[0]["memory"]["activations"] == 2_000_000 + 800_000
+    # tensor_parallel degree 1 on the subtree: nothing split, no collective
+    q = run(tp_model(), {"ranks": 2, "hosts": 1, "strategy": {"tensor_parallel": {"degree": 2}, "children": [
+        {"module": "mlp", "tensor_parallel": {"degree": 1}}]}})
+    assert q.compiled.collectives == [] and q.iteration_ms == pytest.approx(7.5, abs=1e-9)
+
+
+def test_oom_verdict_and_ranking():
+    from dpro_kit.simulate.predict import rank_strategies
+    ddp = run(one_layer(), {**DP2, "name": "ddp", "strategy": {"data_parallel": {"degree": 2}}},
+              memory_limit=12_000_000)
+    z2 = run(one_layer(), {**DP2, "name": "z2", "strategy": {"data_parallel": {"degree": 2, "sharding": "zero2"}}},
+             memory_limit=12_000_000)
+    assert ddp.peak_memory_bytes == 16_000_000 and ddp.oom is True
+    assert z2.peak_memory_bytes == 8_000_000 and z2.oom is False
+    assert [p.strategy.name for p in rank_strategies([ddp, z2])] == ["z2", "ddp"]
+
+
+# --------------------------------------------------------------------------- a real profile and the CLI
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "collectors" / "common"),
+                                         str(ROOT / "collectors" / "torch"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def dpro(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "dpro_kit", *map(str, args)], capture_output=True, text=True,
+                          env=_env(), cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("sim") / "one"
+    r = dpro("profile", "--shapes", "-o", out, "--steps", "4:6", "--", sys.executable,
+             ROOT / "examples/ddp/train.py", "--nproc", "1", "--model", "transformer", "--batch-size", "4",
+             "--iters", "6", "--warmup", "2", "--threads", "1", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+def test_model_from_real_profile(profile):
+    from dpro_kit.simulate.model import from_profile
+    mg = from_profile(profile)
+    names = mg.layer_names()
+    assert names == ["tok", "pos", "blocks.layers.0", "blocks.layers.1", "norm", "head"]
+    # parameter bytes per layer = the model's (train.py TinyLM: vocab 2000, d 128, 4d MLP, 2 blocks)
+    d = 128
+    block = (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d) + 4 * d
+    assert [lay.param_bytes for lay in mg.layers] == [2000 * d * 4, 64 * d * 4, block * 4, block * 4, 2 * d * 4,
+                                                      (2000 * d + 2000) * 4]
+    # every Linear found in its layer with its features (in_proj, out_proj, linear1, linear2; head)
+    lin = {lay.name: [o.linear for o in lay.ops if o.linear] for lay in mg.layers}
+    assert lin["blocks.layers.0"] == [(d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)] == lin["blocks.layers.1"]
+    assert lin["head"] == [(d, 2000)]
+    assert all(lay.fwd_us > 0 for lay in mg.layers[2:4]) and all(lay.bwd_us > 0 for lay in mg.layers[2:4])
+    assert mg.optimizer_state_bytes == mg.param_bytes     # SGD momentum, recorded by the collector
+
+
+def test_cli_compare_json_and_text(profile, tmp_path):
+    (tmp_path / "ddp.yaml").write_text("name: ddp\nranks: 2\nhosts: 2\nbandwidth_mbps: 1000\n"
+                                       "strategy:\n  data_parallel: {degree: 2}\n")
+    (tmp_path / "pp.json").write_text(json.dumps({"name": "pp", "ranks": 2, "hosts": 2, "strategy": {
+        "pipeline": {"stages": 2, "micro_batches": 4, "schedule": "1f1b"}, "recompute": True}}))
+    (tmp_path / "tp.yaml").write_text("name: tp\nranks: 4\nhosts: 2\nstrategy:\n  data_parallel: {degree: 2, "
+                                      "sharding: fsdp}\n  tensor_parallel: {degree: 2}\n  children:\n"
+                                      "    - {module: tok, tensor_parallel: {degree: 1}}\n")
+    r = dpro("simulate", profile, "--strategy", tmp_path / "ddp.yaml", "--compare", tmp_path / "pp.json",
+             "--compare", tmp_path / "tp.yaml", "--memory-limit", "1GiB", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [s["name"] for s in doc["strategies"]] == ["ddp", "pp", "tp"]
+    assert sorted(doc["ranking"]) == ["ddp", "pp", "tp"]
+    for s in doc["strategies"]:
+        b = s["breakdown_ms"]
+        assert b["compute"] + b["exposed_comm"] + b["bubble"] == pytest.approx(s["iteration_ms"], abs=1e-3)
+        assert s["oom"] is False and s["peak_memory_bytes"] > 0
+    by = {s["name"]: s for s in doc["strategies"]}
+    assert set(by["ddp"]["collectives"]) == {"allreduce"}
+    assert by["pp"]["collectives"]["send_recv"]["count"] == 2 * 4
+    assert set(by["tp"]["collectives"]) == {"allreduce", "all_gather", "reduce_scatter"}
+    t = dpro("simulate", profile, "-s", tmp_path / "ddp.yaml", "--compare", tmp_path / "pp.json",
+             "--memory-limit", "1KiB", "--bandwidth-mbps", "200")
+    assert t.returncode == 0, t.stderr
+    assert "ranking (fits in memory first" in t.stdout and "OOM" in t.stdout and "200 Mbit/s" in t.stdout
+
+
+def test_cli_errors(profile, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ranks: 2\nstrategy:\n  data_parallel: {degree: 2, shardng: fsdp}\n")
+    r = dpro("simulate", profile, "--strategy", bad)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert f"{bad} [strategy.data_parallel.shardng]: unknown key 'shardng'" in r.stderr
+    syn = tmp_path / "syn.yaml"
+    syn.write_text("ranks: [2\n")
+    r = dpro("simulate", profile, "--strategy", syn)
+    assert r.returncode == 2 and "not valid YAML" in r.stderr and str(syn) in r.stderr
+    r = dpro("simulate", profile, "--strategy", tmp_path / "missing.yaml")
+    assert r.returncode == 2 and "cannot read the strategy file" in r.stderr
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("ranks: 2\nstrategy:\n  pipeline: {stages: 2}\n  children: [{module: blocks.layers.9}]\n")
+    r = dpro("simulate", profile, "--strategy", ok)
+    assert r.returncode == 2 and "matches no layer" in r.stderr and "tok, pos, blocks.layers.0" in r.stderr
+    r = dpro("simulate", profile, "--strategy", ok, "--memory-limit", "big")
+    assert r.returncode == 2 and "--memory-limit" in r.stderr
+    # a profile without --shapes (the committed 2-rank trace)
+    r = dpro("simulate", ROOT / "examples/traces/ddp-2rank-gloo", "--strategy", ok)
+    assert r.returncode == 2 and "no op shapes" in r.stderr and "--shapes" in r.stderr
+    h = dpro("simulate", "--help")
+    assert h.returncode == 0 and "data_parallel: {degree: 2, sharding: fsdp}" in h.stdout and "--compare" in h.stdout
