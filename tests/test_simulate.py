@@ -334,6 +334,9 @@ def test_cli_compare_json_and_text(profile, tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [s["name"] for s in doc["strategies"]] == ["ddp", "pp", "tp"]
+    first = doc["strategies"][0]      # the --strategy's numbers are also at the top level
+    assert (doc["name"], doc["iteration_ms"], doc["peak_memory_bytes"], doc["oom"]) == \
+        ("ddp", first["iteration_ms"], first["peak_memory_bytes"], False)
     assert sorted(doc["ranking"]) == ["ddp", "pp", "tp"]
     for s in doc["strategies"]:
         b = s["breakdown_ms"]
@@ -365,6 +368,8 @@ def test_cli_errors(profile, tmp_path):
     ok.write_text("ranks: 2\nstrategy:\n  pipeline: {stages: 2}\n  children: [{module: blocks.layers.9}]\n")
     r = dpro("simulate", profile, "--strategy", ok)
     assert r.returncode == 2 and "matches no layer" in r.stderr and "tok, pos, blocks.layers.0" in r.stderr
+    r = dpro("simulate", profile, "--strategy", ok, "--device-model", "fifo", "--overlap-factor", "0.1")
+    assert r.returncode == 2 and "--overlap-factor needs the shared device model" in r.stderr
     r = dpro("simulate", profile, "--strategy", ok, "--memory-limit", "big")
     assert r.returncode == 2 and "--memory-limit" in r.stderr
     # a profile without --shapes (the committed 2-rank trace)

@@ -53,10 +53,15 @@ With --compare, the strategies ranked: those that fit first, fastest first.
                    "Default: the file's, else the profile's link model (10 Gbit/s for a one-process profile).")
 @click.option("--device-model", type=click.Choice(["auto", "fifo", "shared"]), default="auto", show_default=True,
               help="Replay kernel: fifo (a link serves one transfer at a time), shared (concurrent transfers share "
-                   "a link's bandwidth, when the replayer has it); auto: shared if available.")
+                   "the hosts' egress/ingress bandwidth, Proteus' executor; docs/replayer.md); auto: shared if "
+                   "the replayer has it.")
+@click.option("--overlap-factor", type=click.FloatRange(0.0), default=0.0, show_default=True,
+              help="Proteus' gamma: computation runs (1+gamma) x slower while a transfer of its host is in flight "
+                   "(shared device model only).")
 @output_options("Print one JSON object: the model, every strategy's prediction, the ranking.")
 def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], memory_limit: str | None,
-             bandwidth_mbps: float | None, device_model: str, as_json: bool, quiet: bool) -> None:
+             bandwidth_mbps: float | None, device_model: str, overlap_factor: float, as_json: bool,
+             quiet: bool) -> None:
     """Predict how a training job would run under other parallelization strategies.
 
     PROFILE is a `dpro profile --shapes` trace of the training script run with one
@@ -74,20 +79,27 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], memo
         raise DproError(f"--bandwidth-mbps must be > 0, got {bandwidth_mbps}")
     limit = parse_memory(memory_limit, record="--memory-limit") if memory_limit is not None else None
     strategies = [load_strategy(p) for p in (strategy_path, *compare)]   # all files checked before any work
-    if device_model == "shared":
-        from ..replay.rules import DEVICE_MODELS
-        if "shared" not in DEVICE_MODELS:
-            raise DproError("the replayer has no 'shared' device model yet", hint="use --device-model fifo")
+    from ..simulate.predict import pick_device_model
+    dm = pick_device_model() if device_model == "auto" else device_model
+    if dm == "shared" and pick_device_model() != "shared":
+        raise DproError("the replayer has no 'shared' device model", hint="use --device-model fifo")
+    if overlap_factor and dm != "shared":
+        raise DproError("--overlap-factor needs the shared device model", hint="add --device-model shared")
     session = open_session(profile, no_align=True, progress=Progress(not (quiet or as_json)))
     model = from_profile(profile, session=session)
     cm = session.comm_model
     default_bw = cm.default.bandwidth_Bps if cm is not None and cm.origin != "default" else None
     preds = [predict(model, s, bandwidth_mbps=bandwidth_mbps, default_bandwidth_Bps=default_bw, memory_limit=limit,
-                     device_model=None if device_model == "auto" else device_model) for s in strategies]
+                     device_model=dm, overlap_factor=overlap_factor) for s in strategies]
     ranked = rank_strategies(preds)
     if as_json:
-        echo_json({"profile": str(profile), "model": model.describe(),
-                   "strategies": [p.to_json() for p in preds],
+        main = preds[0].to_json()
+        echo_json({"profile": str(profile),
+                   # the --strategy's prediction at the top level (scripts predicting one strategy)
+                   "name": main["name"], "iteration_ms": main["iteration_ms"],
+                   "peak_memory_bytes": main["peak_memory_bytes"], "memory_limit_bytes": main["memory_limit_bytes"],
+                   "oom": main["oom"], "breakdown_ms": main["breakdown_ms"],
+                   "model": model.describe(), "strategies": [p.to_json() for p in preds],
                    "ranking": [p.strategy.name for p in ranked]})
         return
     lay = model.layers
@@ -119,7 +131,8 @@ def _print_prediction(p) -> None:
                f"exposed comm {b['exposed_comm']:.2f}, bubble {b['bubble']:.2f} ms)")
     lk = p.links
     click.echo(f"  links: {lk['inter_host_mbps']:g} Mbit/s between hosts ({lk['source']}), "
-               f"{lk['intra_host_mbps']:g} within a host, {lk['latency_us']:g} us latency; replay: {p.device_model}")
+               f"{lk['intra_host_mbps']:g} within a host, {lk['latency_us']:g} us latency; replay: {p.device_model}"
+               + (f", overlap factor {p.overlap_factor:g}" if p.overlap_factor else ""))
     if p.collectives:
         click.echo("  collectives: " + ", ".join(f"{k} x{v['count']} ({v['bytes'] / 2**20:.2f} MiB)"
                                                  for k, v in sorted(p.collectives.items())))

@@ -47,6 +47,7 @@ class Prediction:
     collectives: dict[str, dict[str, float]]
     compiled: Compiled | None = None
     notes: list[str] = field(default_factory=list)
+    overlap_factor: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (``dpro simulate --json``)."""
@@ -54,7 +55,8 @@ class Prediction:
                 "iteration_ms": round(self.iteration_ms, 4),
                 "breakdown_ms": {k: round(v, 4) for k, v in self.breakdown_ms.items()},
                 "peak_memory_bytes": int(self.peak_memory_bytes), "memory_limit_bytes": self.memory_limit_bytes,
-                "oom": self.oom, "device_model": self.device_model, "links": self.links,
+                "oom": self.oom, "device_model": self.device_model, "overlap_factor": self.overlap_factor,
+                "links": self.links,
                 "collectives": self.collectives, "ranks": self.per_rank,
                 "stages": self.compiled.stage_layers if self.compiled else None, "notes": self.notes}
 
@@ -87,7 +89,7 @@ def pick_device_model() -> str:
 
 def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | None = None,
             default_bandwidth_Bps: float | None = None, memory_limit: int | None = None,
-            device_model: str | None = None) -> Prediction:
+            device_model: str | None = None, overlap_factor: float = 0.0) -> Prediction:
     """Compile and replay ``strategy`` on ``model``.
 
     Parameters
@@ -104,6 +106,9 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
         Bytes per device overriding the file's ``memory_limit``; None and no file limit: no verdict.
     device_model : str or None
         Replay kernel; None: :func:`pick_device_model`.
+    overlap_factor : float
+        Proteus' gamma for the ``shared`` kernel (computation slowed by ``1 + gamma`` while a
+        transfer of its host is in flight); must be 0 with ``fifo``.
 
     Returns
     -------
@@ -125,7 +130,10 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
     lat = strategy.latency_us if strategy.latency_us is not None else DEFAULT_LATENCY_US
     comp = compile_strategy(model, strategy, bandwidth_Bps=bw, latency_us=lat, intra_Bps=intra)
     dm = device_model or pick_device_model()
-    res = replay(comp.graph, device_model=dm)
+    opts = {"overlap_factor": float(overlap_factor)} if dm == "shared" else None
+    if overlap_factor and dm != "shared":
+        raise ValueError("overlap_factor needs the 'shared' device model")
+    res = replay(comp.graph, device_model=dm, model_options=opts)
     g = comp.graph
     T = res.makespan_us
     keys = res.graph.keys
@@ -175,7 +183,7 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
         notes.append("replayed with FIFO links (no bandwidth sharing between concurrent transfers)")
     return Prediction(strategy=strategy, iteration_ms=T / 1e3, breakdown_ms=breakdown, per_rank=per_rank,
                       peak_memory_bytes=peak, memory_limit_bytes=limit, oom=oom, links=links, device_model=dm,
-                      collectives=colls, compiled=comp, notes=notes)
+                      collectives=colls, compiled=comp, notes=notes, overlap_factor=float(overlap_factor))
 
 
 def rank_strategies(preds: list[Prediction]) -> list[Prediction]:
