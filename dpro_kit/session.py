@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .costmodel import CommModel
     from .job import Job
     from .replay.engine import ReplayResult
+    from .replay.overlap import OverlapFit
     from .trace import TraceSet
     from .whatif import WhatIf
 
@@ -287,8 +288,17 @@ class Session:
         return info
 
     # ------------------------------------------------------------------ replay
+    def overlap_fit(self) -> "OverlapFit":
+        """Proteus' overlap factor fitted to the profiled trace (:func:`dpro_kit.replay.overlap.fit_overlap_factor`)."""
+        if "overlap_fit" not in self._stages:
+            from .replay.overlap import OverlapFit, fit_overlap_factor
+            ts = self.profiled
+            self._stages["overlap_fit"] = (fit_overlap_factor(ts) if ts is not None else
+                                           OverlapFit(None, None, 0, 0, 0, "", reason="a graph file has no trace"))
+        return self._stages["overlap_fit"]
+
     def replay(self, iterations: int = 1, schedule: str = "graph", device_model: str = "fifo",
-               overlap_factor: float = 0.0, model_options: dict | None = None) -> "ReplayResult":
+               overlap_factor: "float | str" = 0.0, model_options: dict | None = None) -> "ReplayResult":
         """Replay ``graph`` for ``iterations`` back-to-back iterations (cached per count, schedule and model).
 
         Parameters
@@ -301,14 +311,19 @@ class Session:
         device_model : str, default "fifo"
             ``fifo`` (links are queues) or ``shared`` (Proteus: concurrent transfers share bandwidth,
             :mod:`dpro_kit.replay.sharing`).
-        overlap_factor : float, default 0
+        overlap_factor : float or "fit", default 0
             Proteus' gamma: computation overlapped with a transfer of its host is slowed by (1+gamma).
             With ``fifo`` it runs the ``shared`` executor with ``share=False`` (links stay queues).
+            ``"fit"``: :meth:`overlap_fit`'s gamma (0 when the trace cannot tell).  The trace's computation
+            durations are first brought back to solo times (:func:`dpro_kit.replay.overlap.deoverlap`),
+            then slowed where the replayed schedule overlaps.
         model_options : dict, optional
             More options of the ``shared`` model (``capacity``, ``fabric_capacity``); the node -> host
             map is the manifest's.
         """
         opts = dict(model_options or {})
+        if overlap_factor == "fit":
+            overlap_factor = self.overlap_fit().gamma or 0.0
         if overlap_factor:
             opts["overlap_factor"] = float(overlap_factor)
         if device_model == "fifo" and opts:
@@ -317,13 +332,26 @@ class Session:
             ts = self.graph_trace
             if ts is not None and "hosts" not in opts:
                 opts["hosts"] = {n: i.host for n, i in ts.manifest.nodes.items() if i.host}
+            if "comm_devices" not in opts:   # devices that run only communication (e.g. a GPU's NCCL stream)
+                kinds: dict[str, set] = {}
+                for _, d in self.graph.nodes(data=True):
+                    dv = d.get("device")
+                    if dv and not str(dv).startswith("link:"):
+                        kinds.setdefault(dv, set()).add(d.get("kind"))
+                opts["comm_devices"] = sorted(dv for dv, k in kinds.items() if k <= {"COMM", "SEND", "RECV"}
+                                              and not dv.endswith(":comm"))
         if schedule != "graph" or device_model != "fifo":
             key = (iterations, schedule, device_model, repr(sorted(opts.items())))
             if key not in self._scheduled:
                 from .replay import replay as run_replay
-                self._scheduled[key] = (_replay(self.graph, iterations, device_model=device_model,
+                g = self.graph
+                if opts.get("overlap_factor"):
+                    # the trace's durations include the slowdown of the profiled overlap: back to solo times
+                    from .replay.overlap import deoverlap
+                    g, _ = deoverlap(g, self.graph_trace, opts["overlap_factor"])
+                self._scheduled[key] = (_replay(g, iterations, device_model=device_model,
                                                 model_options=opts or None) if schedule == "graph" else
-                                        run_replay(self.graph, iterations=iterations, schedule=schedule,
+                                        run_replay(g, iterations=iterations, schedule=schedule,
                                                    device_model=device_model, model_options=opts or None))
             return self._scheduled[key]
         if iterations not in self._replays:

@@ -26,6 +26,18 @@ Examples:
 """
 
 
+def _overlap_arg(ctx: click.Context, param: click.Parameter, value: str) -> "float | str":
+    if str(value).strip().lower() == "fit":
+        return "fit"
+    try:
+        g = float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give a number >= 0 (e.g. 0.1) or 'fit'") from None
+    if not g >= 0 or g == float("inf"):
+        raise click.BadParameter(f"{value!r}: the overlap factor must be a finite number >= 0")
+    return g
+
+
 @click.command(short_help="Predict the iteration time and show the critical path.", epilog=EPILOG)
 @click.argument("trace", type=click.Path(path_type=Path))
 @click.option("--iterations", "-n", default=1, show_default=True, type=click.IntRange(1, 1000),
@@ -55,9 +67,10 @@ Examples:
               help="What a link does with concurrent transfers: fifo = they queue, one at a time; shared = "
                    "they share the bandwidth of the sender's egress and the receiver's ingress (max-min fair, "
                    "recomputed at every transfer start and end; Proteus, docs/replayer.md).")
-@click.option("--overlap-factor", default=0.0, show_default=True, type=click.FloatRange(0.0),
+@click.option("--overlap-factor", default="0", show_default=True, metavar="GAMMA|fit", callback=_overlap_arg,
               help="Proteus' gamma: computation running while a transfer of its host is in flight runs "
-                   "1+gamma times slower (fit it: docs/replayer.md \"Overlap factor\").")
+                   "1+gamma times slower; 'fit' estimates it from this trace (same op with vs without "
+                   "communication in flight; docs/replayer.md \"Overlap factor\").")
 @click.option("--stragglers", is_flag=True,
               help="Rank the workers by what they cost the job: the iteration time saved if each computed like "
                    "the median worker (one more replay per rank), and how late it enters collectives "
@@ -73,7 +86,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
            bucket_mb: float | None, first_bucket_mb: float | None, bandwidth_mbps: float | None,
            world_size: int | None, fusion_threshold_mb: float | None, cycle_time_ms: float | None,
            slow_rank: dict[int, float], like_median: tuple[int, ...], slow_link: dict[str, float],
-           servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, device_model: str, overlap_factor: float,
+           servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, device_model: str, overlap_factor: float | str,
            deft: bool, links: str | None, as_json: bool,
            quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
@@ -130,8 +143,11 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
                   for r in bd.itertuples()},
         "device_utilisation": res.utilisation(), "comm_model": g.graph.get("meta", {}).get("comm_model"),
         "schedule": schedule, "scheduling": scheduling_efficiency(res, g),
-        "device_model": device_model, "overlap_factor": overlap_factor,
+        "device_model": device_model,
+        "overlap_factor": (session.overlap_fit().gamma or 0.0) if overlap_factor == "fit" else overlap_factor,
     }
+    if overlap_factor == "fit":
+        out["overlap_fit"] = session.overlap_fit().to_dict()
     if "measured_iteration_ms" in info:
         out["error_pct"] = 100.0 * (it_ms - info["measured_iteration_ms"]) / info["measured_iteration_ms"]
     if ts is not None:
@@ -217,8 +233,11 @@ def print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
         v = sorted(out["per_iteration_ms"].values())
         echo(f"replayed each of {len(v)} profiled iterations: {v[0]:.3f} .. {v[-1]:.3f} ms; the median one "
              f"(iteration {out['median_iteration']}) is shown (--mean-durations: one replay of mean durations)")
-    if out.get("device_model", "fifo") != "fifo" or out.get("overlap_factor"):
-        echo(f"device model {out['device_model']}, overlap factor {out.get('overlap_factor', 0):g}")
+    if out.get("device_model", "fifo") != "fifo" or out.get("overlap_factor") or out.get("overlap_fit"):
+        fit = out.get("overlap_fit")
+        echo(f"device model {out['device_model']}, overlap factor {out.get('overlap_factor', 0):g}"
+             + (f" (fitted from {fit['ops_used']} op(s) seen with and without communication in flight)"
+                if fit and fit.get("gamma") is not None else f" (not fitted: {fit['reason']})" if fit else ""))
     line = f"predicted iteration time: {out['iteration_time_ms']:.3f} ms"
     if "measured_iteration_ms" in out:
         line += f"   (measured {out['measured_iteration_ms']:.3f} ms, error {out['error_pct']:+.1f} %)"

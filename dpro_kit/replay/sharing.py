@@ -97,10 +97,17 @@ def link_resources(device: str, hosts: Mapping[str, str] | None = None, *,
 
 
 def topology(devices: Sequence[str], hosts: Mapping[str, str] | None = None, *,
-             capacity: Mapping[str, float] | None = None, fabric_capacity: float | None = None) -> dict:
+             capacity: Mapping[str, float] | None = None, fabric_capacity: float | None = None,
+             comm_devices: Sequence[str] = ()) -> dict:
     """The kernel's topology arrays for a compiled graph's device list (see the module docstring).
 
-    Returns a dict: ``is_link`` (bool per device), ``res_ptr``/``res_idx`` (CSR: device ->
+    ``comm_devices``: devices that are not links but run communication (e.g. a GPU's NCCL stream,
+    ``host0/0:gpu:40``): they keep their FIFO queue, count as communication in flight on their
+    node's host, and are not computation.  Computation devices are the others that are not a
+    ``:comm`` stream; on a node with GPU streams (``:gpu`` in the name) only those.
+
+    Returns a dict: ``is_link`` (bool per device), ``is_comm`` (links and ``comm_devices``),
+    ``res_ptr``/``res_idx`` (CSR: device ->
     resources), ``res_cap``, ``resources`` (names), ``comp_grp`` (per device: the host group of a
     computation device, -1 otherwise), ``grp_ptr``/``grp_idx`` (CSR: link device -> host groups
     it touches), ``groups`` (host names).
@@ -109,18 +116,25 @@ def topology(devices: Sequence[str], hosts: Mapping[str, str] | None = None, *,
     res_names: dict[str, int] = {}
     grp_names: dict[str, int] = {}
     is_link = np.zeros(len(devices), dtype=np.bool_)
+    is_comm = np.zeros(len(devices), dtype=np.bool_)
+    comm_set = set(comm_devices)
+    gpu_nodes = {name.rpartition(":")[0].split(":gpu", 1)[0] for name in devices
+                 if ":gpu" in name and name not in comm_set and not name.startswith("link:")}
     comp_grp = np.full(len(devices), -1, dtype=np.int64)
     res_ptr, res_idx, grp_ptr, grp_idx = [0], [], [0], []
     fabric = fabric_capacity is not None
     for d, name in enumerate(devices):
         res, touched = link_resources(name, hosts, fabric=fabric)
         if res:
-            is_link[d] = True
+            is_link[d] = is_comm[d] = True
             res_idx += [res_names.setdefault(r, len(res_names)) for r in res]
             grp_idx += [grp_names.setdefault(h, len(grp_names)) for h in dict.fromkeys(touched)]
         else:
-            node, _, stream = name.rpartition(":")
-            if node and stream != "comm":
+            node, _, stream = name.partition(":")
+            if name in comm_set:
+                is_comm[d] = True
+                grp_idx.append(grp_names.setdefault(_host_of(node, hosts), len(grp_names)))
+            elif node and stream != "comm" and (node not in gpu_nodes or stream.startswith("gpu")):
                 comp_grp[d] = grp_names.setdefault(_host_of(node, hosts), len(grp_names))
         res_ptr.append(len(res_idx))
         grp_ptr.append(len(grp_idx))
@@ -134,7 +148,7 @@ def topology(devices: Sequence[str], hosts: Mapping[str, str] | None = None, *,
         if not np.isfinite(c) or c <= 0:
             raise GraphError(f"capacity of resource {r!r} must be a positive number, got {c!r}")
         cap[i] = c
-    return {"is_link": is_link, "res_ptr": np.array(res_ptr, np.int64), "res_idx": np.array(res_idx, np.int64),
+    return {"is_link": is_link, "is_comm": is_comm, "res_ptr": np.array(res_ptr, np.int64), "res_idx": np.array(res_idx, np.int64),
             "res_cap": cap, "resources": list(res_names), "comp_grp": comp_grp,
             "grp_ptr": np.array(grp_ptr, np.int64), "grp_idx": np.array(grp_idx, np.int64),
             "groups": list(grp_names)}
@@ -151,7 +165,7 @@ def _q_before(p1, r1, i1, p2, r2, i2):
 
 @njit(cache=True)
 def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak,  # pragma: no cover - compiled
-              share, is_link, res_ptr, res_idx, res_cap, comp_grp, grp_ptr, grp_idx, ngrp, gamma):
+              share, is_link, is_comm, res_ptr, res_idx, res_cap, comp_grp, grp_ptr, grp_idx, ngrp, gamma):
     """The fluid replay (module docstring).  Returns ``start, end, crit_pred, dev_prev, n_done``
     like :func:`._kernel.simulate`; a shared transfer has no device predecessor (``dev_prev`` -1)."""
     n = dur.shape[0]
@@ -242,7 +256,7 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                     n_done += 1
                     d = device[o]
                     if d >= 0:
-                        if is_link[d]:
+                        if is_comm[d]:
                             if dur[o] > 0.0:
                                 comm_changed = True
                                 for gg in range(grp_ptr[d], grp_ptr[d + 1]):
@@ -389,7 +403,7 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                     run[nrun] = o
                     nrun += 1
                     progress = True
-                    if is_link[d] and dur[o] > 0.0:
+                    if is_comm[d] and dur[o] > 0.0:
                         comm_changed = True
                         for gg in range(grp_ptr[d], grp_ptr[d + 1]):
                             inflight[grp_idx[gg]] += 1
@@ -487,7 +501,8 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
 
 
 def run_shared(cg, *, share: bool = True, overlap_factor: float = 0.0, hosts: Mapping[str, str] | None = None,
-               capacity: Mapping[str, float] | None = None, fabric_capacity: float | None = None) -> tuple:
+               capacity: Mapping[str, float] | None = None, fabric_capacity: float | None = None,
+               comm_devices: Sequence[str] = ()) -> tuple:
     """Run the executor on a (possibly unrolled) :class:`~dpro_kit.replay.engine.CompiledGraph`.
 
     Parameters
@@ -505,21 +520,25 @@ def run_shared(cg, *, share: bool = True, overlap_factor: float = 0.0, hosts: Ma
         units of a transfer's solo speed (default 1).
     fabric_capacity : float, optional
         Capacity of one ``fabric`` resource every inter-host transfer crosses (None: no fabric limit).
+    comm_devices : sequence of str
+        Non-link devices that run communication (:func:`topology`).
 
     Returns ``start, end, crit_pred, dev_prev, n_done`` as :func:`._kernel.simulate`.
     """
     gamma = float(overlap_factor)
     if not np.isfinite(gamma) or gamma < 0:
         raise GraphError(f"overlap factor must be a number >= 0, got {overlap_factor!r}")
-    topo = topology(cg.devices, hosts, capacity=capacity, fabric_capacity=fabric_capacity)
+    topo = topology(cg.devices, hosts, capacity=capacity, fabric_capacity=fabric_capacity,
+                    comm_devices=comm_devices)
     ndev = max(len(cg.devices), 1)
     pad = (lambda a, fill: a if a.size >= ndev else np.concatenate([a, np.full(ndev - a.size, fill, a.dtype)]))
     is_link = pad(topo["is_link"], False)
+    is_comm = pad(topo["is_comm"], False)
     comp_grp = pad(topo["comp_grp"], -1)
     res_ptr = topo["res_ptr"] if topo["res_ptr"].size == ndev + 1 else np.zeros(ndev + 1, np.int64)
     grp_ptr = topo["grp_ptr"] if topo["grp_ptr"].size == ndev + 1 else np.zeros(ndev + 1, np.int64)
     return _executor(cg.dur, cg.device, cg.priority, cg.indptr, cg.succ, cg.indeg, np.zeros(cg.n), ndev,
-                     cg.tiebreak, bool(share), is_link, res_ptr, topo["res_idx"], topo["res_cap"], comp_grp,
+                     cg.tiebreak, bool(share), is_link, is_comm, res_ptr, topo["res_idx"], topo["res_cap"], comp_grp,
                      grp_ptr, topo["grp_idx"], len(topo["groups"]), gamma)
 
 
