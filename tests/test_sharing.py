@@ -220,3 +220,16 @@ def test_cli_device_model_and_overlap_factor_on_a_recorded_trace():
     assert out["--overlap-factor 0.2"] == pytest.approx(out["--device-model shared --overlap-factor 0.2"])
     r = CliRunner().invoke(replay_cmd, [trace, "--overlap-factor", "-1"])
     assert r.exit_code == 2
+
+
+def test_overlap_with_a_gpu_communication_stream():
+    # GPU node: K (10 us on gpu:7) overlaps the NCCL kernel N (5 us on gpu:40, a comm device) for 5 us;
+    # gamma 1: rate 1/2 for 5 us (2.5 done), 7.5 left at 1: 12.5.  The CPU thread op C is not
+    # computation on a GPU node: 10.  N keeps its FIFO queue and time: 5.
+    g = nx.DiGraph()
+    add_op(g, "K", device="host0/0:gpu:7", dur=10)
+    add_op(g, "N", device="host0/0:gpu:40", dur=5, kind="COMM")
+    add_op(g, "C", device="host0/0:cpu0", dur=10)
+    t = shared(g, overlap_factor=1.0, comm_devices=["host0/0:gpu:40"])
+    assert close(t["K"], (0, 12.5)) and t["C"] == (0, 10) and t["N"] == (0, 5)
+    assert shared(g, overlap_factor=1.0)["K"] == (0, 10)     # not declared: no communication in flight
