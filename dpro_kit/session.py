@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .align import AlignResult
     from .costmodel import CommModel
     from .job import Job
+    from .optimize.memory import ReplayMemory
     from .replay.engine import ReplayResult
     from .replay.overlap import OverlapFit
     from .trace import TraceSet
@@ -288,6 +289,26 @@ class Session:
         return info
 
     # ------------------------------------------------------------------ replay
+    def memory(self, res: "ReplayResult", limit: int | None = None) -> "ReplayMemory":
+        """Memory of every worker over the replay ``res`` of ``graph`` and the OOM verdict against ``limit``.
+
+        The ops' ``mem_alloc`` / ``mem_free`` come from the graph when it has them (a graph file, a
+        simulated strategy), else from the trace's allocator samples (``dpro profile --memory``:
+        :func:`dpro_kit.optimize.memory.graph_memory`, on a copy of ``graph``).
+        """
+        from .optimize.memory import build_profile, graph_memory, replay_memory
+        if "memory_graph" not in self._stages:
+            g = self.graph
+            if not any("mem_alloc" in d or "mem_free" in d for _, d in g.nodes(data=True)):
+                prof = build_profile(self.profiled) if self.profiled is not None else None
+                if prof is None:
+                    raise DproError("the trace has no allocator samples, so there is no memory to replay",
+                                    path=self.path, hint="profile with `dpro profile --memory`")
+                g = g.copy()
+                graph_memory(g, prof)
+            self._stages["memory_graph"] = g
+        return replay_memory(res, self._stages["memory_graph"], limit)
+
     def overlap_fit(self) -> "OverlapFit":
         """Proteus' overlap factor fitted to the profiled trace (:func:`dpro_kit.replay.overlap.fit_overlap_factor`)."""
         if "overlap_fit" not in self._stages:

@@ -245,3 +245,16 @@ def test_recorded_layers_drive_the_memory_model(cnn_job: dict):
     coarse = {n: ("convs" if lay.startswith("conv") else "fcs") for n, lay in layers.items()}
     man = dataclasses.replace(ts.manifest, extra={**ts.manifest.extra, "layers": coarse})
     assert build_profile(dataclasses.replace(ts, manifest=man)).layers == ["convs", "fcs"]
+
+
+@pytest.mark.slow
+def test_replayed_memory_of_a_real_job_peaks_like_the_timeline_model(cnn_job: dict):
+    """`dpro replay --memory`: the real job's allocator increments put on the DFG's ops and played at the
+    replayed times peak where the timeline model says (the worker with the largest median peak)."""
+    from dpro_kit.session import Session
+    s = Session(cnn_job["trace"])
+    m = s.memory(s.replay(), limit=None)
+    est = MemoryModel(profile=build_profile(load_trace(cnn_job["trace"]))).peak()["peak_bytes"]
+    assert abs(max(m.peak.values()) - est) / est < 0.02, (m.peak, est)
+    real = cnn_job["real"]["default"]
+    assert abs(max(m.peak.values()) - real) / real < 0.05, (m.peak, real)

@@ -21,6 +21,7 @@ Examples:
   dpro replay hvd-trace --fusion-threshold-mb 1 --cycle-time-ms 5   Horovod's knobs (docs/horovod.md)
   dpro replay ps-trace --schedule tac        TicTac's transfer order (docs/tictac.md)
   dpro replay trace --device-model shared --overlap-factor 0.1   Proteus' executor (docs/replayer.md)
+  dpro replay mem-trace --memory-limit 2GiB  peak memory per worker over the replay, OOM verdict
   dpro replay ddp-trace --deft --links 1000,300   DeFT's delayed-update schedule on two links (docs/deft.md)
   dpro replay dfg.json                       a graph file written by `dpro graph`
 """
@@ -71,6 +72,12 @@ def _overlap_arg(ctx: click.Context, param: click.Parameter, value: str) -> "flo
               help="Proteus' gamma: computation running while a transfer of its host is in flight runs "
                    "1+gamma times slower; 'fit' estimates it from this trace (same op with vs without "
                    "communication in flight; docs/replayer.md \"Overlap factor\").")
+@click.option("--memory", "show_memory", is_flag=True,
+              help="Memory of every worker over the replayed iteration(s): peak and when (from the trace's "
+                   "allocator samples, `dpro profile --memory`, or the graph's mem_alloc/mem_free).")
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="Implies --memory: the OOM verdict of every worker against this limit (e.g. 16GiB, 512MB, "
+                   "1e9 bytes).")
 @click.option("--stragglers", is_flag=True,
               help="Rank the workers by what they cost the job: the iteration time saved if each computed like "
                    "the median worker (one more replay per rank), and how late it enters collectives "
@@ -86,7 +93,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
            bucket_mb: float | None, first_bucket_mb: float | None, bandwidth_mbps: float | None,
            world_size: int | None, fusion_threshold_mb: float | None, cycle_time_ms: float | None,
            slow_rank: dict[int, float], like_median: tuple[int, ...], slow_link: dict[str, float],
-           servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, device_model: str, overlap_factor: float | str,
+           servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, device_model: str, overlap_factor: float | str, show_memory: bool, memory_limit: str | None,
            deft: bool, links: str | None, as_json: bool,
            quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
@@ -146,6 +153,14 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
         "device_model": device_model,
         "overlap_factor": (session.overlap_fit().gamma or 0.0) if overlap_factor == "fit" else overlap_factor,
     }
+    if show_memory or memory_limit is not None:
+        from ..optimize.memory import parse_size
+        try:
+            limit = parse_size(memory_limit)
+        except ValueError:
+            raise click.BadParameter(f"{memory_limit!r}: give a size such as 16GiB, 512MB or 1e9",
+                                     param_hint="--memory-limit") from None
+        out["memory"] = session.memory(res, limit).to_dict()
     if overlap_factor == "fit":
         out["overlap_fit"] = session.overlap_fit().to_dict()
     if "measured_iteration_ms" in info:
@@ -258,6 +273,17 @@ def print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
     echo(f"critical path: {len(cp['ops'])} ops ({kinds})")
     for t in cp["top"]:
         echo(f"  {t['start_ms']:>10.3f} ms  {t['dur_ms']:>9.3f} ms  {t['kind']:<7} {t['device']:<28} {t['name']}")
+    mem = out.get("memory")
+    if mem:
+        echo("")
+        lim = mem.get("limit_bytes")
+        echo("memory per worker (peak over the replay" + (f"; limit {lim / 2**20:.1f} MiB" if lim else "") + ")")
+        for node, pk in mem["peak_bytes"].items():
+            verdict = ("  OOM" if node in mem["oom"] else "  fits") if lim else ""
+            echo(f"  {node:<22}{pk / 2**20:>10.2f} MiB at {mem['peak_ms'][node]:.3f} ms ({mem['peak_op'][node]})"
+                 + verdict)
+        if lim:
+            echo(click.style(f"verdict: {mem['verdict']}", bold=True))
     if out.get("stragglers"):
         from ..stragglers import format_attribution
         echo("")

@@ -145,6 +145,7 @@ class IterationTimeline:
     op_phase: list[str]
     ready_op: dict[int, int] = field(default_factory=dict)   # param index -> op index (gradient ready)
     complete: bool = True               # False: first profiled iteration (pre-window frees not counted)
+    op_ids: list[str] = field(default_factory=list)   # the trace's op ids (graph keys "<node>|<op id>")
 
 
 @dataclass
@@ -265,7 +266,8 @@ def build_profile(ts: Any, *, optimizer_slots: float | None = None) -> MemoryPro
                 steps.append(Step(delta=d, op=op, phase=phase[op]))
             ready = {p: op_ids[o] for p, o in ready_ids.get(node, {}).items() if o in op_ids}
             tl = IterationTimeline(node=node, iteration=it, device=dev, start_level=start_level, grads_at_start=0,
-                                   steps=steps, op_names=names, op_phase=phase, ready_op=ready, complete=complete)
+                                   steps=steps, op_names=names, op_phase=phase, ready_op=ready, complete=complete,
+                                   op_ids=[str(o) for o in e["op"]])
             _match_gradients(tl, params)
             timelines.append(tl)
     if not timelines:
@@ -614,6 +616,117 @@ class MemoryModel:
         return out
 
 
+# --------------------------------------------------------------------------- memory over a replay
+
+def graph_memory(g: Any, prof: MemoryProfile) -> int:
+    """Put the trace's memory on the DFG's ops, for :func:`replay_memory` (returns the ops annotated).
+
+    Per worker, the profiled iteration whose peak (:func:`simulate`) is the median stands for it
+    (as in :meth:`MemoryModel.peak`).  Its allocator increments are grouped by the op running when
+    they happened; in an op's own order their running sum rises to a maximum A (>= 0) and ends at
+    net N, so the op gets ``mem_alloc = A`` (at its start) and ``mem_free = A - N`` (at its end):
+    played in program order the levels, and so the peak, are :func:`simulate`'s.  An increment of
+    an op that is not in the graph goes to the previous op of that worker that is (or to the base).
+    ``g.graph["memory_base"][node]`` = the persistent parts (parameters, DDP buffers, optimizer
+    state, persistent gradients) + the window-relative level when the iteration starts.
+    """
+    base_all = int(sum(prof.persistent.values()))
+    by_node: dict[str, list[tuple[IterationTimeline, int]]] = {}
+    for tl in prof.usable():
+        by_node.setdefault(tl.node, []).append((tl, simulate(tl, prof)["peak"]))
+    bases = dict(g.graph.get("memory_base") or {})
+    n = 0
+    for node, runs in by_node.items():
+        med = statistics.median(p for _, p in runs)
+        tl = min(runs, key=lambda r: abs(r[1] - med))[0]
+        base = base_all + int(tl.start_level)
+        per_op: dict[str, list[int]] = {}
+        last_key = None
+        for st in tl.steps:
+            op = tl.op_ids[st.op] if st.op < len(tl.op_ids) else ""
+            key = f"{node}|{op}"
+            if key in g:
+                last_key = key
+            elif last_key is not None:
+                key = last_key
+            else:
+                base += st.delta
+                continue
+            per_op.setdefault(key, []).append(st.delta)
+        for key, deltas in per_op.items():
+            run = np.cumsum(deltas)
+            a = max(0, int(run.max()))
+            g.nodes[key]["mem_alloc"] = a
+            g.nodes[key]["mem_free"] = a - int(run[-1])
+            n += 1
+        bases[node] = base
+    g.graph["memory_base"] = bases
+    return n
+
+
+@dataclass
+class ReplayMemory:
+    """Memory of every worker (node) over a replay: ``timeline[node] = (times_us, bytes)``, step
+    points after each change; ``peak`` / ``peak_us`` / ``peak_op`` per node; ``limit`` and ``oom``
+    (the nodes whose peak exceeds it) when a limit was given."""
+
+    timeline: dict[str, tuple[np.ndarray, np.ndarray]]
+    peak: dict[str, int]
+    peak_us: dict[str, float]
+    peak_op: dict[str, str]
+    limit: int | None = None
+
+    @property
+    def oom(self) -> list[str]:
+        return [n for n, p in self.peak.items() if self.limit is not None and p > self.limit]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"peak_bytes": dict(self.peak), "peak_ms": {k: v / 1e3 for k, v in self.peak_us.items()},
+                               "peak_op": dict(self.peak_op), "max_peak_bytes": max(self.peak.values(), default=0)}
+        if self.limit is not None:
+            out.update(limit_bytes=self.limit, oom=self.oom, verdict="OOM" if self.oom else "fits")
+        return out
+
+
+def replay_memory(res: Any, g: Any, limit: int | None = None) -> ReplayMemory:
+    """Per-worker memory over a replay of ``g`` from its ops' ``mem_alloc`` / ``mem_free`` (bytes,
+    :func:`graph_memory`, or set by a graph builder) and ``g.graph["memory_base"]``.
+
+    An op's ``mem_alloc`` is taken when it starts and its ``mem_free`` given back when it ends, on the
+    op's ``node``; at equal times frees come first.  The OOM verdict: a node whose peak exceeds
+    ``limit`` (Proteus §VI-B "Memory Consumption": monitor each executor's footprint over the run).
+    """
+    keys = res.graph.keys
+    n = res.n
+    rows = np.arange(res.start.size)
+    attrs = [g.nodes[k] for k in keys]
+    alloc = np.array([float(a.get("mem_alloc", 0) or 0) for a in attrs])
+    free = np.array([float(a.get("mem_free", 0) or 0) for a in attrs])
+    nodes = np.array([str(a.get("node", "")) for a in attrs], dtype=object)
+    base = {str(k): int(v) for k, v in (g.graph.get("memory_base") or {}).items()}
+    names = sorted(set(base) | {x for x, a, f in zip(nodes, alloc, free) if x and (a or f)})
+    out = ReplayMemory({}, {}, {}, {}, limit)
+    idx = rows % n
+    for node in names:
+        sel = rows[(nodes[idx] == node) & ((alloc[idx] != 0) | (free[idx] != 0))]
+        t = np.concatenate([res.start[sel], res.end[sel]])
+        d = np.concatenate([alloc[sel % n], -free[sel % n]])
+        who = np.concatenate([sel, sel])
+        order = np.lexsort((d > 0, t))          # by time; at equal times frees (d <= 0) first
+        level = base.get(node, 0) + np.cumsum(d[order])
+        times = t[order]
+        if level.size:
+            j = int(np.argmax(level))
+            pk, pt, po = int(round(level[j])), float(times[j]), keys[int(who[order][j]) % n]
+        else:
+            pk, pt, po = base.get(node, 0), 0.0, ""
+        if base.get(node, 0) >= pk:
+            pk, pt, po = base.get(node, 0), 0.0, ""
+        out.timeline[node] = (np.concatenate([[0.0], times]), np.concatenate([[float(base.get(node, 0))], level]))
+        out.peak[node], out.peak_us[node], out.peak_op[node] = pk, pt, po
+    return out
+
+
 def parse_size(text: str | int | None) -> int | None:
     """'16GB', '512MiB', '1e9' -> bytes."""
     if text is None or isinstance(text, int):
@@ -627,5 +740,5 @@ def parse_size(text: str | int | None) -> int | None:
     return int(float(s))
 
 
-__all__ = ["CUDA_BLOCK", "build_profile", "checkpoint_segments", "IterationTimeline", "layer_of", "MemoryModel",
+__all__ = ["CUDA_BLOCK", "build_profile", "graph_memory", "replay_memory", "ReplayMemory", "checkpoint_segments", "IterationTimeline", "layer_of", "MemoryModel",
            "MemoryProfile", "ParamInfo", "parse_size", "simulate", "Step"]
