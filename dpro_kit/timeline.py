@@ -35,6 +35,8 @@ from .replay import ReplayResult
 
 #: partial overlaps up to this many microseconds are clipped rather than moved to a new thread
 CLIP_US = 1.0
+#: pid of the memory counters of a replay
+MEMORY_PID = 999_998
 CRITICAL_PID = 10_000
 _STREAM_ORDER = {"iterations": -1, "compute": 0, "comm": 1}
 
@@ -137,8 +139,12 @@ class _Layout:
         return out + xs
 
 
-def replay_to_chrome(res: ReplayResult, g: nx.DiGraph, *, label: str = "replay") -> dict[str, Any]:
-    """Trace-event JSON object for a replayed schedule (all replayed iterations)."""
+def replay_to_chrome(res: ReplayResult, g: nx.DiGraph, *, label: str = "replay", memory: Any = None) -> dict[str, Any]:
+    """Trace-event JSON object for a replayed schedule (all replayed iterations).
+
+    ``memory`` (a :class:`dpro_kit.optimize.memory.ReplayMemory` of ``res``) adds one counter track per
+    worker, ``memory <node>`` in bytes, in a ``memory`` process.
+    """
     crit = set(res.critical_path())
     lay = _Layout()
     node_rank: dict[str, int] = {}
@@ -166,7 +172,13 @@ def replay_to_chrome(res: ReplayResult, g: nx.DiGraph, *, label: str = "replay")
         if r in crit:
             lay.process("critical path", sort=0, pid=CRITICAL_PID)
             lay.add("critical path", "critical path", {**ev, "args": dict(args), "cname": "terrible"})
-    return {"traceEvents": lay.events(), "displayTimeUnit": "ms",
+    events = lay.events()
+    if memory is not None and memory.timeline:
+        events.extend(_meta(MEMORY_PID, None, "process_name", "memory", sort=10**6))
+        for node, (t, b) in memory.timeline.items():
+            events.extend({"ph": "C", "pid": MEMORY_PID, "name": f"memory {node}", "ts": round(float(x), 3),
+                           "args": {"bytes": int(round(float(y)))}} for x, y in zip(t, b))
+    return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"producer": "dpro-kit", "kind": label, "iterations": res.iterations,
                           "iteration_time_us": res.iteration_time_us}}
 

@@ -93,3 +93,14 @@ def test_cli_memory_limit(toy_dir: Path, tiny_trace_dir: Path):
     assert r.exit_code == 2 and "--memory-limit" in r.output
     r = CliRunner().invoke(replay_cmd, [str(tiny_trace_dir), "--memory"])
     assert r.exit_code == 1 and "dpro profile --memory" in str(r.exception)   # main() turns it into exit 2
+
+
+def test_timeline_has_a_memory_counter_per_worker(toy_dir: Path, tmp_path: Path):
+    tl = tmp_path / "tl.json"
+    r = CliRunner().invoke(replay_cmd, [str(toy_dir), "--memory", "--timeline", str(tl), "-q"])
+    assert r.exit_code == 0, r.output
+    evs = json.loads(tl.read_text())["traceEvents"]
+    counters = [e for e in evs if e.get("ph") == "C"]
+    assert {e["name"] for e in counters} == {"memory w0", "memory w1"}
+    w0 = [e["args"]["bytes"] for e in counters if e["name"] == "memory w0"]
+    assert max(w0) == 938

@@ -74,7 +74,8 @@ def _overlap_arg(ctx: click.Context, param: click.Parameter, value: str) -> "flo
                    "communication in flight; docs/replayer.md \"Overlap factor\").")
 @click.option("--memory", "show_memory", is_flag=True,
               help="Memory of every worker over the replayed iteration(s): peak and when (from the trace's "
-                   "allocator samples, `dpro profile --memory`, or the graph's mem_alloc/mem_free).")
+                   "allocator samples, `dpro profile --memory`, or the graph's mem_alloc/mem_free); with "
+                   "--timeline also a memory counter per worker.")
 @click.option("--memory-limit", default=None, metavar="SIZE",
               help="Implies --memory: the OOM verdict of every worker against this limit (e.g. 16GiB, 512MB, "
                    "1e9 bytes).")
@@ -136,8 +137,17 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     res = session.replay(iterations, schedule=schedule, device_model=device_model, overlap_factor=overlap_factor)
     bd = breakdown(res, g)
     cp = critical_path_summary(res, g, top=top)
+    mem = None
+    if show_memory or memory_limit is not None:
+        from ..optimize.memory import parse_size
+        try:
+            limit = parse_size(memory_limit)
+        except ValueError:
+            raise click.BadParameter(f"{memory_limit!r}: give a size such as 16GiB, 512MB or 1e9",
+                                     param_hint="--memory-limit") from None
+        mem = session.memory(res, limit)
     if timeline is not None:
-        write_chrome(replay_to_chrome(res, g), timeline)
+        write_chrome(replay_to_chrome(res, g, memory=mem), timeline)
     if measured_timeline is not None:
         # the TraceSet is already aligned when alignment applied, so no offsets are passed again
         write_chrome(trace_to_chrome(ts, critical_ops=cp["ops"], label="measured"), measured_timeline)
@@ -153,14 +163,8 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
         "device_model": device_model,
         "overlap_factor": (session.overlap_fit().gamma or 0.0) if overlap_factor == "fit" else overlap_factor,
     }
-    if show_memory or memory_limit is not None:
-        from ..optimize.memory import parse_size
-        try:
-            limit = parse_size(memory_limit)
-        except ValueError:
-            raise click.BadParameter(f"{memory_limit!r}: give a size such as 16GiB, 512MB or 1e9",
-                                     param_hint="--memory-limit") from None
-        out["memory"] = session.memory(res, limit).to_dict()
+    if mem is not None:
+        out["memory"] = mem.to_dict()
     if overlap_factor == "fit":
         out["overlap_fit"] = session.overlap_fit().to_dict()
     if "measured_iteration_ms" in info:
