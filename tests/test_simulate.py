@@ -296,7 +296,7 @@ def dpro(*args, cwd=None):
 def profile(tmp_path_factory):
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("sim") / "one"
-    r = dpro("profile", "--shapes", "-o", out, "--steps", "4:6", "--", sys.executable,
+    r = dpro("profile", "--shapes", "--memory", "-o", out, "--steps", "4:6", "--", sys.executable,
              ROOT / "examples/ddp/train.py", "--nproc", "1", "--model", "transformer", "--batch-size", "4",
              "--iters", "6", "--warmup", "2", "--threads", "1", "--quiet")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -319,6 +319,33 @@ def test_model_from_real_profile(profile):
     assert lin["head"] == [(d, 2000)]
     assert all(lay.fwd_us > 0 for lay in mg.layers[2:4]) and all(lay.bwd_us > 0 for lay in mg.layers[2:4])
     assert mg.optimizer_state_bytes == mg.param_bytes     # SGD momentum, recorded by the collector
+    # activations: the allocator's (what each layer's backward frees); the head's are dominated by the
+    # logits the loss keeps (batch 4 x seq 64 x vocab 2000 x 4 B), which the shape bound finds too
+    # (the loss ops, kind OTHER between forward and backward, belong to the last layer)
+    logits = 4 * 64 * 2000 * 4
+    assert "allocator" in mg.activation_source and mg.transient_bytes > 0
+    assert logits <= mg.layers[-1].act_bytes <= 1.2 * logits
+    shp = from_profile(profile, allocator=False)
+    assert "input shapes" in shp.activation_source and shp.transient_bytes == 0
+    assert logits <= shp.layers[-1].act_bytes <= 1.3 * logits
+    # the shape bound is an upper bound on what the blocks' backward frees
+    for a, b in zip(mg.layers[2:4], shp.layers[2:4]):
+        assert 0 < a.act_bytes <= b.act_bytes
+    # one DDP rank = the profiled run: its predicted peak + DDP's bucket buffers is the traced timeline peak
+    from dpro_kit.optimize.memory import MemoryModel, build_profile
+    from dpro_kit.session import Session
+    traced = MemoryModel(profile=build_profile(Session(profile, align=False).profiled)).peak()["peak_bytes"]
+    one = predict(mg, strat({"ranks": 1, "strategy": {}}), device_model="fifo")
+    assert one.peak_memory_bytes + mg.param_bytes == pytest.approx(traced, abs=8)
+
+
+def test_one_rank_strategy_is_dpro_replay(profile, tmp_path):
+    """A 1-rank strategy replays the profiled iteration itself: the same number `dpro replay` predicts."""
+    (tmp_path / "one.yaml").write_text("ranks: 1\nstrategy: {}\n")
+    sim = json.loads(dpro("simulate", profile, "-s", tmp_path / "one.yaml", "--json").stdout)
+    rep = json.loads(dpro("replay", profile, "--no-align", "--json").stdout)
+    assert sim["iteration_ms"] == pytest.approx(rep["iteration_time_ms"], abs=1e-3)
+    assert sim["breakdown_ms"]["compute"] == pytest.approx(sim["iteration_ms"], abs=1e-3)
 
 
 def test_cli_compare_json_and_text(profile, tmp_path):

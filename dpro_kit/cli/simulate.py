@@ -140,11 +140,11 @@ def _print_prediction(p) -> None:
     verdict = "" if limit is None else (f"  -> OOM (limit {limit / 2**20:.1f} MiB)" if p.oom
                                         else f"  -> fits (limit {limit / 2**20:.1f} MiB)")
     click.echo(f"  peak memory: {p.peak_memory_bytes / 2**20:.2f} MiB{verdict}")
-    click.echo("  rank stage  compute  exp.comm   bubble |  params   grads   optim  buffers gathered    acts    peak (MiB)")
+    click.echo("  rank stage  compute  exp.comm   bubble |  params   grads   optim  buffers gathered    acts   trans    peak (MiB)")
     for r in p.per_rank:
         m = r["memory"]
         mib = [m[k] / 2**20 for k in ("params", "grads", "optimizer", "comm_buffers", "gathered_params",
-                                       "activations", "peak")]
+                                       "activations", "transient", "peak")]
         click.echo(f"  {r['rank']:>4} {r['stage']:>5} {r['compute_ms']:8.2f} {r['exposed_comm_ms']:9.2f} "
                    f"{r['bubble_ms']:8.2f} | " + " ".join(f"{v:7.2f}" for v in mib))
     for n in p.notes:

@@ -394,6 +394,19 @@ def _layer_R(tl: IterationTimeline, prof: MemoryProfile) -> tuple[dict[int, int]
     return {k: max(0, v) for k, v in R.items()}, op_layer
 
 
+def saved_activations(prof: MemoryProfile) -> dict[str, int]:
+    """Saved activations per layer name (bytes its backward frees, :func:`_layer_R`): the median over the
+    complete timelines (every timeline when none is complete).  ``dpro simulate`` reads it
+    (:mod:`dpro_kit.simulate.model`)."""
+    usable = [t for t in prof.timelines if t.complete] or prof.timelines
+    per: dict[str, list[int]] = {}
+    for tl in usable:
+        R, _ = _layer_R(tl, prof)
+        for i, name in enumerate(prof.layers):
+            per.setdefault(name, []).append(int(R.get(i, 0)))
+    return {k: int(statistics.median(v)) for k, v in per.items()}
+
+
 def _recompute(tl: IterationTimeline, prof: MemoryProfile, play: list[_Play]) -> tuple[list[_Play], dict[str, Any]]:
     """Rewrite the increments for checkpoint_sequential over the layers (see the module docstring)."""
     segs = checkpoint_segments(len(prof.layers))
@@ -740,5 +753,5 @@ def parse_size(text: str | int | None) -> int | None:
     return int(float(s))
 
 
-__all__ = ["CUDA_BLOCK", "build_profile", "graph_memory", "replay_memory", "ReplayMemory", "checkpoint_segments", "IterationTimeline", "layer_of", "MemoryModel",
+__all__ = ["CUDA_BLOCK", "build_profile", "graph_memory", "replay_memory", "ReplayMemory", "saved_activations", "checkpoint_segments", "IterationTimeline", "layer_of", "MemoryModel",
            "MemoryProfile", "ParamInfo", "parse_size", "simulate", "Step"]

@@ -578,7 +578,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
     for r in range(st.ranks):
         s = stage_of[r]
         plans = stage_plans[s]
-        memory[r] = stage_memory(plans, s, st, opt_ratio)
+        memory[r] = stage_memory(plans, s, st, opt_ratio, model.transient_bytes)
     return Compiled(graph=b.g, nodes=nodes, stage_of=stage_of,
                     stage_layers=[[pl.layer.name for pl in plans] for plans in stage_plans], memory=memory,
                     collectives=b.collectives, comm_model=cm, notes=notes)
@@ -678,7 +678,8 @@ def _bwd_layer_done_key(node: str, j: int, plans: list[LayerPlan], li: int) -> s
     return op_key(node, f"B mb{j} {plans[li].layer.name} seg0")
 
 
-def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: float) -> dict[str, float]:
+def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: float,
+                 transient_bytes: float = 0.0) -> dict[str, float]:
     """Peak memory of a rank of ``stage`` (bytes), by part (docs/simulate.md "Memory").
 
     params ``P/dp`` for zero3/fsdp layers else ``P`` (P: TP-local bytes); grads ``P/dp`` for
@@ -686,7 +687,9 @@ def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: fl
     buffers (``sharding: none``, dp > 1) = their gradients; gathered parameters of
     zero3/fsdp = the two largest adjacent units' ``(1 - 1/dp) P``; activations = ``c``
     micro-batches in flight x per micro-batch bytes (``A/m``; a recomputed layer keeps its
-    input ``I/m``) + the largest recomputed layer's ``A/m`` (re-materialised for its backward).
+    input ``I/m``) + the largest recomputed layer's ``A/m`` (re-materialised for its backward);
+    transient (the loss's and backward's temporaries, :attr:`ModelGraph.transient_bytes`) ``/m``
+    on the last stage.
     """
     dp, m = st.dp, st.micro_batches
     c = in_flight(stage, st.stages, m, st.schedule, st.max_in_flight)
@@ -711,9 +714,10 @@ def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: fl
     gathered = max((unit_full[i] + (unit_full[i + 1] if i + 1 < len(unit_full) else 0.0))
                    for i in range(len(unit_full))) if unit_full else 0.0
     acts = c * kept + recomp_peak
+    transient = transient_bytes / m if stage == st.stages - 1 else 0.0
     out = {"params": params, "grads": grads, "optimizer": opt, "comm_buffers": bufs, "gathered_params": gathered,
-           "activations": acts, "in_flight_micro_batches": c}
-    out["peak"] = params + grads + opt + bufs + gathered + acts
+           "activations": acts, "transient": transient, "in_flight_micro_batches": c}
+    out["peak"] = params + grads + opt + bufs + gathered + acts + transient
     return out
 
 

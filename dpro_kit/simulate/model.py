@@ -26,10 +26,20 @@ Rules (docs/simulate.md "Model graph"):
   names a parameter, hence a layer; a backward op belongs to the layer of the next
   gradient-ready op at or after it (the gradient it is computing), the ops after the
   last one to that op's layer.
-* **Activation bytes** of a layer: the bytes of the non-parameter tensor inputs of its
-  forward ops that are not views (``view``, ``reshape``, ``transpose``, ...): an upper
-  bound on what autograd saves (a tensor read by two ops is counted twice).
-* **Durations**: each quantity is the median over the profiled iterations.
+* **Loss**: the host ops (kind OTHER) between the first forward and the first backward op
+  (``cross_entropy``, outside the module's forward) belong to the last layer.
+* **Activation bytes** of a layer: with allocator samples (``dpro profile --memory``), what
+  its backward frees (:func:`dpro_kit.optimize.memory.saved_activations`), spread over its
+  ops in proportion to their input bytes; without them, the bytes of the non-parameter
+  tensor inputs of its forward ops that are not views (``view``, ``reshape``, ...): an
+  upper bound on what autograd saves (a tensor read by two ops is counted twice).
+* **Transient bytes** (allocator samples only): the peak of the profiled run by the
+  timeline model of :mod:`dpro_kit.optimize.memory` minus parameters, gradients, optimizer
+  state, DDP buffers and saved activations - the loss's and backward's temporaries.
+* **Durations**: those of the iteration that stands for the job in ``dpro replay`` (the
+  Session's rule, docs/accuracy.md: the median of one replay per profiled iteration, or
+  every op's mean when the trace is large), so a one-rank strategy predicts what
+  ``dpro replay`` predicts for the profile.
 * ``update_us``: the optimizer step (kind UPDATE); ``other_us``: the rest of the
   iteration's host ops (kind OTHER: data, ``zero_grad``).
 
@@ -70,7 +80,7 @@ class Op:
     name : str
         ATen name (``aten::linear``).
     fwd_us : float
-        Measured duration (median over the profiled iterations).
+        Measured duration (of the stand-in iteration; the median when several iterations are read).
     act_bytes : int
         Bytes of its non-parameter tensor inputs (0 for view ops).
     linear : tuple of int or None
@@ -129,6 +139,10 @@ class ModelGraph:
         Host ops outside forward/backward/update (data, zero_grad).
     optimizer_state_bytes : int
         Optimizer state of the whole model (collector's record, else 1 x parameters: SGD momentum).
+    transient_bytes : int
+        With allocator samples: the traced peak minus the parts the memory model counts.
+    activation_source : str
+        Where the layers' activation bytes come from.
     source : str
         The profile it came from.
     notes : list of str
@@ -141,6 +155,10 @@ class ModelGraph:
     optimizer_state_bytes: int = 0
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    #: memory at the traced peak beyond parameters, gradients, optimizer state, buffers and saved
+    #: activations (temporaries of the loss and backward), from allocator samples; 0 without them
+    transient_bytes: int = 0
+    activation_source: str = ""
 
     @property
     def param_bytes(self) -> int:
@@ -153,6 +171,7 @@ class ModelGraph:
         """Per-layer facts as a JSON-able dict."""
         return {"source": self.source, "update_us": self.update_us, "other_us": self.other_us,
                 "param_bytes": self.param_bytes, "optimizer_state_bytes": self.optimizer_state_bytes,
+                "transient_bytes": self.transient_bytes, "activation_source": self.activation_source,
                 "layers": [{"name": lay.name, "fwd_us": round(lay.fwd_us, 3), "bwd_us": round(lay.bwd_us, 3),
                             "param_bytes": lay.param_bytes, "act_bytes": lay.act_bytes,
                             "linears": sum(1 for o in lay.ops if o.linear)} for lay in self.layers],
@@ -186,7 +205,7 @@ def _weight_positions(name: str) -> tuple[int, ...]:
     return (1, 2, 3)
 
 
-def from_profile(path: str | Path, *, session: Any = None) -> ModelGraph:
+def from_profile(path: str | Path, *, session: Any = None, allocator: bool = True) -> ModelGraph:
     """Read a :class:`ModelGraph` from a ``dpro profile --shapes`` trace of one process.
 
     Parameters
@@ -196,6 +215,9 @@ def from_profile(path: str | Path, *, session: Any = None) -> ModelGraph:
     session : dpro_kit.session.Session or None
         An open session on ``path`` (the CLI's); None: one is opened (no clock alignment:
         one process has one clock).
+    allocator : bool, default True
+        Use the allocator samples for activations and transient memory when the profile has
+        them (False: input shapes only).
 
     Raises
     ------
@@ -208,9 +230,9 @@ def from_profile(path: str | Path, *, session: Any = None) -> ModelGraph:
     from ..trace import read_json
 
     s = session if session is not None else Session(path, align=False)
-    ts = s.profiled
-    if ts is None:
+    if s.is_graph_file:
         raise DproError("dpro simulate needs a trace directory, not a graph file", path=path)
+    ts = s.graph_trace            # the iteration dpro replay predicts from (one clock: one process)
     m = ts.manifest
     workers = m.workers()
     if not workers:
@@ -280,7 +302,13 @@ def from_profile(path: str | Path, *, session: Any = None) -> ModelGraph:
         remaining = {n: sorted(shape_of.get(p, ()) for p in layers[n].params) for n in names}
         cur = 0
         fwd: list[list[tuple[str, float, dict]]] = [[] for _ in names]
-        for k, oid, nm, d in zip(kinds, ids, opnames, durs):
+        first_fw = next((i for i, k in enumerate(kinds) if k == "FW"), len(kinds))
+        first_bw = next((i for i, k in enumerate(kinds) if k == "BW"), len(kinds))
+        loss = [i for i in range(first_fw, first_bw) if kinds[i] == "OTHER"]
+        for i, (k, oid, nm, d) in enumerate(zip(kinds, ids, opnames, durs)):
+            if i in loss:   # the loss: outside the model's forward, before the backward -> the last layer
+                fwd[len(names) - 1].append((nm, float(d), shapes.get(oid, {})))
+                continue
             if k != "FW":
                 continue
             args = shapes.get(oid, {})
@@ -306,7 +334,7 @@ def from_profile(path: str | Path, *, session: Any = None) -> ModelGraph:
             lay = marks[mi][1] if mi < len(marks) else (marks[-1][1] if marks else 0)
             bwd[lay] += float(durs[i])
         upd = float(sum(d for k, d in zip(kinds, durs) if k == "UPDATE"))
-        oth = float(sum(d for k, d in zip(kinds, durs) if k == "OTHER"))
+        oth = float(sum(d for i, (k, d) in enumerate(zip(kinds, durs)) if k == "OTHER" and i not in loss))
         per_iter.append((fwd, bwd, upd, oth))
     if not any(per_iter[0][0]):
         raise DproError("the profile has no forward op (kind FW)", path=path)
@@ -345,9 +373,29 @@ def from_profile(path: str | Path, *, session: Any = None) -> ModelGraph:
     if opt is None:
         opt = total_p
         notes.append("optimizer state assumed 1 x parameters (the profile does not record it)")
+    transient, act_source = 0, "input shapes (upper bound; profile with --memory for the allocator's)"
+    from ..optimize.memory import MemoryModel, build_profile, saved_activations
+    prof = build_profile(s.profiled) if allocator and not s.profiled.memory.empty else None
+    if prof is not None:
+        saved = saved_activations(prof)
+        for lay in out_layers:
+            if lay.name not in saved:
+                continue
+            tot = lay.act_bytes
+            for o in lay.ops:   # the allocator's total, spread over the ops as their input bytes are
+                o.act_bytes = int(round(saved[lay.name] * (o.act_bytes / tot if tot else 0.0)))
+            if not tot and lay.ops:
+                lay.ops[0].act_bytes = saved[lay.name]
+        traced = MemoryModel(profile=prof).peak()
+        per = prof.persistent
+        modelled = per["params"] + per["comm_buffers"] + per["optimizer_state"] + total_p \
+            + sum(lay.act_bytes for lay in out_layers)
+        transient = max(0, int(traced["peak_bytes"]) - int(modelled))
+        act_source = ("allocator (dpro profile --memory): what each layer's backward frees; transient = the traced "
+                      f"peak {int(traced['peak_bytes'])} B - the model's parts for the profiled run")
     return ModelGraph(layers=out_layers, update_us=float(statistics.median(p[2] for p in per_iter)),
                       other_us=float(statistics.median(p[3] for p in per_iter)), optimizer_state_bytes=int(opt),
-                      source=str(path), notes=notes)
+                      source=str(path), notes=notes, transient_bytes=transient, activation_source=act_source)
 
 
 __all__ = ["DTYPE_BYTES", "Layer", "ModelGraph", "Op", "VIEW_OPS", "from_profile"]
