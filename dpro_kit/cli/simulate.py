@@ -32,8 +32,9 @@ A strategy file (YAML or JSON; docs/simulate.md):
 \b
 Output: the predicted iteration time; its breakdown per rank (compute, exposed
 communication, bubble = waiting on other ranks / pipeline fill and drain), which
-add up to the time; peak memory per rank (parameters, gradients, optimizer state,
-buffers, gathered parameters, activations) and, with a limit, the OOM verdict.
+add up to the time; memory per rank: each part at its largest (parameters, gradients,
+optimizer state, buffers, gathered parameters, activations, transient) and the peak of the
+replayed memory timeline, which the OOM verdict compares with the limit.
 With --compare, the strategies ranked: those that fit first, fastest first.
 """
 
@@ -139,14 +140,16 @@ def _print_prediction(p) -> None:
     limit = p.memory_limit_bytes
     verdict = "" if limit is None else (f"  -> OOM (limit {limit / 2**20:.1f} MiB)" if p.oom
                                         else f"  -> fits (limit {limit / 2**20:.1f} MiB)")
-    click.echo(f"  peak memory: {p.peak_memory_bytes / 2**20:.2f} MiB{verdict}")
-    click.echo("  rank stage  compute  exp.comm   bubble |  params   grads   optim  buffers gathered    acts   trans    peak (MiB)")
+    click.echo(f"  peak memory: {p.peak_memory_bytes / 2**20:.2f} MiB (largest rank, replayed timeline){verdict}")
+    click.echo("  rank stage  compute  exp.comm   bubble |  params   grads   optim  buffers gathered    acts   trans"
+               "     sum | peak (MiB) at ms")
     for r in p.per_rank:
         m = r["memory"]
         mib = [m[k] / 2**20 for k in ("params", "grads", "optimizer", "comm_buffers", "gathered_params",
-                                       "activations", "transient", "peak")]
+                                       "activations", "transient", "parts_sum")]
         click.echo(f"  {r['rank']:>4} {r['stage']:>5} {r['compute_ms']:8.2f} {r['exposed_comm_ms']:9.2f} "
-                   f"{r['bubble_ms']:8.2f} | " + " ".join(f"{v:7.2f}" for v in mib))
+                   f"{r['bubble_ms']:8.2f} | " + " ".join(f"{v:7.2f}" for v in mib)
+                   + f" | {m['peak'] / 2**20:10.2f} {m['peak_ms']:6.2f}")
     for n in p.notes:
         click.echo(f"  note: {n}")
 

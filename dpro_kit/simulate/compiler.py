@@ -561,8 +561,12 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                         deps = {nd: [_bwd_layer_done_key(nd, m - 1, plans, min(lis))] for nd in group}
                         kind = "allreduce" if kind_sh == "none" else "reduce_scatter"
                         outs = b.collective(kind, group, size, deps, f"dp {kind} bucket{bi} s{s}")
+                        zero2 = {li for _, _, li, sh in items if sh == "zero2"}
+                        z2 = sum(by for nm, by, li in bucket if li in zero2)
                         for nd in group:
                             upd_deps[nd].append(outs[nd])
+                            if kind_sh == "zero" and z2:   # ZeRO-2 keeps only its shard of the gradients
+                                _mem(b.g, outs[nd], free=z2 * (1 - 1 / dp))
                         if kind_sh == "zero":
                             ag_after.append((size, f"dp all_gather bucket{bi} s{s}"))
                 # fsdp / zero3 units: all-gather before forward and backward, reduce-scatter after backward
@@ -574,11 +578,14 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
             for size, tag in ag_after:
                 deps = {nd: [op_key(nd, "optimizer step")] for nd in group}
                 b.collective("all_gather", group, size, deps, tag)
-    # memory per rank
+    # memory per rank: the parts (each at its largest) and, on the ops, what the replay tracks over time
     for r in range(st.ranks):
         s = stage_of[r]
         plans = stage_plans[s]
         memory[r] = stage_memory(plans, s, st, opt_ratio, model.transient_bytes)
+    for s, plans in enumerate(stage_plans):
+        annotate_memory(b.g, plans, s, st, [nodes[r] for r in range(st.ranks) if stage_of[r] == s],
+                        model.transient_bytes, opt_ratio)
     return Compiled(graph=b.g, nodes=nodes, stage_of=stage_of,
                     stage_layers=[[pl.layer.name for pl in plans] for plans in stage_plans], memory=memory,
                     collectives=b.collectives, comm_model=cm, notes=notes)
@@ -613,15 +620,19 @@ def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,
                     dl.append(op_key(nd, f"F mb{j - 1} {plans[-1].layer.name} seg{len(plans[-1].segments) - 1}"))
                 deps[nd] = dl
             outs = b.collective("all_gather", group, pl.params_local, deps, f"fsdp all_gather fwd mb{j} {pl.layer.name}")
+            gathered = pl.params_local * (1 - 1 / len(group))
             for nd in group:
                 last[nd] = outs[nd]
                 b.g.add_edge(outs[nd], op_key(nd, f"F mb{j} {pl.layer.name} seg0"))
+                _mem(b.g, outs[nd], alloc=gathered)     # resharded after the unit's forward
+                _mem(b.g, op_key(nd, f"F mb{j} {pl.layer.name} seg{len(pl.segments) - 1}"), free=gathered)
     for li in reversed(units):
         pl = plans[li]
         deps = {nd: [_bwd_layer_done_key(nd, m - 1, plans, li)] for nd in group}
         outs = b.collective("reduce_scatter", group, pl.params_local, deps, f"fsdp reduce_scatter {pl.layer.name}")
         for nd in group:
             upd_deps[nd].append(outs[nd])
+            _mem(b.g, outs[nd], free=pl.params_local * (1 - 1 / len(group)))   # only the shard's gradient stays
 
 
 def _fsdp_bwd(b: _Builder, plans: list[LayerPlan], units: list[int], group: list[str], j: int,
@@ -639,9 +650,65 @@ def _fsdp_bwd(b: _Builder, plans: list[LayerPlan], units: list[int], group: list
                 dl.append(op_key(nd, f"F mb{j} {plans[-1].layer.name} seg{len(plans[-1].segments) - 1}"))
             deps[nd] = dl
         outs = b.collective("all_gather", group, pl.params_local, deps, f"fsdp all_gather bwd mb{j} {pl.layer.name}")
+        gathered = pl.params_local * (1 - 1 / len(group))
         for nd in group:
             last[nd] = outs[nd]
             b.g.add_edge(outs[nd], _bwd_entry_key(nd, j, plans, (li, len(pl.segments) - 1)))
+            _mem(b.g, outs[nd], alloc=gathered)         # resharded after the unit's backward
+            _mem(b.g, op_key(nd, f"B mb{j} {pl.layer.name} seg0"), free=gathered)
+
+
+def _mem(g: nx.DiGraph, key: str, alloc: float = 0.0, free: float = 0.0) -> None:
+    """Add bytes taken when op ``key`` starts (``mem_alloc``) / given back when it ends (``mem_free``)
+    (:func:`dpro_kit.optimize.memory.replay_memory` reads them)."""
+    d = g.nodes[key]
+    if alloc:
+        d["mem_alloc"] = float(d.get("mem_alloc", 0.0)) + float(alloc)
+    if free:
+        d["mem_free"] = float(d.get("mem_free", 0.0)) + float(free)
+
+
+def annotate_memory(g: nx.DiGraph, plans: list[LayerPlan], stage: int, st: Strategy, nodes: list[str],
+                    transient_bytes: float, opt_ratio: float) -> None:
+    """Memory of one stage's ranks as op attributes, for a replay (Proteus §VI-B: the executor tracks
+    every tensor's allocation and release).
+
+    ``memory_base`` = resident parameters + optimizer state + DDP buffers; a layer's gradients
+    (``P``, unsharded) are taken when its first backward starts; per micro-batch, a forward segment
+    takes its activations (``A_seg/m``; a recomputed layer only its input ``I/m``), the recompute op
+    takes the layer's ``A/m``, each backward segment gives its ``A_seg/m`` back (the last one also the
+    input of a recomputed layer); the last stage's first backward op of a micro-batch holds the
+    transient ``X/m`` while it runs.  The collectives add theirs (FSDP gathers, ZeRO reduce-scatters).
+    """
+    dp, m = st.dp, st.micro_batches
+    base = 0.0
+    for pl in plans:
+        P, sh = pl.params_local, pl.settings.sharding
+        base += (P / dp if sh in SHARDED_PARAMS else P) + opt_ratio * (P / dp if sh != "none" else P)
+        if sh == "none" and dp > 1:
+            base += P
+    mb = g.graph.setdefault("memory_base", {})
+    for nd in nodes:
+        mb[nd] = mb.get(nd, 0.0) + base
+        for li, pl in enumerate(plans):
+            _mem(g, _bwd_entry_key(nd, 0, plans, (li, len(pl.segments) - 1)), alloc=pl.params_local)
+            rec = pl.settings.recompute
+            for j in range(m):
+                for k, seg in enumerate(pl.segments):
+                    fkey = op_key(nd, f"F mb{j} {pl.layer.name} seg{k}")
+                    bkey = op_key(nd, f"B mb{j} {pl.layer.name} seg{k}")
+                    if rec:
+                        if k == 0:
+                            _mem(g, fkey, alloc=pl.layer.input_bytes / m)
+                            _mem(g, bkey, free=pl.layer.input_bytes / m)
+                    else:
+                        _mem(g, fkey, alloc=seg.act_bytes / m)
+                    _mem(g, bkey, free=seg.act_bytes / m)
+                if rec:
+                    _mem(g, op_key(nd, f"R mb{j} {pl.layer.name}"), alloc=pl.act_local / m)
+        if stage == st.stages - 1 and transient_bytes:
+            for j in range(m):
+                _mem(g, _first_bwd_key(nd, j, plans), alloc=transient_bytes / m, free=transient_bytes / m)
 
 
 def _next_fwd(plans: list[LayerPlan], li: int, k: int) -> tuple[int, int] | None:
@@ -721,5 +788,5 @@ def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: fl
     return out
 
 
-__all__ = ["Compiled", "FIRST_BUCKET_BYTES", "LayerPlan", "Segment", "compile_strategy", "comm_model_for",
+__all__ = ["Compiled", "FIRST_BUCKET_BYTES", "LayerPlan", "annotate_memory", "Segment", "compile_strategy", "comm_model_for",
            "ddp_buckets", "in_flight", "partition_stages", "plan_layers", "schedule_order", "stage_memory"]

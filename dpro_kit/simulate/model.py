@@ -34,8 +34,9 @@ Rules (docs/simulate.md "Model graph"):
   tensor inputs of its forward ops that are not views (``view``, ``reshape``, ...): an
   upper bound on what autograd saves (a tensor read by two ops is counted twice).
 * **Transient bytes** (allocator samples only): the peak of the profiled run by the
-  timeline model of :mod:`dpro_kit.optimize.memory` minus parameters, gradients, optimizer
-  state, DDP buffers and saved activations - the loss's and backward's temporaries.
+  timeline model of :mod:`dpro_kit.optimize.memory` minus what the compiled graph holds when
+  the backward starts (parameters, optimizer state, DDP buffers, every saved activation, the
+  last layer's gradient) - the loss's and backward's temporaries.
 * **Durations**: those of the iteration that stands for the job in ``dpro replay`` (the
   Session's rule, docs/accuracy.md: the median of one replay per profiled iteration, or
   every op's mean when the trace is large), so a one-rank strategy predicts what
@@ -388,7 +389,9 @@ def from_profile(path: str | Path, *, session: Any = None, allocator: bool = Tru
                 lay.ops[0].act_bytes = saved[lay.name]
         traced = MemoryModel(profile=prof).peak()
         per = prof.persistent
-        modelled = per["params"] + per["comm_buffers"] + per["optimizer_state"] + total_p \
+        # the replayed timeline of the profiled run peaks when its backward starts: every activation
+        # alive and the last layer's gradient taken (compiler.annotate_memory)
+        modelled = per["params"] + per["comm_buffers"] + per["optimizer_state"] + out_layers[-1].param_bytes \
             + sum(lay.act_bytes for lay in out_layers)
         transient = max(0, int(traced["peak_bytes"]) - int(modelled))
         act_source = ("allocator (dpro profile --memory): what each layer's backward frees; transient = the traced "

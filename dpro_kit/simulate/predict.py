@@ -11,8 +11,11 @@ the replayer has it — concurrent transfers on one link share its bandwidth —
   ``exposed_comm`` (no compute running while a transfer from or to the rank, or its
   ``comm`` stream, is busy), ``bubble`` (the rest: waiting on other ranks, pipeline
   fill and drain); they add up to ``iteration_ms``;
-* per rank, the **memory** by part and its peak (:func:`dpro_kit.simulate.compiler.stage_memory`),
-  and the OOM verdict against a limit.
+* per rank, the **memory**: each part at its largest (:func:`dpro_kit.simulate.compiler.stage_memory`,
+  ``parts_sum`` their sum) and the **peak** of the replayed timeline (the ops' ``mem_alloc`` /
+  ``mem_free``, :func:`dpro_kit.simulate.compiler.annotate_memory`, played by
+  :func:`dpro_kit.optimize.memory.replay_memory`: Proteus §VI-B), which the OOM verdict
+  compares with the limit.
 
 :func:`rank_strategies` orders several predictions (fits in memory first, then time).
 """
@@ -159,7 +162,7 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
     for r, n in enumerate(comp.nodes):
         comp_us = _union_len(list(per_node_compute[n]))
         exp = _minus_len(per_node_comm[n], per_node_compute[n])
-        mem = {k: int(v) if k != "in_flight_micro_batches" else int(v) for k, v in comp.memory[r].items()}
+        mem = {k: int(round(v)) for k, v in comp.memory[r].items()}
         per_rank.append({"rank": r, "node": n, "stage": comp.stage_of[r], "compute_ms": comp_us / 1e3,
                          "exposed_comm_ms": exp / 1e3, "bubble_ms": max(0.0, T - comp_us - exp) / 1e3,
                          "memory": mem})
@@ -167,8 +170,16 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
     breakdown = {"compute": sum(p["compute_ms"] for p in per_rank) / nr,
                  "exposed_comm": sum(p["exposed_comm_ms"] for p in per_rank) / nr,
                  "bubble": sum(p["bubble_ms"] for p in per_rank) / nr}
-    peak = int(max(p["memory"]["peak"] for p in per_rank)) if per_rank else 0
     limit = memory_limit if memory_limit is not None else strategy.memory_limit
+    from ..optimize.memory import replay_memory
+    mem = replay_memory(res, g, limit)
+    for p in per_rank:
+        n = p["node"]
+        p["memory"]["parts_sum"] = p["memory"].pop("peak")
+        p["memory"]["peak"] = int(mem.peak.get(n, 0))
+        p["memory"]["peak_ms"] = round(mem.peak_us.get(n, 0.0) / 1e3, 4)
+        p["memory"]["peak_op"] = mem.peak_op.get(n, "")
+    peak = int(max(p["memory"]["peak"] for p in per_rank)) if per_rank else 0
     oom = None if limit is None else bool(peak > limit)
     colls: dict[str, dict[str, float]] = {}
     for c in comp.collectives:
