@@ -12,6 +12,7 @@ and prints a markdown table (docs/replayer.md "Bandwidth sharing and overlap (Pr
 
     python bench/sharing_traces.py                       # the table (~1 min)
     python bench/sharing_traces.py --json rows.json
+    taskset -c 1 python bench/sharing_traces.py --speed  # kernel speed, fifo vs shared, 10^5 and 10^6 ops (~3 min)
 """
 from __future__ import annotations
 
@@ -62,10 +63,38 @@ def fmt(x, spec):
     return "—" if x is None else format(x, spec)
 
 
+def speed() -> int:
+    """Process time of replay(cg, ...) per device model on synthetic ring DFGs (median of 3)."""
+    import time
+    sys.path.insert(0, str(ROOT / "bench"))
+    from synthetic import dfg_with_about
+
+    from dpro_kit.replay import compile_graph, replay
+    print("| ops | devices | model | options | s | M ops/s | iteration us |")
+    print("|---:|---:|---|---|---:|---:|---:|")
+    for n in (100_000, 1_000_000):
+        cg = compile_graph(dfg_with_about(n))
+        for m, o in (("fifo", None), ("shared", {"share": False}), ("shared", None),
+                     ("shared", {"overlap_factor": 0.1})):
+            replay(cg, device_model=m, model_options=o)
+            ts = []
+            for _ in range(3):
+                t = time.process_time()
+                r = replay(cg, device_model=m, model_options=o)
+                ts.append(time.process_time() - t)
+            dt = sorted(ts)[1]
+            print(f"| {cg.n:,} | {len(cg.devices)} | {m} | {o or ''} | {dt:.3f} | {cg.n / dt / 1e6:.2f} | "
+                  f"{r.iteration_time_us:.1f} |", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", dest="json_out", default="")
+    ap.add_argument("--speed", action="store_true", help="the kernel speed table instead")
     args = ap.parse_args()
+    if args.speed:
+        return speed()
     with tempfile.TemporaryDirectory(prefix="sx_traces") as tmp:
         rows = [row(label, p) for label, p in traces(Path(tmp))]
     print("| trace | measured ms | fifo ms (err %) | shared ms (err %) | fitted gamma (ops) | shared + gamma ms (err %) "

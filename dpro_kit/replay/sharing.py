@@ -164,10 +164,59 @@ def _q_before(p1, r1, i1, p2, r2, i2):
 
 
 @njit(cache=True)
+def _hpush(ht, hk, nh, t, k):  # pragma: no cover - compiled
+    """Push (t, k) on the min-heap of (time, key) holding nh entries."""
+    j = nh
+    while j > 0:
+        pj = (j - 1) >> 1
+        if t < ht[pj] or (t == ht[pj] and k < hk[pj]):
+            ht[j] = ht[pj]
+            hk[j] = hk[pj]
+            j = pj
+        else:
+            break
+    ht[j] = t
+    hk[j] = k
+
+
+@njit(cache=True)
+def _hpop(ht, hk, nh):  # pragma: no cover - compiled
+    """Remove the root of the heap holding nh entries (it then holds nh - 1)."""
+    nh -= 1
+    if nh > 0:
+        lt = ht[nh]
+        lk = hk[nh]
+        j = 0
+        while True:
+            c = 2 * j + 1
+            if c >= nh:
+                break
+            if c + 1 < nh and (ht[c + 1] < ht[c] or (ht[c + 1] == ht[c] and hk[c + 1] < hk[c])):
+                c += 1
+            if ht[c] < lt or (ht[c] == lt and hk[c] < lk):
+                ht[j] = ht[c]
+                hk[j] = hk[c]
+                j = c
+            else:
+                break
+        ht[j] = lt
+        hk[j] = lk
+
+
+@njit(cache=True)
 def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak,  # pragma: no cover - compiled
-              share, is_link, is_comm, res_ptr, res_idx, res_cap, comp_grp, grp_ptr, grp_idx, ngrp, gamma):
+              share, is_link, is_comm, res_ptr, res_idx, res_cap, rd_ptr, rd_idx, comp_grp, grp_ptr, grp_idx,
+              ngrp, gc_ptr, gc_idx, gamma):
     """The fluid replay (module docstring).  Returns ``start, end, crit_pred, dev_prev, n_done``
-    like :func:`._kernel.simulate`; a shared transfer has no device predecessor (``dev_prev`` -1)."""
+    like :func:`._kernel.simulate`; a shared transfer has no device predecessor (``dev_prev`` -1).
+
+    Running ops sit in a heap of projected ends (an entry is stale when the op's projected end has
+    changed since: rate changes push a new entry); each link device keeps a list of its running shared
+    transfers, and progressive filling runs over the connected component (links sharing resources,
+    ``rd_ptr``/``rd_idx``: resource -> link devices) of the links whose transfers changed; ``gc_ptr``/``gc_idx`` list each host group's computation devices, whose
+    running ops get the group's rate (1/(1+gamma) while a transfer touching it is in flight) at the end
+    of every instant at which a transfer of the group or one of its computation ops started or ended.
+    """
     n = dur.shape[0]
     nres = res_cap.shape[0]
     ready = ready0.copy()
@@ -179,15 +228,37 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
     prev = np.full(n, -1, np.int64)
     rate = np.ones(n)
     te = np.zeros(n)                    # projected end at the current rate
+    running = np.zeros(n, np.bool_)
     busy = np.full(ndev, -1, np.int64)
     last = np.full(ndev, -1, np.int64)
     devend = np.full(ndev, -np.inf)
-    inflight = np.zeros(max(ngrp, 1), np.int64)
-    # running ops (unordered set with positions)
-    run = np.empty(n, np.int64)
-    pos = np.full(n, -1, np.int64)
-    nrun = 0
-    # release heap (time, tiebreak-free key = op index)
+    ng = max(ngrp, 1)
+    inflight = np.zeros(ng, np.int64)
+    gdirty = np.empty(ng, np.int64)
+    isgdirty = np.zeros(ng, np.bool_)
+    ngdirty = 0
+    # running shared transfers (unordered, with positions)
+    # per link device, a doubly linked list of its running shared transfers
+    dhead = np.full(ndev, -1, np.int64)
+    dcount = np.zeros(ndev, np.int64)
+    nxt = np.full(n, -1, np.int64)
+    prv = np.full(n, -1, np.int64)
+    inlist = np.zeros(n, np.bool_)
+    ddirty = np.empty(ndev + 1, np.int64)
+    isddirty = np.zeros(ndev, np.bool_)
+    nddirty = 0
+    # component search (resources <-> link devices with running transfers)
+    seen_r = np.zeros(max(nres, 1), np.bool_)
+    seen_d = np.zeros(ndev, np.bool_)
+    rlist = np.empty(max(nres, 1), np.int64)
+    dlist = np.empty(ndev + 1, np.int64)
+    trn = np.empty(n, np.int64)         # the transfers of the component being filled
+    # heap of projected ends (time, op); capacity grows by compaction (see below)
+    cap = 2 * n + 16
+    e_t = np.empty(cap)
+    e_k = np.empty(cap, np.int64)
+    ne = 0
+    # release heap (ready time, op)
     h_t = np.empty(n + 1)
     h_k = np.empty(n + 1, np.int64)
     nh = 0
@@ -211,31 +282,23 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
     cap_left = np.empty(max(nres, 1))
     cnt = np.zeros(max(nres, 1), np.int64)
     frozen = np.zeros(n, np.bool_)
-    act = np.empty(n, np.int64)
 
     for i in range(n):
         if indeg[i] == 0:
-            j = nh
+            _hpush(h_t, h_k, nh, ready[i], i)
             nh += 1
-            while j > 0:
-                pj = (j - 1) >> 1
-                if ready[i] < h_t[pj] or (ready[i] == h_t[pj] and i < h_k[pj]):
-                    h_t[j] = h_t[pj]
-                    h_k[j] = h_k[pj]
-                    j = pj
-                else:
-                    break
-            h_t[j] = ready[i]
-            h_k[j] = i
     n_done = 0
     t = 0.0
     while True:
+        # drop stale projected ends from the top
+        while ne > 0 and (not running[e_k[0]] or e_t[0] != te[e_k[0]]):
+            _hpop(e_t, e_k, ne)
+            ne -= 1
         tn = np.inf
         if nh > 0:
             tn = h_t[0]
-        for k in range(nrun):
-            if te[run[k]] < tn:
-                tn = te[run[k]]
+        if ne > 0 and e_t[0] < tn:
+            tn = e_t[0]
         if tn == np.inf:
             break
         if tn > t:
@@ -243,88 +306,94 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
         comm_changed = False
         while True:                      # settle everything that happens at t
             progress = False
-            k = 0
-            while k < nrun:              # completions
-                o = run[k]
-                if te[o] <= t:
-                    progress = True
-                    end[o] = te[o]
-                    nrun -= 1
-                    run[k] = run[nrun]
-                    pos[run[k]] = k
-                    pos[o] = -1
-                    n_done += 1
-                    d = device[o]
-                    if d >= 0:
-                        if is_comm[d]:
-                            if dur[o] > 0.0:
-                                comm_changed = True
-                                for gg in range(grp_ptr[d], grp_ptr[d + 1]):
-                                    inflight[grp_idx[gg]] -= 1
-                        if busy[d] == o:
-                            busy[d] = -1
-                            devend[d] = end[o]
-                            if not isdirty[d]:
-                                isdirty[d] = True
-                                dirty[ndirty] = d
-                                ndirty += 1
-                    e = end[o]
-                    for kk in range(indptr[o], indptr[o + 1]):
-                        v = succ[kk]
-                        if e >= ready[v]:
-                            ready[v] = e
-                            rpred[v] = o
-                        indeg[v] -= 1
-                        if indeg[v] == 0:
-                            j = nh
-                            nh += 1
-                            while j > 0:
-                                pj = (j - 1) >> 1
-                                if ready[v] < h_t[pj] or (ready[v] == h_t[pj] and v < h_k[pj]):
-                                    h_t[j] = h_t[pj]
-                                    h_k[j] = h_k[pj]
-                                    j = pj
-                                else:
-                                    break
-                            h_t[j] = ready[v]
-                            h_k[j] = v
-                else:
-                    k += 1
+            while ne > 0 and e_t[0] <= t:    # completions
+                o = e_k[0]
+                valid = running[o] and e_t[0] == te[o]
+                _hpop(e_t, e_k, ne)
+                ne -= 1
+                if not valid:
+                    continue
+                progress = True
+                end[o] = te[o]
+                running[o] = False
+                n_done += 1
+                d = device[o]
+                if d >= 0:
+                    if inlist[o]:
+                        inlist[o] = False
+                        if prv[o] >= 0:
+                            nxt[prv[o]] = nxt[o]
+                        else:
+                            dhead[d] = nxt[o]
+                        if nxt[o] >= 0:
+                            prv[nxt[o]] = prv[o]
+                        dcount[d] -= 1
+                        if not isddirty[d]:
+                            isddirty[d] = True
+                            ddirty[nddirty] = d
+                            nddirty += 1
+                    if is_comm[d] and dur[o] > 0.0:
+                        comm_changed = True
+                        for gg in range(grp_ptr[d], grp_ptr[d + 1]):
+                            g0 = grp_idx[gg]
+                            inflight[g0] -= 1
+                            if not isgdirty[g0]:
+                                isgdirty[g0] = True
+                                gdirty[ngdirty] = g0
+                                ngdirty += 1
+                    if busy[d] == o:
+                        busy[d] = -1
+                        devend[d] = end[o]
+                        if not isdirty[d]:
+                            isdirty[d] = True
+                            dirty[ndirty] = d
+                            ndirty += 1
+                e = end[o]
+                for kk in range(indptr[o], indptr[o + 1]):
+                    v = succ[kk]
+                    if e >= ready[v]:
+                        ready[v] = e
+                        rpred[v] = o
+                    indeg[v] -= 1
+                    if indeg[v] == 0:
+                        _hpush(h_t, h_k, nh, ready[v], v)
+                        nh += 1
             while nh > 0 and h_t[0] <= t:   # releases
                 progress = True
                 x = h_k[0]
+                _hpop(h_t, h_k, nh)
                 nh -= 1
-                if nh > 0:
-                    lt = h_t[nh]
-                    lk = h_k[nh]
-                    j = 0
-                    while True:
-                        c = 2 * j + 1
-                        if c >= nh:
-                            break
-                        if c + 1 < nh and (h_t[c + 1] < h_t[c] or (h_t[c + 1] == h_t[c] and h_k[c + 1] < h_k[c])):
-                            c += 1
-                        if h_t[c] < lt or (h_t[c] == lt and h_k[c] < lk):
-                            h_t[j] = h_t[c]
-                            h_k[j] = h_k[c]
-                            j = c
-                        else:
-                            break
-                    h_t[j] = lt
-                    h_k[j] = lk
                 d = device[x]
                 if d < 0 or (share and is_link[d]):      # starts now, no queue
                     start[x] = t
                     crit[x] = rpred[x]
                     rate[x] = 1.0
                     te[x] = t + dur[x]
-                    pos[x] = nrun
-                    run[nrun] = x
-                    nrun += 1
+                    running[x] = True
+                    if ne == cap:
+                        ne = _compact(e_t, e_k, running, te, n)
+                    _hpush(e_t, e_k, ne, te[x], x)
+                    ne += 1
                     if d >= 0 and dur[x] > 0.0:
                         comm_changed = True
+                        inlist[x] = True
+                        prv[x] = -1
+                        nxt[x] = dhead[d]
+                        if dhead[d] >= 0:
+                            prv[dhead[d]] = x
+                        dhead[d] = x
+                        dcount[d] += 1
+                        if not isddirty[d]:
+                            isddirty[d] = True
+                            ddirty[nddirty] = d
+                            nddirty += 1
                         for gg in range(grp_ptr[d], grp_ptr[d + 1]):
-                            inflight[grp_idx[gg]] += 1
+                            g0 = grp_idx[gg]
+                            inflight[g0] += 1
+                            if not isgdirty[g0]:
+                                isgdirty[g0] = True
+                                gdirty[ngdirty] = g0
+                                ngdirty += 1
                     continue
                 base = qoff[d]
                 p = priority[x]
@@ -396,17 +465,30 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                     last[d] = o
                     busy[d] = o
                     rate[o] = 1.0
-                    if gamma > 0.0 and comp_grp[d] >= 0 and inflight[comp_grp[d]] > 0:
-                        rate[o] = 1.0 / (1.0 + gamma)
+                    if gamma > 0.0 and comp_grp[d] >= 0:
+                        g0 = comp_grp[d]
+                        if inflight[g0] > 0:
+                            rate[o] = 1.0 / (1.0 + gamma)
+                        if not isgdirty[g0]:      # re-checked once the instant is settled
+                            isgdirty[g0] = True
+                            gdirty[ngdirty] = g0
+                            ngdirty += 1
                     te[o] = t + dur[o] / rate[o]
-                    pos[o] = nrun
-                    run[nrun] = o
-                    nrun += 1
+                    running[o] = True
+                    if ne == cap:
+                        ne = _compact(e_t, e_k, running, te, n)
+                    _hpush(e_t, e_k, ne, te[o], o)
+                    ne += 1
                     progress = True
                     if is_comm[d] and dur[o] > 0.0:
                         comm_changed = True
                         for gg in range(grp_ptr[d], grp_ptr[d + 1]):
-                            inflight[grp_idx[gg]] += 1
+                            g0 = grp_idx[gg]
+                            inflight[g0] += 1
+                            if not isgdirty[g0]:
+                                isgdirty[g0] = True
+                                gdirty[ngdirty] = g0
+                                ngdirty += 1
                 if phase == 0 and progress:
                     break                 # settle the zero-time work first
             if not progress:
@@ -414,62 +496,103 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
         for jd in range(ndirty):
             isdirty[dirty[jd]] = False
         ndirty = 0
-        if not comm_changed:
+        # ---- overlap: the running computation of every host group touched at t gets its group's rate
+        for jg in range(ngdirty):
+            g0 = gdirty[jg]
+            isgdirty[g0] = False
+            if gamma > 0.0:
+                nr = 1.0 / (1.0 + gamma) if inflight[g0] > 0 else 1.0
+                for cc in range(gc_ptr[g0], gc_ptr[g0 + 1]):
+                    o = busy[gc_idx[cc]]
+                    if o >= 0 and running[o] and te[o] > t and nr != rate[o]:
+                        te[o] = t + (te[o] - t) * rate[o] / nr
+                        rate[o] = nr
+                        if ne == cap:
+                            ne = _compact(e_t, e_k, running, te, n)
+                        _hpush(e_t, e_k, ne, te[o], o)
+                        ne += 1
+        ngdirty = 0
+        if not comm_changed or not share or nddirty == 0:
             continue
-        # ---- rates: progressive filling over the running shared transfers, overlap on computation
-        na = 0
-        for k in range(nrun):
-            o = run[k]
-            d = device[o]
-            if d < 0:
-                continue
-            if share and is_link[d] and te[o] > t:
-                act[na] = o
-                na += 1
-                frozen[o] = False
-                for rr in range(res_ptr[d], res_ptr[d + 1]):
-                    cnt[res_idx[rr]] = 0
-            elif gamma > 0.0 and comp_grp[d] >= 0 and te[o] > t:
-                nr = 1.0 / (1.0 + gamma) if inflight[comp_grp[d]] > 0 else 1.0
-                if nr != rate[o]:
-                    te[o] = t + (te[o] - t) * rate[o] / nr
-                    rate[o] = nr
-        if na == 0:
-            continue
-        for a in range(na):
-            d = device[act[a]]
+        # ---- progressive filling over the connected component(s) of the changed links: max-min
+        # fairness separates over components of the transfer/resource graph, the others keep their rates
+        nr_ = 0
+        nd_ = 0
+        for jd in range(nddirty):
+            d = ddirty[jd]
+            isddirty[d] = False
+            if not seen_d[d]:
+                seen_d[d] = True
+                dlist[nd_] = d
+                nd_ += 1
+        nddirty = 0
+        qd = 0
+        while qd < nd_:
+            d = dlist[qd]
+            qd += 1
             for rr in range(res_ptr[d], res_ptr[d + 1]):
                 r = res_idx[rr]
-                cnt[r] += 1
-                cap_left[r] = res_cap[r]
+                if seen_r[r]:
+                    continue
+                seen_r[r] = True
+                rlist[nr_] = r
+                nr_ += 1
+                for k2 in range(rd_ptr[r], rd_ptr[r + 1]):
+                    d2 = rd_idx[k2]
+                    if not seen_d[d2] and dcount[d2] > 0:
+                        seen_d[d2] = True
+                        dlist[nd_] = d2
+                        nd_ += 1
+        ntr = 0
+        for jd in range(nd_):
+            d = dlist[jd]
+            seen_d[d] = False
+            o = dhead[d]
+            while o >= 0:
+                trn[ntr] = o
+                ntr += 1
+                o = nxt[o]
+        for jr in range(nr_):
+            seen_r[rlist[jr]] = False
+        if ntr == 0:
+            continue
+        for a in range(ntr):
+            o = trn[a]
+            frozen[o] = False
+            d = device[o]
+            for rr in range(res_ptr[d], res_ptr[d + 1]):
+                cnt[res_idx[rr]] = 0
+                cap_left[res_idx[rr]] = res_cap[res_idx[rr]]
+        for a in range(ntr):
+            d = device[trn[a]]
+            for rr in range(res_ptr[d], res_ptr[d + 1]):
+                cnt[res_idx[rr]] += 1
         level = 0.0
-        nfree = na
+        nfree = ntr
         while nfree > 0:
             inc = 1.0 - level
-            for a in range(na):
-                o = act[a]
+            for a in range(ntr):
+                o = trn[a]
                 if frozen[o]:
                     continue
                 d = device[o]
                 for rr in range(res_ptr[d], res_ptr[d + 1]):
                     r = res_idx[rr]
-                    s = cap_left[r] / cnt[r]
-                    if s < inc:
-                        inc = s
+                    sh = cap_left[r] / cnt[r]
+                    if sh < inc:
+                        inc = sh
             if inc < 0.0:
                 inc = 0.0
             level += inc
-            # consume capacity: every unfrozen transfer grows by inc on each of its resources
-            for a in range(na):
-                o = act[a]
+            for a in range(ntr):          # every unfrozen transfer grows by inc on each of its resources
+                o = trn[a]
                 if frozen[o]:
                     continue
                 d = device[o]
                 for rr in range(res_ptr[d], res_ptr[d + 1]):
                     cap_left[res_idx[rr]] -= inc
-            # freeze the transfers on saturated resources (or all, at their solo speed)
-            for a in range(na):
-                o = act[a]
+            for a in range(ntr):          # freeze the transfers on saturated resources (all at level 1)
+                o = trn[a]
                 if frozen[o]:
                     continue
                 d = device[o]
@@ -484,20 +607,39 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                     frozen[o] = True
                     nfree -= 1
                     nr = level if level < 1.0 else 1.0
-                    if nr != rate[o]:
+                    if nr != rate[o] and te[o] > t:
                         te[o] = t + (te[o] - t) * rate[o] / nr
                         rate[o] = nr
-            for a in range(na):               # recount the transfers still growing
-                d = device[act[a]]
+                        if ne == cap:
+                            ne = _compact(e_t, e_k, running, te, n)
+                        _hpush(e_t, e_k, ne, te[o], o)
+                        ne += 1
+            for a in range(ntr):          # recount the transfers still growing
+                d = device[trn[a]]
                 for rr in range(res_ptr[d], res_ptr[d + 1]):
                     cnt[res_idx[rr]] = 0
-            for a in range(na):
-                o = act[a]
+            for a in range(ntr):
+                o = trn[a]
                 if not frozen[o]:
                     d = device[o]
                     for rr in range(res_ptr[d], res_ptr[d + 1]):
                         cnt[res_idx[rr]] += 1
     return start, end, crit, prev, n_done
+
+
+@njit(cache=True)
+def _compact(e_t, e_k, running, te, n):  # pragma: no cover - compiled
+    """Rebuild the projected-end heap from the running ops only (one valid entry each); returns its size.
+
+    The heap holds at most 2n + 16 entries; every running op has exactly one valid entry, so after
+    compaction at most n remain and the next n pushes fit.
+    """
+    m = 0
+    for o in range(n):
+        if running[o]:
+            _hpush(e_t, e_k, m, te[o], o)
+            m += 1
+    return m
 
 
 def run_shared(cg, *, share: bool = True, overlap_factor: float = 0.0, hosts: Mapping[str, str] | None = None,
@@ -537,9 +679,21 @@ def run_shared(cg, *, share: bool = True, overlap_factor: float = 0.0, hosts: Ma
     comp_grp = pad(topo["comp_grp"], -1)
     res_ptr = topo["res_ptr"] if topo["res_ptr"].size == ndev + 1 else np.zeros(ndev + 1, np.int64)
     grp_ptr = topo["grp_ptr"] if topo["grp_ptr"].size == ndev + 1 else np.zeros(ndev + 1, np.int64)
+    ngrp = len(topo["groups"])
+    gc_idx = np.argsort(comp_grp, kind="stable").astype(np.int64)
+    gc_idx = gc_idx[comp_grp[gc_idx] >= 0]
+    gc_ptr = np.zeros(max(ngrp, 1) + 1, np.int64)
+    np.cumsum(np.bincount(comp_grp[comp_grp >= 0], minlength=max(ngrp, 1)), out=gc_ptr[1:])
+    nres = len(topo["resources"])
+    res_idx = topo["res_idx"]
+    dev_of = np.repeat(np.arange(ndev, dtype=np.int64), np.diff(res_ptr))
+    o2 = np.argsort(res_idx, kind="stable")
+    rd_idx = dev_of[o2].astype(np.int64)
+    rd_ptr = np.zeros(max(nres, 1) + 1, np.int64)
+    np.cumsum(np.bincount(res_idx, minlength=max(nres, 1)), out=rd_ptr[1:])
     return _executor(cg.dur, cg.device, cg.priority, cg.indptr, cg.succ, cg.indeg, np.zeros(cg.n), ndev,
-                     cg.tiebreak, bool(share), is_link, is_comm, res_ptr, topo["res_idx"], topo["res_cap"], comp_grp,
-                     grp_ptr, topo["grp_idx"], len(topo["groups"]), gamma)
+                     cg.tiebreak, bool(share), is_link, is_comm, res_ptr, res_idx, topo["res_cap"], rd_ptr, rd_idx,
+                     comp_grp, grp_ptr, topo["grp_idx"], ngrp, gc_ptr, gc_idx, gamma)
 
 
 __all__ = ["link_resources", "run_shared", "topology"]
