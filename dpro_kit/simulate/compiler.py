@@ -12,15 +12,17 @@ then data-parallel replicas, then pipeline stages); rank ``r`` on host
 
 Rules (derived in docs/simulate.md):
 
-* **Compute.**  Each data-parallel replica processes the profiled batch; a pipeline splits
-  it into ``m`` micro-batches, each op taking ``1/m`` of its profiled time.  Pipeline
+* **Compute.**  The profiled batch is the iteration's global batch: each of the ``dp``
+  replicas processes ``1/dp`` of it and a pipeline splits that into ``m`` micro-batches
+  (op times, activations and activation transfers ``/(dp m)``; tensor-parallel ranks take
+  the whole batch).  Pipeline
   stages are contiguous layer ranges balancing ``fwd + bwd (+ recomputed fwd)`` (linear
-  partition, minimal largest stage).
-* **Tensor parallel** (Megatron): in a subtree with ``tensor_parallel.degree = k > 1`` the
-  Linear ops are paired in forward order, the first of a pair column-parallel, the second
-  row-parallel; the ops from a column Linear to its row Linear (attention, activation)
-  run on ``1/k`` of the features: time ``/k``, activation bytes ``/k``, the pair's weights
-  ``/k``.  The row Linear's output is all-reduced over the TP group in the forward
+  partition, minimal largest stage), or (``split: even``) :func:`even_stages`.
+* **Tensor parallel** (Megatron): in a layer with ``tensor_parallel.degree = k > 1`` the
+  Linear ops are paired in forward order: a column group (consecutive Linears reading the
+  same input with only views between them: ``q, k, v``) and the next Linear as the row;
+  the ops from the column group to its row Linear (attention, activation) run on ``1/k`` of
+  the features: time ``/k``, activation bytes ``/k``, the weights ``/k``.  The row Linear's output is all-reduced over the TP group in the forward
   (``out_bytes / m``), the column Linear's input gradient in the backward
   (``in_bytes / m``).  An unpaired Linear stays replicated.
 * **Recomputation**: the layer's forward is re-run (one op, forward time) right before its
@@ -174,6 +176,38 @@ def partition_stages(costs: list[float], stages: int) -> list[list[int]]:
     return groups[::-1]
 
 
+def even_stages(names: list[str], stages: int) -> list[list[int]]:
+    """``pipeline.split: even`` (as ``torch.distributed.pipelining`` jobs usually cut a model): the numbered
+    layers of the model's container (``layers.0 .. layers.N-1``) split by count, earlier stages taking the
+    remainder; the layers before them go to the first stage, those after them to the last.
+
+    Examples
+    --------
+    >>> even_stages(["inp", "layers.0", "layers.1", "layers.2", "head"], 2)
+    [[0, 1, 2], [3, 4]]
+    """
+    import re
+    num = [i for i, n in enumerate(names) if re.search(r"\.\d+$", n)]
+    if num:
+        parent = max({names[i].rsplit(".", 1)[0] for i in num},
+                     key=lambda p: sum(1 for i in num if names[i].rsplit(".", 1)[0] == p))
+        num = [i for i in num if names[i].rsplit(".", 1)[0] == parent]
+        num = list(range(num[0], num[-1] + 1))
+    else:
+        num = list(range(len(names)))
+    if len(num) < stages:
+        raise ValueError(f"{stages} stages for {len(num)} numbered layers")
+    base, extra = divmod(len(num), stages)
+    groups, lo = [], 0
+    for s in range(stages):
+        hi = lo + base + (1 if s < extra else 0)
+        groups.append([num[i] for i in range(lo, hi)])
+        lo = hi
+    groups[0] = list(range(0, num[0])) + groups[0]
+    groups[-1] = groups[-1] + list(range(num[-1] + 1, len(names)))
+    return groups
+
+
 def schedule_order(stage: int, stages: int, m: int, schedule: str, max_in_flight: int | None) -> list[tuple[str, int]]:
     """The order of a stage's forward (``"F"``) and backward (``"B"``) micro-batches.
 
@@ -217,28 +251,33 @@ def plan_layers(layers: list[Layer], settings: list[Settings]) -> list[LayerPlan
     settings : list of Settings
         Their propagated configurations.
     """
-    # pair Linear ops (column, row) over consecutive TP layers; mark sharded op spans
-    flat = [(li, oi) for li, lay in enumerate(layers) for oi in range(len(lay.ops))]
+    # Megatron pairs inside each TP layer: a column group (consecutive Linears reading the same input,
+    # only views between them: q, k, v) and the next Linear as the row; the ops in between are split
+    from .model import VIEW_OPS
     sharded: set[tuple[int, int]] = set()
-    col_at: set[tuple[int, int]] = set()
+    col_at: set[tuple[int, int]] = set()       # first Linear of a column group: segment start, backward all-reduce
+    col_member: set[tuple[int, int]] = set()   # every Linear of a column group: weight and bias split
     row_at: set[tuple[int, int]] = set()
-    open_col: int | None = None   # index in flat
-    for fi, (li, oi) in enumerate(flat):
-        op = layers[li].ops[oi]
-        tp = settings[li].tp
-        if tp <= 1:
-            open_col = None
+    for li, lay in enumerate(layers):
+        if settings[li].tp <= 1:
             continue
-        if op.linear is None:
-            continue
-        if open_col is None:
-            open_col = fi
-        else:
-            for fj in range(open_col, fi + 1):
-                sharded.add(flat[fj])
-            col_at.add(flat[open_col])
-            row_at.add(flat[fi])
-            open_col = None
+        group: list[int] = []
+        for oi, op in enumerate(lay.ops):
+            if op.linear is None:
+                continue
+            if not group:
+                group = [oi]
+                continue
+            first = lay.ops[group[0]]
+            views_only = all(lay.ops[x].name in VIEW_OPS for x in range(group[-1] + 1, oi))
+            if views_only and op.linear[0] == first.linear[0] and op.in_bytes == first.in_bytes:
+                group.append(oi)
+                continue
+            sharded.update((li, x) for x in range(group[0], oi + 1))
+            col_at.add((li, group[0]))
+            col_member.update((li, x) for x in group)
+            row_at.add((li, oi))
+            group = []
     plans = []
     for li, lay in enumerate(layers):
         tp = settings[li].tp
@@ -257,7 +296,7 @@ def plan_layers(layers: list[Layer], settings: list[Settings]) -> list[LayerPlan
             cur.fwd_us += op.fwd_us * f
             cur.act_bytes += op.act_bytes * f
             a_local += op.act_bytes * f
-            if (li, oi) in col_at:
+            if (li, oi) in col_member:
                 p_local -= (op.weight_bytes + op.bias_bytes) * (1 - 1.0 / tp)
             elif (li, oi) in row_at:
                 p_local -= op.weight_bytes * (1 - 1.0 / tp)
@@ -267,7 +306,6 @@ def plan_layers(layers: list[Layer], settings: list[Settings]) -> list[LayerPlan
                 cur = Segment(0.0, 0.0, 0.0)
         if cur.fwd_us > 0 or cur.act_bytes > 0 or not segs:
             segs.append(cur)
-        total = sum(s.fwd_us for s in segs)
         for s in segs:
             if raw_total > 0:
                 s.bwd_us = lay.bwd_us * s.fwd_us / raw_total
@@ -427,6 +465,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
     st = strategy
     strategy.check_modules(model.layer_names())
     dp, tp, S, m = st.dp, st.tp, st.stages, st.micro_batches
+    div = dp * m          # the profiled (global) batch: 1/dp per replica, 1/m of that per micro-batch
     if S > len(model.layers):
         raise DproError(f"pipeline.stages {S} > the model's {len(model.layers)} layers", path=st.path,
                         record="strategy.pipeline.stages", hint="layers: " + ", ".join(model.layer_names()))
@@ -441,7 +480,14 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
         return s * dp * tp + d * tp + t
 
     costs = [lay.fwd_us * (2 if se.recompute else 1) + lay.bwd_us for lay, se in zip(model.layers, settings)]
-    groups = partition_stages(costs, S)
+    if st.split == "even":
+        try:
+            groups = even_stages(model.layer_names(), S)
+        except ValueError as exc:
+            raise DproError(f"pipeline.split even: {exc}", path=st.path, record="strategy.pipeline.split",
+                            hint="layers: " + ", ".join(model.layer_names())) from None
+    else:
+        groups = partition_stages(costs, S)
     stage_plans = [plan_layers([model.layers[i] for i in grp], [settings[i] for i in grp]) for grp in groups]
     total_p = max(1, model.param_bytes)
     opt_ratio = model.optimizer_state_bytes / total_p
@@ -462,7 +508,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                     if kind_ == "F":
                         for li, pl in enumerate(plans):
                             for k, seg in enumerate(pl.segments):
-                                key = b.compute(node, f"F mb{j} {pl.layer.name} seg{k}", seg.fwd_us / m,
+                                key = b.compute(node, f"F mb{j} {pl.layer.name} seg{k}", seg.fwd_us / div,
                                                 kind=OpKind.FW.value, tensor=pl.layer.name)
                                 b.g.add_edge(last, key)
                                 last = key
@@ -471,12 +517,12 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                             pl = plans[li]
                             if pl.settings.recompute:
                                 key = b.compute(node, f"R mb{j} {pl.layer.name}",
-                                                sum(sg.fwd_us for sg in pl.segments) / m, kind=OpKind.FW.value,
+                                                sum(sg.fwd_us for sg in pl.segments) / div, kind=OpKind.FW.value,
                                                 tensor=pl.layer.name)
                                 b.g.add_edge(last, key)
                                 last = key
                             for k in range(len(pl.segments) - 1, -1, -1):
-                                key = b.compute(node, f"B mb{j} {pl.layer.name} seg{k}", pl.segments[k].bwd_us / m,
+                                key = b.compute(node, f"B mb{j} {pl.layer.name} seg{k}", pl.segments[k].bwd_us / div,
                                                 kind=OpKind.BW.value, tensor=pl.layer.name)
                                 b.g.add_edge(last, key)
                                 last = key
@@ -498,7 +544,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                     for k, seg in enumerate(pl.segments):
                         if seg.fwd_ar_bytes:
                             deps = {nd: [K(nd, f"F mb{j} {pl.layer.name} seg{k}")] for nd in tp_group}
-                            outs = b.collective("allreduce", tp_group, seg.fwd_ar_bytes / m, deps,
+                            outs = b.collective("allreduce", tp_group, seg.fwd_ar_bytes / div, deps,
                                                 f"tp fwd mb{j} {pl.layer.name}")
                             nxt = _next_fwd(plans, li, k)
                             for nd in tp_group:
@@ -508,7 +554,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                                     fwd_tail[(nd, j)] = outs[nd]
                         if seg.bwd_ar_bytes:
                             deps = {nd: [K(nd, f"B mb{j} {pl.layer.name} seg{k}")] for nd in tp_group}
-                            outs = b.collective("allreduce", tp_group, seg.bwd_ar_bytes / m, deps,
+                            outs = b.collective("allreduce", tp_group, seg.bwd_ar_bytes / div, deps,
                                                 f"tp bwd mb{j} {pl.layer.name}")
                             prv = _prev_bwd(plans, li, k)
                             for nd in tp_group:
@@ -520,7 +566,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                     b.g.add_edge(fwd_tail[(nd, j)], _first_bwd_key(nd, j, plans))
     for s in range(S - 1):
         plans, nplans = stage_plans[s], stage_plans[s + 1]
-        act = nplans[0].layer.input_bytes / m
+        act = nplans[0].layer.input_bytes / div
         for d in range(dp):
             for t in range(tp):
                 src, dst = nodes[rank(s, d, t)], nodes[rank(s + 1, d, t)]
@@ -681,6 +727,7 @@ def annotate_memory(g: nx.DiGraph, plans: list[LayerPlan], stage: int, st: Strat
     transient ``X/m`` while it runs.  The collectives add theirs (FSDP gathers, ZeRO reduce-scatters).
     """
     dp, m = st.dp, st.micro_batches
+    div = dp * m
     base = 0.0
     for pl in plans:
         P, sh = pl.params_local, pl.settings.sharding
@@ -699,16 +746,16 @@ def annotate_memory(g: nx.DiGraph, plans: list[LayerPlan], stage: int, st: Strat
                     bkey = op_key(nd, f"B mb{j} {pl.layer.name} seg{k}")
                     if rec:
                         if k == 0:
-                            _mem(g, fkey, alloc=pl.layer.input_bytes / m)
-                            _mem(g, bkey, free=pl.layer.input_bytes / m)
+                            _mem(g, fkey, alloc=pl.layer.input_bytes / div)
+                            _mem(g, bkey, free=pl.layer.input_bytes / div)
                     else:
-                        _mem(g, fkey, alloc=seg.act_bytes / m)
-                    _mem(g, bkey, free=seg.act_bytes / m)
+                        _mem(g, fkey, alloc=seg.act_bytes / div)
+                    _mem(g, bkey, free=seg.act_bytes / div)
                 if rec:
-                    _mem(g, op_key(nd, f"R mb{j} {pl.layer.name}"), alloc=pl.act_local / m)
+                    _mem(g, op_key(nd, f"R mb{j} {pl.layer.name}"), alloc=pl.act_local / div)
         if stage == st.stages - 1 and transient_bytes:
             for j in range(m):
-                _mem(g, _first_bwd_key(nd, j, plans), alloc=transient_bytes / m, free=transient_bytes / m)
+                _mem(g, _first_bwd_key(nd, j, plans), alloc=transient_bytes / div, free=transient_bytes / div)
 
 
 def _next_fwd(plans: list[LayerPlan], li: int, k: int) -> tuple[int, int] | None:
@@ -759,6 +806,7 @@ def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: fl
     on the last stage.
     """
     dp, m = st.dp, st.micro_batches
+    div = dp * m
     c = in_flight(stage, st.stages, m, st.schedule, st.max_in_flight)
     params = grads = opt = bufs = 0.0
     unit_full = []
@@ -774,19 +822,19 @@ def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: fl
             bufs += P
         unit_full.append(P * (1 - 1.0 / dp) if sh in SHARDED_PARAMS else 0.0)
         if pl.settings.recompute:
-            kept += pl.layer.input_bytes / m
-            recomp_peak = max(recomp_peak, pl.act_local / m)
+            kept += pl.layer.input_bytes / div
+            recomp_peak = max(recomp_peak, pl.act_local / div)
         else:
-            kept += pl.act_local / m
+            kept += pl.act_local / div
     gathered = max((unit_full[i] + (unit_full[i + 1] if i + 1 < len(unit_full) else 0.0))
                    for i in range(len(unit_full))) if unit_full else 0.0
     acts = c * kept + recomp_peak
-    transient = transient_bytes / m if stage == st.stages - 1 else 0.0
+    transient = transient_bytes / div if stage == st.stages - 1 else 0.0
     out = {"params": params, "grads": grads, "optimizer": opt, "comm_buffers": bufs, "gathered_params": gathered,
            "activations": acts, "transient": transient, "in_flight_micro_batches": c}
     out["peak"] = params + grads + opt + bufs + gathered + acts + transient
     return out
 
 
-__all__ = ["Compiled", "FIRST_BUCKET_BYTES", "LayerPlan", "annotate_memory", "Segment", "compile_strategy", "comm_model_for",
+__all__ = ["Compiled", "FIRST_BUCKET_BYTES", "LayerPlan", "annotate_memory", "even_stages", "Segment", "compile_strategy", "comm_model_for",
            "ddp_buckets", "in_flight", "partition_stages", "plan_layers", "schedule_order", "stage_memory"]

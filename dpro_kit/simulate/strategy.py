@@ -19,7 +19,8 @@ tree of parallel configurations whose root covers the whole model::
 Optional keys this implementation adds (documented in docs/simulate.md):
 ``intra_host_bandwidth_mbps`` and ``latency_us`` (the link model of ranks that share a
 host, and the per-transfer latency), ``memory_limit`` (``"8GiB"``; the CLI's
-``--memory-limit`` overrides it), ``data_parallel.bucket_mb`` (DDP's gradient bucket
+``--memory-limit`` overrides it), ``pipeline.split`` (``balanced`` by time, or ``even``),
+``data_parallel.bucket_mb`` (DDP's gradient bucket
 cap, default 25) and, per node, ``tensor_parallel.degree`` 1 (replicate that subtree).
 
 Propagation (§VII "Strategy Propagation", first step): a configuration not set on a
@@ -56,7 +57,8 @@ _TOP_KEYS = {"name", "ranks", "hosts", "bandwidth_mbps", "intra_host_bandwidth_m
 _NODE_KEYS = {"data_parallel", "tensor_parallel", "pipeline", "recompute", "children"}
 _DP_KEYS = {"degree", "sharding", "bucket_mb"}
 _TP_KEYS = {"degree"}
-_PP_KEYS = {"stages", "micro_batches", "schedule", "max_in_flight"}
+_PP_KEYS = {"stages", "micro_batches", "schedule", "max_in_flight", "split"}
+SPLITS = ("balanced", "even")
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,8 @@ class Strategy:
         Pipeline micro-batches per iteration (the profiled batch is split into them).
     schedule : str
         ``gpipe`` or ``1f1b``.
+    split : str
+        How the layers are cut into stages: ``balanced`` (by time) or ``even`` (the numbered layers by count).
     max_in_flight : int or None
         Most forward micro-batches a stage runs ahead of its backward (Proteus'
         ``max_ongoing_micro_batch``); None: the schedule's own (GPipe all, 1F1B ``stages - s``).
@@ -126,6 +130,7 @@ class Strategy:
     schedule: str
     root: StrategyNode
     max_in_flight: int | None = None
+    split: str = "balanced"
     bucket_mb: float = 25.0
     bandwidth_mbps: float | None = None
     intra_host_bandwidth_mbps: float | None = None
@@ -193,7 +198,7 @@ class Strategy:
         """The strategy as a JSON-able dict (outputs, tables)."""
         return {"name": self.name, "ranks": self.ranks, "hosts": self.hosts, "dp": self.dp,
                 "sharding": self.root.sharding or "none", "tp": self.tp, "stages": self.stages,
-                "micro_batches": self.micro_batches, "schedule": self.schedule,
+                "micro_batches": self.micro_batches, "schedule": self.schedule, "split": self.split,
                 "max_in_flight": self.max_in_flight, "recompute": bool(self.root.recompute),
                 "children": [{"module": c.module, **({"sharding": c.sharding} if c.sharding else {}),
                               **({"tp": c.tp} if c.tp is not None else {}),
@@ -306,6 +311,9 @@ def parse_strategy(doc: Any, *, path: str | None = None, default_name: str = "st
     sched = pp_doc.get("schedule", "gpipe")
     if sched not in SCHEDULES:
         raise err("strategy.pipeline.schedule", f"unknown schedule {sched!r}", "one of: " + ", ".join(SCHEDULES))
+    split = pp_doc.get("split", "balanced")
+    if split not in SPLITS:
+        raise err("strategy.pipeline.split", f"unknown split {split!r}", "one of: " + ", ".join(SPLITS))
     mif = pp_doc.get("max_in_flight")
     if mif is not None:
         mif = _int(mif, "strategy.pipeline.max_in_flight", err)
@@ -318,7 +326,7 @@ def parse_strategy(doc: Any, *, path: str | None = None, default_name: str = "st
     root = StrategyNode(module="", sharding=sharding, tp=tp, recompute=rec, key="strategy")
     root.children = _children(root_doc.get("children"), "strategy", root, dp, tp, err)
     return Strategy(name=str(name), ranks=ranks, hosts=hosts, dp=dp, tp=tp, stages=stages, micro_batches=mbs,
-                    schedule=sched, root=root, max_in_flight=mif, bucket_mb=float(bucket), bandwidth_mbps=bw,
+                    schedule=sched, root=root, max_in_flight=mif, split=split, bucket_mb=float(bucket), bandwidth_mbps=bw,
                     intra_host_bandwidth_mbps=ibw, latency_us=None if lat is None else float(lat),
                     memory_limit=mem, path=path)
 
@@ -452,5 +460,5 @@ def _sharding(v: Any, key: str, err) -> str:
     return str(v)
 
 
-__all__ = ["SCHEDULES", "SHARDINGS", "Settings", "Strategy", "StrategyNode", "covers", "load_strategy",
+__all__ = ["SCHEDULES", "SHARDINGS", "SPLITS", "Settings", "Strategy", "StrategyNode", "covers", "load_strategy",
            "parse_memory", "parse_strategy"]
