@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shared_traces
 
 from dpro_kit.graph.arrays import compile_trace, compile_trace_or_graph
 from dpro_kit.graph.build import build_global_dfg
@@ -17,7 +18,7 @@ from dpro_kit.replay import compile_graph, replay
 from dpro_kit.trace import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
-HTA = REPO.parent / "shared" / "traces" / "hta"
+HTA = shared_traces() / "hta"
 sys.path.insert(0, str(REPO / "bench"))
 
 

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import shared_traces
 
 from dpro_kit.store import TraceStore, read_events, store_root
 from dpro_kit.trace import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
-HTA = REPO.parent / "shared" / "traces" / "hta"
+HTA = shared_traces() / "hta"
 sys.path.insert(0, str(REPO / "bench"))
 
 
