@@ -209,18 +209,34 @@ def test_ddp_allreduce():
         dict(params=4_000_000, grads=4_000_000, optimizer=4_000_000, comm_buffers=4_000_000)
 
 
-@pytest.mark.parametrize("sharding,grads", [("zero1", 4_000_000), ("zero2", 2_000_000)])
-def test_zero12_reduce_scatter_then_all_gather(sharding, grads):
-    """ZeRO-1/2: the bucket is reduce-scattered (n-1 = 1 step of 2e6 B: 16000 us), the step runs on
-    half the parameters (250 us), the updated halves are all-gathered (16000 us):
-    1500 + 16000 + 250 + 16000 = 33750 us.  Optimizer state halves; ZeRO-2 also the gradients."""
-    p = run(one_layer(), {**DP2, "strategy": {"data_parallel": {"degree": 2, "sharding": sharding}}})
-    assert p.iteration_ms == pytest.approx(33.75, abs=1e-9)
-    assert [(c["kind"], c["bytes"]) for c in p.compiled.collectives] == \
-        [("reduce_scatter", 4_000_000), ("all_gather", 4_000_000)]
+def test_zero1_ddp_allreduce_then_sharded_step():
+    """ZeRO-1 as torch runs it (DDP + ZeroRedundancyOptimizer): the bucket all-reduce (32000 us), the step
+    on half the parameters (250 us), then the updated halves reach every rank (one all-gather of 4e6 B:
+    1 step of 2e6 B = 16000 us): 1500 + 32000 + 250 + 16000 = 49750 us.  Memory: parameters, gradients
+    and DDP's buffer whole, optimizer state halved: 14e6 B."""
+    p = run(one_layer(), {**DP2, "strategy": {"data_parallel": {"degree": 2, "sharding": "zero1"}}})
+    assert p.iteration_ms == pytest.approx(49.75, abs=1e-9)
+    assert [(c["kind"], c["bytes"]) for c in p.compiled.collectives] == [("allreduce", 4_000_000),
+                                                                         ("all_gather", 4_000_000)]
     mem = p.per_rank[1]["memory"]
-    assert (mem["params"], mem["grads"], mem["optimizer"], mem["comm_buffers"]) == \
-        (4_000_000, grads, 2_000_000, 0)
+    assert (mem["params"], mem["grads"], mem["optimizer"], mem["comm_buffers"], mem["peak"]) == \
+        (4_000_000, 4_000_000, 2_000_000, 4_000_000, 14_000_000)
+
+
+def test_zero2_unit_gathered_forward_to_backward():
+    """ZeRO-2 as FSDP with reshard_after_forward=False: one all-gather of the unit before its forward
+    (16000 us), none before the backward, the reduce-scatter after it (16000 us), the step on half
+    (250 us): 16000 + 500 + 1000 + 16000 + 250 = 33750 us.  Memory replayed: shards of parameters and
+    state (4e6) + the gathered half (2e6, held to the end of the backward) + the whole gradient from the
+    backward's start (4e6) = 10e6 at 16.5 ms; the parts at their largest (gradient shard) sum to 8e6."""
+    p = run(one_layer(), {**DP2, "strategy": {"data_parallel": {"degree": 2, "sharding": "zero2"}}})
+    assert p.iteration_ms == pytest.approx(33.75, abs=1e-9)
+    assert [(c["kind"], c["bytes"]) for c in p.compiled.collectives] == [("all_gather", 4_000_000),
+                                                                         ("reduce_scatter", 4_000_000)]
+    mem = p.per_rank[1]["memory"]
+    assert (mem["params"], mem["grads"], mem["optimizer"], mem["comm_buffers"], mem["gathered_params"]) == \
+        (2_000_000, 2_000_000, 2_000_000, 0, 2_000_000)
+    assert (mem["peak"], mem["peak_ms"], mem["parts_sum"]) == (10_000_000, pytest.approx(16.5), 8_000_000)
 
 
 def test_fsdp_units():
@@ -353,10 +369,8 @@ def test_oom_verdict_and_ranking():
              memory_limit=12_000_000)
     # DDP: parameters + SGD state + bucket buffer (12e6) + the gradient from the backward (4e6)
     assert ddp.peak_memory_bytes == 16_000_000 and ddp.oom is True
-    # ZeRO-2: parameters + half the state (6e6) + the whole gradient until its reduce-scatter ends (4e6);
-    # the parts at their largest (gradient shard 2e6) sum to less than the replayed peak
+    # ZeRO-2 (test_zero2_unit_gathered_forward_to_backward): 10e6
     assert z2.peak_memory_bytes == 10_000_000 and z2.oom is False
-    assert z2.per_rank[0]["memory"]["parts_sum"] == 8_000_000
     assert [p.strategy.name for p in rank_strategies([ddp, z2])] == ["z2", "ddp"]
 
 

@@ -32,9 +32,12 @@ Rules (derived in docs/simulate.md):
 * **Data parallel** (over ranks of equal stage and TP index):
   ``none`` — DDP buckets (parameters in reverse registration order, first bucket 1 MiB,
   then ``bucket_mb``), each all-reduced once its layers' last backward is done;
-  ``zero1``/``zero2`` — the same buckets reduce-scattered, the optimizer step on ``1/dp``
-  of the parameters, then the buckets all-gathered;
-  ``zero3``/``fsdp`` — each layer is a unit: its parameters all-gathered before its forward
+  ``zero1`` — the same (DDP + ``ZeroRedundancyOptimizer``), the optimizer step on ``1/dp``
+  of the parameters, then the updated parameters all-gathered;
+  ``zero2`` — each layer an FSDP unit with ``reshard_after_forward=False``: its parameters
+  all-gathered before its first forward and kept until its last backward, its gradients
+  reduce-scattered after its last backward;
+  ``zero3``/``fsdp`` — each layer an FSDP unit: its parameters all-gathered before its forward
   and again before its backward (every micro-batch; prefetch one unit ahead), its
   gradients reduce-scattered after its last backward.
 * **Pipeline**: activations (the next stage's first layer's input, ``/m``) and their
@@ -74,8 +77,12 @@ from .strategy import Settings, Strategy
 
 #: DDP's first gradient bucket (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES)
 FIRST_BUCKET_BYTES = 1 << 20
-SHARDED_PARAMS = ("zero3", "fsdp")
+#: layers whose parameters are sharded between iterations (FSDP units: zero2 keeps them gathered from the
+#: unit's forward to its backward, zero3/fsdp reshards after each)
+SHARDED_PARAMS = ("zero2", "zero3", "fsdp")
 SHARDED_GRADS = ("zero2", "zero3", "fsdp")
+#: layers synchronised by DDP bucket all-reduces (zero1: DDP + ZeroRedundancyOptimizer)
+DDP_SYNC = ("none", "zero1")
 
 
 @dataclass
@@ -590,32 +597,30 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
             upd_us = model.update_us * upd_scale / total_p
             ag_after: list[tuple[float, str]] = []
             if dp > 1:
-                # buckets: layers with sharding none / zero1 / zero2, params in reverse registration order
+                # DDP buckets (sharding none, zero1): parameters in reverse registration order, one
+                # all-reduce per bucket once its layers' last backward is done
                 items = []
                 for li in range(L - 1, -1, -1):
                     pl = plans[li]
-                    if pl.settings.sharding in SHARDED_PARAMS:
+                    if pl.settings.sharding not in DDP_SYNC:
                         continue
                     scale = pl.params_local / max(1, pl.layer.param_bytes)
                     for nm, by in reversed(list(pl.layer.params.items())):
-                        items.append((nm, int(by * scale), li, pl.settings.sharding))
-                for kind_sh in ("none", "zero"):
-                    its = [(nm, by, li) for nm, by, li, sh in items if (sh == "none") == (kind_sh == "none")]
-                    for bi, bucket in enumerate(ddp_buckets(its, st.bucket_mb)):
-                        lis = {li for _, _, li in bucket}
-                        size = sum(by for _, by, _ in bucket)
-                        deps = {nd: [_bwd_layer_done_key(nd, m - 1, plans, min(lis))] for nd in group}
-                        kind = "allreduce" if kind_sh == "none" else "reduce_scatter"
-                        outs = b.collective(kind, group, size, deps, f"dp {kind} bucket{bi} s{s}")
-                        zero2 = {li for _, _, li, sh in items if sh == "zero2"}
-                        z2 = sum(by for nm, by, li in bucket if li in zero2)
-                        for nd in group:
-                            upd_deps[nd].append(outs[nd])
-                            if kind_sh == "zero" and z2:   # ZeRO-2 keeps only its shard of the gradients
-                                _mem(b.g, outs[nd], free=z2 * (1 - 1 / dp))
-                        if kind_sh == "zero":
-                            ag_after.append((size, f"dp all_gather bucket{bi} s{s}"))
-                # fsdp / zero3 units: all-gather before forward and backward, reduce-scatter after backward
+                        items.append((nm, int(by * scale), li))
+                for bi, bucket in enumerate(ddp_buckets(items, st.bucket_mb)):
+                    lis = {li for _, _, li in bucket}
+                    size = sum(by for _, by, _ in bucket)
+                    deps = {nd: [_bwd_layer_done_key(nd, m - 1, plans, min(lis))] for nd in group}
+                    outs = b.collective("allreduce", group, size, deps, f"dp allreduce bucket{bi} s{s}")
+                    for nd in group:
+                        upd_deps[nd].append(outs[nd])
+                # zero1 (ZeroRedundancyOptimizer): each rank steps its 1/dp, then the updated parameters
+                # reach every rank (torch broadcasts each rank's shard: the volume of one all-gather)
+                z1 = sum(pl.params_local for pl in plans if pl.settings.sharding == "zero1")
+                if z1:
+                    ag_after.append((z1, f"zero1 all_gather params s{s}"))
+                # FSDP units (zero2, zero3, fsdp): all-gather before forward (zero3/fsdp: and before backward),
+                # reduce-scatter after backward
                 _fsdp_units(b, plans, group, m, upd_deps, schedule_order(s, S, m, st.schedule, st.max_in_flight))
             for nd in group:
                 key = b.compute(nd, "optimizer step", upd_us, kind=OpKind.UPDATE.value)
@@ -639,24 +644,30 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
 
 def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,
                 upd_deps: dict[str, list[str]], order: list[tuple[str, int]]) -> None:
-    """The ZeRO-3 / FSDP units of one stage (layers with sharding zero3/fsdp) over data-parallel ``group``.
+    """The FSDP units of one stage (layers with sharding zero2/zero3/fsdp) over data-parallel ``group``.
 
-    Per micro-batch, an all-gather of the unit's parameters before its forward, issued after the
-    previous all-gather and after the forward two layers back (one unit of prefetch), and again
-    before its backward (in backward order, after the backward two layers later); a
+    zero3/fsdp (``reshard_after_forward=True``): per micro-batch, an all-gather of the unit's
+    parameters before its forward, issued after the previous all-gather and after the forward two
+    layers back (one unit of prefetch), and again before its backward (in backward order, after
+    the backward two layers later).  zero2 (``reshard_after_forward=False``): one all-gather before
+    the unit's first forward, the parameters kept until its last backward.  Every unit: a
     reduce-scatter of its gradients after its last backward.
     """
-    L = len(plans)
     units = [li for li, pl in enumerate(plans) if pl.settings.sharding in SHARDED_PARAMS]
     if not units:
         return
+    reshard = [li for li in units if plans[li].settings.sharding != "zero2"]
+    m_last = max(j for k, j in order if k == "B")
     last: dict[str, str | None] = {nd: None for nd in group}
     for kind_, j in order:
         if kind_ == "B":
-            _fsdp_bwd(b, plans, units, group, j, last)
+            _fsdp_bwd(b, plans, reshard, group, j, last)
             continue
         for li in units:
             pl = plans[li]
+            keep = pl.settings.sharding == "zero2"
+            if keep and j > 0:
+                continue
             deps: dict[str, list[str]] = {}
             for nd in group:
                 dl = [last[nd]] if last[nd] else []
@@ -670,8 +681,9 @@ def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,
             for nd in group:
                 last[nd] = outs[nd]
                 b.g.add_edge(outs[nd], op_key(nd, f"F mb{j} {pl.layer.name} seg0"))
-                _mem(b.g, outs[nd], alloc=gathered)     # resharded after the unit's forward
-                _mem(b.g, op_key(nd, f"F mb{j} {pl.layer.name} seg{len(pl.segments) - 1}"), free=gathered)
+                _mem(b.g, outs[nd], alloc=gathered)     # resharded after the unit's forward (zero2: backward)
+                _mem(b.g, op_key(nd, f"B mb{m_last} {pl.layer.name} seg0") if keep
+                     else op_key(nd, f"F mb{j} {pl.layer.name} seg{len(pl.segments) - 1}"), free=gathered)
     for li in reversed(units):
         pl = plans[li]
         deps = {nd: [_bwd_layer_done_key(nd, m - 1, plans, li)] for nd in group}
@@ -732,7 +744,7 @@ def annotate_memory(g: nx.DiGraph, plans: list[LayerPlan], stage: int, st: Strat
     for pl in plans:
         P, sh = pl.params_local, pl.settings.sharding
         base += (P / dp if sh in SHARDED_PARAMS else P) + opt_ratio * (P / dp if sh != "none" else P)
-        if sh == "none" and dp > 1:
+        if sh in DDP_SYNC and dp > 1:
             base += P
     mb = g.graph.setdefault("memory_base", {})
     for nd in nodes:
@@ -796,10 +808,10 @@ def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: fl
                  transient_bytes: float = 0.0) -> dict[str, float]:
     """Peak memory of a rank of ``stage`` (bytes), by part (docs/simulate.md "Memory").
 
-    params ``P/dp`` for zero3/fsdp layers else ``P`` (P: TP-local bytes); grads ``P/dp`` for
+    params ``P/dp`` for zero2/zero3/fsdp layers else ``P`` (P: TP-local bytes); grads ``P/dp`` for
     zero2/zero3/fsdp; optimizer state ``ratio x P/dp`` for any sharding; DDP's flat bucket
-    buffers (``sharding: none``, dp > 1) = their gradients; gathered parameters of
-    zero3/fsdp = the two largest adjacent units' ``(1 - 1/dp) P``; activations = ``c``
+    buffers (none, zero1; dp > 1) = their gradients; gathered parameters: every zero2 unit's
+    ``(1 - 1/dp) P`` (held from forward to backward) + the two largest adjacent zero3/fsdp units'; activations = ``c``
     micro-batches in flight x per micro-batch bytes (``A/m``; a recomputed layer keeps its
     input ``I/m``) + the largest recomputed layer's ``A/m`` (re-materialised for its backward);
     transient (the loss's and backward's temporaries, :attr:`ModelGraph.transient_bytes`) ``/m``
@@ -808,7 +820,7 @@ def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: fl
     dp, m = st.dp, st.micro_batches
     div = dp * m
     c = in_flight(stage, st.stages, m, st.schedule, st.max_in_flight)
-    params = grads = opt = bufs = 0.0
+    params = grads = opt = bufs = held = 0.0
     unit_full = []
     kept = 0.0
     recomp_peak = 0.0
@@ -818,16 +830,17 @@ def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: fl
         params += P / dp if sh in SHARDED_PARAMS else P
         grads += P / dp if sh in SHARDED_GRADS else P
         opt += opt_ratio * (P / dp if sh != "none" else P)
-        if sh == "none" and dp > 1:
+        if sh in DDP_SYNC and dp > 1:
             bufs += P
-        unit_full.append(P * (1 - 1.0 / dp) if sh in SHARDED_PARAMS else 0.0)
+        unit_full.append(P * (1 - 1.0 / dp) if sh in ("zero3", "fsdp") else 0.0)
+        held += P * (1 - 1.0 / dp) if sh == "zero2" else 0.0
         if pl.settings.recompute:
             kept += pl.layer.input_bytes / div
             recomp_peak = max(recomp_peak, pl.act_local / div)
         else:
             kept += pl.act_local / div
-    gathered = max((unit_full[i] + (unit_full[i + 1] if i + 1 < len(unit_full) else 0.0))
-                   for i in range(len(unit_full))) if unit_full else 0.0
+    gathered = held + (max((unit_full[i] + (unit_full[i + 1] if i + 1 < len(unit_full) else 0.0))
+                           for i in range(len(unit_full))) if unit_full else 0.0)
     acts = c * kept + recomp_peak
     transient = transient_bytes / div if stage == st.stages - 1 else 0.0
     out = {"params": params, "grads": grads, "optimizer": opt, "comm_buffers": bufs, "gathered_params": gathered,
