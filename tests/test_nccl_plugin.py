@@ -40,12 +40,13 @@ def built(tmp_path_factory) -> Path:
 
 
 def run_ring(built: Path, out: Path, *, ranks: int, channels: int, nbytes: int, iters: int = 2, api: int = 6,
-             proto: str = "Simple", chunk: int = 131072, algo: str = "ring") -> Path:
-    """Run the harness (it checks counts itself and exits non-zero otherwise); return the trace dir."""
+             proto: str = "Simple", chunk: int = 131072, algo: str = "ring", ppn: int | None = None) -> Path:
+    """Run the harness (it checks counts itself and exits non-zero otherwise); return the trace dir.
+    ``ppn``: ranks per emulated node (tree only)."""
     env = dict(os.environ, DPRO_NCCL_TRACE=str(out))
     r = subprocess.run([str(built / "nccl_harness"), "run", "--algo", algo, str(built / "libnccl-profiler-dpro.so"),
-                        str(ranks), str(channels), str(nbytes), str(iters), str(api), proto, str(chunk)],
-                       capture_output=True, text=True, timeout=120, env=env)
+                        str(ranks), str(channels), str(nbytes), str(iters), str(api), proto, str(chunk)]
+                       + ([str(ppn)] if ppn else []), capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("ok "), r.stdout
     return out
@@ -284,32 +285,30 @@ def test_reader_bad_input(built, tmp_path):
 
 # --------------------------------------------------------------------------- tree all-reduce (harness tree mode)
 
-def nccl_tree(ranks: int, channels: int, ch: int) -> tuple[dict[int, int | None], dict[int, list[int]]]:
-    """Parent and children (NCCL's order) of every rank on channel ``ch``: tree 0 of the double binary
-    tree when 2 ch < channels, else tree 1 (dpro_kit.graph.topology, written from ncclGetBtree/Dtree)."""
-    from dpro_kit.graph.topology import btree, double_tree_orders
+def nccl_tree(ranks: int, channels: int, ch: int, ppn: int = 1) -> tuple[dict[int, int | None], dict[int, list[int]]]:
+    """Parent and children (NCCL's order) of every rank on channel ``ch``, ``ppn`` ranks per node: tree 0 of
+    the double binary tree over the nodes when 2 ch < channels, else tree 1, a chain within each node
+    (dpro_kit.graph.topology, written from ncclGetBtree/ncclGetDtree/connectTrees)."""
+    from dpro_kit.graph.topology import double_tree_orders, nccl_tree as tree
 
-    order = double_tree_orders(list(range(ranks)))[0 if 2 * ch < channels else 1]
-    parent, kids = {}, {}
-    for p, r in enumerate(order):
-        up, down = btree(ranks, p)
-        parent[r] = order[up] if up >= 0 else None
-        kids[r] = [order[d] for d in down]
-    return parent, kids
+    host = {r: f"node{r // ppn}" for r in range(ranks)}
+    return tree(double_tree_orders(list(range(ranks)), host)[0 if 2 * ch < channels else 1], host)
 
 
-@pytest.mark.parametrize("ranks,channels,nbytes,api,proto", [
-    (2, 2, 1_048_576, 6, "Simple"),
-    (4, 2, 3_000_000 + 48, 5, "Simple"),
-    (4, 4, 777_776, 4, "LL"),
+@pytest.mark.parametrize("ranks,channels,nbytes,api,proto,ppn", [
+    (2, 2, 1_048_576, 6, "Simple", 1),
+    (4, 2, 3_000_000 + 48, 5, "Simple", 1),
+    (4, 4, 777_776, 4, "LL", 1),
+    (4, 2, 1_000_000, 6, "Simple", 2),      # 2 nodes of 2 ranks: chains
+    (6, 4, 1_000_000, 6, "Simple", 2),      # 3 nodes (odd: tree 1 shifted)
 ])
-def test_tree_plugin_files(built, tmp_path, ranks, channels, nbytes, api, proto):
+def test_tree_plugin_files(built, tmp_path, ranks, channels, nbytes, api, proto, ppn):
     """Per rank and channel: the proxy ops of NCCL's tree (recv from each child, send to the parent, send
     to each child, recv from the parent, in that order), one step per chunk on every op, states in NCCL's
     order; the chunks sent to the parent add up to the channel's share, the channels' to the message."""
     chunk, iters = 131072, 2
     out = run_ring(built, tmp_path / "t", ranks=ranks, channels=channels, nbytes=nbytes, iters=iters, api=api,
-                   proto=proto, chunk=chunk, algo="tree")
+                   proto=proto, chunk=chunk, algo="tree", ppn=ppn)
     files = sorted(out.glob("nccl-*.jsonl"))
     assert len(files) == ranks
     nloops = -(-nbytes // (channels * chunk))
@@ -317,7 +316,8 @@ def test_tree_plugin_files(built, tmp_path, ranks, channels, nbytes, api, proto)
     for f in files:
         head, events, end = load_raw(f)
         r = head["rank"]
-        assert (head["api"], head["nranks"], end["dropped"]) == (api, ranks, 0)
+        assert (head["api"], head["nranks"], head["nnodes"], end["dropped"]) == (api, ranks, ranks // ppn, 0)
+        assert head["host"] == f"node{r // ppn}"
         colls = {e["id"]: e for e in events if e["ev"] == "coll"}
         assert sorted(c["seq"] for c in colls.values()) == list(range(iters))
         assert all(c["algo"] == "Tree" and c["func"] == "AllReduce" and c["proto"] == proto for c in colls.values())
@@ -328,7 +328,7 @@ def test_tree_plugin_files(built, tmp_path, ranks, channels, nbytes, api, proto)
                 steps[s["parent"]].append(s)
         for cid, coll in colls.items():
             for ch in range(channels):
-                parent, kids = nccl_tree(ranks, channels, ch)
+                parent, kids = nccl_tree(ranks, channels, ch, ppn)
                 mine = sorted((o for o in ops if o["parent"] == cid and o["channel"] == ch), key=lambda o: o["id"])
                 p = parent[r]
                 want = [(0, k) for k in kids[r]] + ([(1, p)] if p is not None else []) + \
@@ -346,16 +346,17 @@ def test_tree_plugin_files(built, tmp_path, ranks, channels, nbytes, api, proto)
     for seq in range(iters):
         shares = []
         for ch in range(channels):
-            parent, _ = nccl_tree(ranks, channels, ch)
+            parent, _ = nccl_tree(ranks, channels, ch, ppn)
             sent = {up_bytes[(seq, ch, r)] for r in range(ranks) if parent[r] is not None}
             assert len(sent) == 1          # every non-root sends its parent the whole channel share
             shares.append(sent.pop())
         assert sum(shares) == nbytes
 
 
-@pytest.mark.parametrize("ranks,channels,nbytes,proto", [(2, 2, 1_048_576, "Simple"), (4, 2, 3_000_000, "Simple"),
-                                                         (4, 4, 777_776, "LL")])
-def test_reader_tree_events(built, tmp_path, ranks, channels, nbytes, proto):
+@pytest.mark.parametrize("ranks,channels,nbytes,proto,ppn", [(2, 2, 1_048_576, "Simple", 1),
+                                                             (4, 2, 3_000_000, "Simple", 1),
+                                                             (4, 4, 777_776, "LL", 1), (4, 2, 1_000_000, "Simple", 2)])
+def test_reader_tree_events(built, tmp_path, ranks, channels, nbytes, proto, ppn):
     """Per channel and chunk, one reduce SEND from every non-root to its parent and one broadcast SEND
     back, each with its RECV on the peer under the same txn; sizes equal along the tree; the chunks of
     every (child, parent) edge add up to the message."""
@@ -363,7 +364,7 @@ def test_reader_tree_events(built, tmp_path, ranks, channels, nbytes, proto):
 
     chunk, iters = 131072, 2
     out = run_ring(built, tmp_path / "t", ranks=ranks, channels=channels, nbytes=nbytes, iters=iters, proto=proto,
-                   chunk=chunk, algo="tree")
+                   chunk=chunk, algo="tree", ppn=ppn)
     job = nccl.transfers(nccl.files(out))
     rows, node = job["rows"], job["nodes"]
     nloops = -(-nbytes // (channels * chunk))
@@ -373,7 +374,7 @@ def test_reader_tree_events(built, tmp_path, ranks, channels, nbytes, proto):
     assert len(sends) == len(recvs) == iters * channels * nloops * 2 * (ranks - 1)
     for s in sends:
         rv = recvs[(s["iteration"], s["txn"])]
-        parent, _ = nccl_tree(ranks, channels, s["channel"])
+        parent, _ = nccl_tree(ranks, channels, s["channel"], ppn)
         src, dst = node.index(s["node"]), node.index(s["peer"])
         assert (parent[src] == dst) if s["phase"] == "reduce" else (parent[dst] == src)
         assert rv["node"] == s["peer"] and rv["peer"] == s["node"] and rv["bytes"] == s["bytes"]
@@ -398,17 +399,18 @@ def test_reader_tree_events(built, tmp_path, ranks, channels, nbytes, proto):
     # the collectives: one per (channel, chunk), participants in tree order of the channel's tree
     colls = {c["tensor"]: c for c in job["collectives"]}
     assert len(colls) == channels * nloops
-    from dpro_kit.graph.topology import btree
+    from dpro_kit.graph.topology import nccl_tree as tree
+    host = {x: x.split("/")[0] for x in node}
     for c in colls.values():
         ch = int(c["tensor"].split(".c")[1].split(".")[0])
-        parent, _ = nccl_tree(ranks, channels, ch)
-        order = [node.index(x) for x in c["participants"]]
-        assert c["algorithm"] == "tree" and order[0] == next(r for r, p in parent.items() if p is None)
-        assert all(parent[order[p]] == order[btree(ranks, p)[0]] for p in range(1, ranks))
+        parent, _ = nccl_tree(ranks, channels, ch, ppn)
+        got, _ = tree(c["participants"], host)        # the DFG's tree of the participants
+        assert c["algorithm"] == "tree"
+        assert {node.index(k): (node.index(v) if v else None) for k, v in got.items()} == parent
 
 
-@pytest.mark.parametrize("ranks,channels", [(2, 2), (4, 2)])
-def test_reader_matches_tree_dfg(built, tmp_path, ranks, channels):
+@pytest.mark.parametrize("ranks,channels,ppn", [(2, 2, 1), (4, 2, 1), (6, 2, 2), (4, 2, 4)])
+def test_reader_matches_tree_dfg(built, tmp_path, ranks, channels, ppn):
     """The folder loads as a trace whose tree collectives the builder expands into exactly the reader's
     transactions (every SEND's duration from the trace); it replays, and the graph's tensors are
     recognised as tree all-reduces."""
@@ -417,7 +419,8 @@ def test_reader_matches_tree_dfg(built, tmp_path, ranks, channels):
     from dpro_kit.replay import replay
     from dpro_kit.trace import load_trace
 
-    out = run_ring(built, tmp_path / "t", ranks=ranks, channels=channels, nbytes=2_000_000, iters=2, algo="tree")
+    out = run_ring(built, tmp_path / "t", ranks=ranks, channels=channels, nbytes=2_000_000, iters=2, algo="tree",
+                   ppn=ppn)
     ts = load_trace(out)
     assert ts.manifest.world_size == ranks and ts.manifest.iterations == [0, 1]
     assert ts.manifest.extra["tree_order"] is True

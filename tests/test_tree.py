@@ -13,16 +13,17 @@ import pytest
 
 from dpro_kit.graph import build, build_global_dfg
 from dpro_kit.graph.schemes import SCHEMES, TensorGroup, is_allreduce
-from dpro_kit.graph.topology import btree, double_tree_orders, tree_order, txn_id
+from dpro_kit.graph.topology import btree, double_tree_orders, nccl_tree, tree_order, txn_id
 from dpro_kit.job import Job, identity
 from dpro_kit.replay import replay
 
 from test_ring_ps import MODEL, approx, make_job, ops_of
 
 
-def tree_job(order: list[str], nbytes: int = 60):
-    """``order``: participants in tree order (``order[p]`` at btree position p); worker wR on host hR."""
-    ts = make_job({f"w{r}": f"h{r}" for r in range(len(order))}, nbytes=nbytes)
+def tree_job(order: list[str], nbytes: int = 60, hosts: dict[str, str] | None = None):
+    """``order``: participants in tree order (``order[p]`` at btree position p); worker wR on host hR
+    unless ``hosts`` says otherwise."""
+    ts = make_job(hosts or {f"w{r}": f"h{r}" for r in range(len(order))}, nbytes=nbytes)
     colls = [dataclasses.replace(c, op="allreduce_tree", algorithm="tree", participants=list(order))
              for c in ts.collectives]
     return dataclasses.replace(ts, collectives=colls)
@@ -118,3 +119,43 @@ def test_tree_scheme_is_recognised_and_rebuilt_from_a_graph():
     colls = SCHEMES["tree"].collectives(SCHEMES["tree"], TensorGroup(name="T", bytes=10, k=2, participants=t1))
     assert [(c.tensor, c.algorithm, c.op, c.bytes, c.participants) for c in colls] == [
         ("T#p0", "tree", "allreduce_tree", 5, t1), ("T#p1", "tree", "allreduce_tree", 5, t1)]
+
+
+def test_nccl_tree_chains_the_ranks_of_a_node():
+    """Several ranks per host: the hosts form the binary tree, each host's ranks a chain below its first
+    rank (NCCL's TREE pattern); tree 1 moves whole hosts, keeping each chain."""
+    host = {"a0": "A", "a1": "A", "b0": "B", "b1": "B", "c0": "C", "c1": "C"}
+    parent, kids = nccl_tree(["a0", "a1", "b0", "b1"], host)
+    assert parent == {"a0": None, "a1": "a0", "b0": "a0", "b1": "b0"}
+    assert kids == {"a0": ["a1", "b0"], "a1": [], "b0": ["b1"], "b1": []}
+    # 3 hosts (odd): tree 0 = A -> C -> B (btree(3): 0 -> 2 -> 1), tree 1 shifted: B -> A -> C
+    t0, t1 = double_tree_orders(["a0", "a1", "b0", "b1", "c0", "c1"], host)
+    assert t0 == ["a0", "a1", "b0", "b1", "c0", "c1"] and t1 == ["b0", "b1", "c0", "c1", "a0", "a1"]
+    p1, _ = nccl_tree(t1, host)
+    assert p1 == {"b0": None, "b1": "b0", "a0": "b0", "a1": "a0", "c0": "a0", "c1": "c0"}
+    assert nccl_tree(tree_order(p1, host), host)[0] == p1
+    # a chain entered below its head, or two heads on one host: not NCCL's tree
+    assert tree_order({"a0": None, "a1": "a0", "b0": "a1", "b1": "b0"}, host) is None
+    assert tree_order({"a0": None, "a1": "a0", "b0": "a0", "b1": "a0"}, host) is None
+    # one host: one chain
+    one = {r: "A" for r in "wxyz"}
+    assert nccl_tree(list("wxyz"), one)[0] == {"w": None, "x": "w", "y": "x", "z": "y"}
+
+
+def test_tree_two_hosts_of_two_ranks_iteration_time():
+    # w0, w1 on host A; w2, w3 on B: w0 -> {w1, w2}, w2 -> w3; T = 63 us, every edge its own link
+    # (w1->w0, w3->w2 private; w2->w0 on B->A): w1->w0, w3->w2 [30, 93]; w2->w0 [93, 156];
+    # w0->w1, w0->w2 [156, 219]; w2->w3 [219, 282]; UPDATE of w3 [282, 286]
+    hosts = {"w0": "A", "w1": "A", "w2": "B", "w3": "B"}
+    g = build_global_dfg(tree_job(["w0", "w1", "w2", "w3"], hosts=hosts), comm_model=MODEL)
+    sends = {(g.nodes[k]["phase"], g.nodes[k]["node"], g.nodes[k]["peer"]): g.nodes[k] for k in ops_of(g, "SEND")}
+    assert set(sends) == {("reduce", "w1", "w0"), ("reduce", "w2", "w0"), ("reduce", "w3", "w2"),
+                          ("broadcast", "w0", "w1"), ("broadcast", "w0", "w2"), ("broadcast", "w2", "w3")}
+    assert sends[("reduce", "w2", "w0")]["device"] == "link:B->A"
+    res = replay(g)
+    assert res.iteration_time_us == approx(286)
+    upd = res.to_frame(g)
+    upd = upd[upd["kind"] == "UPDATE"].set_index("node")
+    assert upd.loc["w1", "start"] == approx(219) and upd.loc["w3", "start"] == approx(282)
+    job = Job.from_graph(g, comm_model=MODEL)
+    assert job.tensors["grad"].algorithm == "tree" and job.tensors["grad"].participants == ["w0", "w1", "w2", "w3"]

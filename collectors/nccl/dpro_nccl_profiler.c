@@ -325,7 +325,9 @@ static void write_event(FILE *f, const struct event *e) {
 
 static int write_file(struct ctx *c) {
   char host[256] = "";
-  gethostname(host, sizeof(host) - 1);
+  const char *dh = getenv("DPRO_HOST");           /* dpro profile --host (the other collectors' too) */
+  if (dh != NULL && *dh) snprintf(host, sizeof(host), "%s", dh);
+  else gethostname(host, sizeof(host) - 1);
   char path[4200], tmp[4300];
   snprintf(path, sizeof(path), "%s/nccl-%016" PRIx64 "-r%d.%d.jsonl", c->dir, c->comm_id, c->rank, (int)getpid());
   snprintf(tmp, sizeof(tmp), "%s.tmp", path);

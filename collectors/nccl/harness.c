@@ -1,11 +1,11 @@
 /* Drives an NCCL profiler plugin the way NCCL does, without a GPU (docs/nccl.md).
  *
  *   nccl_harness ring  PLUGIN.so NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK
- *   nccl_harness tree  PLUGIN.so NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK
+ *   nccl_harness tree  PLUGIN.so NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK [RANKS_PER_NODE]
  *   nccl_harness run --algo ring|tree PLUGIN.so NRANKS ...   (the same two)
  *   nccl_harness bench PLUGIN.so API NSTEPS
  *
- * ring: NRANKS processes (fork), each a rank with a main thread and a proxy progress thread, run
+ * ring: NRANKS processes (fork; each rank's DPRO_HOST is node<r>), each a rank with a main thread and a proxy progress thread, run
  * ITERS ring all-reduces of BYTES over NCHANNELS channels.  The proxy thread is a reduced copy of
  * the control flow of NCCL's network transport (src/transport/net.cc sendProxyProgress /
  * recvProxyProgress): per channel a send sub (peer = ring next) and a recv sub (peer = ring prev),
@@ -21,9 +21,12 @@
  * (NCCL stops it at enqueue), proxy ops start when appended on the proxy thread.
  * Then the parent checks every rank's file (event counts, no drops).  Exit 0 = all good.
  *
- * tree: the same ranks and proxy thread for NCCL's tree all-reduce (ncclPatternTreeUpDown), one
- * rank per node: channel c uses tree 0 of NCCL's double binary tree when 2c < NCHANNELS, else tree 1
- * (mirrored for even NRANKS, shifted by one for odd), positions as ncclGetBtree.  Per channel the
+ * tree: the same ranks and proxy thread for NCCL's tree all-reduce (ncclPatternTreeUpDown) on
+ * NRANKS/RANKS_PER_NODE emulated nodes (default 1 rank per node; each rank's DPRO_HOST is
+ * node<r/RANKS_PER_NODE>): channel c uses tree 0 of NCCL's double binary tree over the nodes when
+ * 2c < NCHANNELS, else tree 1 (mirrored for an even number of nodes, shifted by one for odd),
+ * positions as ncclGetBtree; the ranks of a node form a chain below its first rank, which carries
+ * the links between nodes (pattern TREE).  Per channel the
  * proxy ops are appended in ncclProxySaveOp's order: recv from each child, send to the parent,
  * send to each child, recv from the parent; each has one network step per chunk (Simple, LL and
  * LL128 alike: NCCL's tree uses chunkSteps = sliceSteps = 1), a channel's share of the message
@@ -289,17 +292,23 @@ static void btree(int n, int p, int *up, int kids[2], int *nkids) {
   }
 }
 
-/* Tree t (0 or 1) of the double binary tree: rank <-> position. */
-static int tree_pos(int n, int t, int rank) { return t == 0 ? rank : n % 2 == 0 ? n - 1 - rank : (rank - 1 + n) % n; }
-static int tree_rank(int n, int t, int pos) { return t == 0 ? pos : n % 2 == 0 ? n - 1 - pos : (pos + 1) % n; }
+/* Tree t (0 or 1) of the double binary tree over n nodes: node <-> position. */
+static int tree_pos(int n, int t, int node) { return t == 0 ? node : n % 2 == 0 ? n - 1 - node : (node - 1 + n) % n; }
+static int tree_node(int n, int t, int pos) { return t == 0 ? pos : n % 2 == 0 ? n - 1 - pos : (pos + 1) % n; }
 static int tree_of_channel(int nch, int c) { return 2 * c < nch ? 0 : 1; }
+static int g_ppn = 1;   /* ranks per node: rank r on node r / g_ppn */
 
-/* Parent rank (-1 root) and child ranks of `rank` on channel c. */
-static void tree_links(int n, int nch, int c, int rank, int *up, int kids[2], int *nkids) {
-  int t = tree_of_channel(nch, c), u;
-  btree(n, tree_pos(n, t, rank), &u, kids, nkids);
-  *up = u < 0 ? -1 : tree_rank(n, t, u);
-  for (int i = 0; i < *nkids; i++) kids[i] = tree_rank(n, t, kids[i]);
+/* Parent rank (-1 root) and child ranks (NCCL's down[] order) of `rank` on channel c: the nodes
+ * (n / g_ppn of them) in the channel's binary tree, the ranks of a node a chain r0 -> r1 -> ...
+ * whose head r0 carries the links between nodes (pattern TREE: ncclTopoPreset, connectTrees). */
+static void tree_links(int n, int nch, int c, int rank, int *up, int kids[3], int *nkids) {
+  int t = tree_of_channel(nch, c), nn = n / g_ppn, node = rank / g_ppn, j = rank % g_ppn, u, nk = 0, down[2];
+  *nkids = 0;
+  if (j + 1 < g_ppn) kids[(*nkids)++] = rank + 1;
+  if (j > 0) { *up = rank - 1; return; }
+  btree(nn, tree_pos(nn, t, node), &u, down, &nk);
+  *up = u < 0 ? -1 : tree_node(nn, t, u) * g_ppn;
+  for (int i = 0; i < nk; i++) kids[(*nkids)++] = tree_node(nn, t, down[i]) * g_ppn;
 }
 
 /* Bytes of chunk (network step) p of channel ch: the channel's contiguous share (ceil(BYTES /
@@ -519,7 +528,10 @@ static int run_rank(const char *plugin, int api, int rank, const struct layout *
                     int tree) {
   struct plugin pl;
   plugin_open(&pl, plugin, api);
-  if (plugin_init(&pl, "dpro-harness", L->n, L->n, rank) != DPRO_NCCL_OK) die("rank %d: plugin init failed", rank);
+  char host[32];                                    /* one emulated node per RANKS_PER_NODE ranks */
+  snprintf(host, sizeof(host), "node%d", rank / g_ppn);
+  setenv("DPRO_HOST", host, 1);
+  if (plugin_init(&pl, "dpro-harness", L->n / g_ppn, L->n, rank) != DPRO_NCCL_OK) die("rank %d: plugin init failed", rank);
   int need = DPRO_EV_COLL | DPRO_EV_PROXY_OP | DPRO_EV_PROXY_STEP;
   if ((pl.mask & need) != need) die("rank %d: activation mask 0x%x lacks coll/proxy op/proxy step", rank, pl.mask);
   static struct rank_state R;
@@ -541,7 +553,7 @@ static int run_rank(const char *plugin, int api, int rank, const struct layout *
   for (int c = 0; tree && c < L->nch; c++) {
     /* ncclProxySaveOp, ncclPatternTreeUpDown: recv from each child, send to the parent, send to each
      * child, recv from the parent; one network step per chunk */
-    int up, kids[2], nk, k = 0;
+    int up, kids[3], nk, k = 0;
     tree_links(n, L->nch, c, rank, &up, kids, &nk);
     R.tparent[c] = up;
     R.tnkids[c] = nk;
@@ -621,7 +633,7 @@ static int check_output(const char *dir, const struct layout *L, int iters, int 
     if (tree) {                                     /* per channel: 2 ops per child, 2 to the parent */
       want_ops = 0;
       for (int c = 0; c < L->nch && rank >= 0 && rank < L->n; c++) {
-        int up, kids[2], nk;
+        int up, kids[3], nk;
         tree_links(L->n, L->nch, c, (int)rank, &up, kids, &nk);
         want_ops += (long)iters * (2 * nk + 2 * (up >= 0));
       }
@@ -640,8 +652,10 @@ static int check_output(const char *dir, const struct layout *L, int iters, int 
 
 /* argv[1] = "ring" or "tree" (argv shifted past "run --algo ALGO" by main) */
 static int cmd_allreduce(int argc, char **argv) {
-  if (argc != 10) die("usage: %s PLUGIN NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK", argv[1]);
   int tree = strcmp(argv[1], "tree") == 0;
+  if (argc != 10 && !(tree && argc == 11))
+    die("usage: %s PLUGIN NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK%s", argv[1], tree ? " [RANKS_PER_NODE]" : "");
+  g_ppn = argc == 11 ? atoi(argv[10]) : 1;
   const char *plugin = argv[2];
   int n = atoi(argv[3]), nch = atoi(argv[4]);
   long long bytes_ll = atoll(argv[5]), chunk_ll = atoll(argv[9]);
@@ -651,6 +665,7 @@ static int cmd_allreduce(int argc, char **argv) {
   if (dir == NULL || !*dir) die("set DPRO_NCCL_TRACE to the output directory");
   if (n < 2 || n > 64 || nch < 1 || nch > 64 || bytes_ll < 1 || iters < 1 || chunk_ll < 64 || api < 4 || api > 6)
     die("bad arguments (2<=NRANKS<=64, 1<=NCHANNELS<=64, BYTES>=1, ITERS>=1, CHUNK>=64, API 4..6)");
+  if (g_ppn < 1 || n % g_ppn != 0) die("bad RANKS_PER_NODE %d: it must divide NRANKS %d", g_ppn, n);
   int spc = strcmp(proto, "Simple") == 0 ? 2 : 1;  /* ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS */
   struct layout L;
   if (tree) spc = 1;                               /* tree: chunkSteps = sliceSteps = 1 (enqueue.cc) */
@@ -689,7 +704,7 @@ static int cmd_allreduce(int argc, char **argv) {
   }
   if (failed) return 1;
   if (check_output(dir, &L, iters, tree)) return 1;
-  printf("ok algo=%s ranks=%d channels=%d bytes=%lld chunk=%lld loops=%d steps_per_op=%d iters=%d api=%d proto=%s\n", argv[1], n, nch,
+  printf("ok algo=%s ranks=%d ranks_per_node=%d channels=%d bytes=%lld chunk=%lld loops=%d steps_per_op=%d iters=%d api=%d proto=%s\n", argv[1], n, g_ppn, nch,
          bytes_ll, chunk_ll, L.nloops, L.nloops * L.steps_per_loop, iters, api, proto);
   return 0;
 }
@@ -751,7 +766,7 @@ int main(int argc, char **argv) {
     return cmd_allreduce(argc - 2, argv + 2);
   if (argc >= 2 && (strcmp(argv[1], "ring") == 0 || strcmp(argv[1], "tree") == 0)) return cmd_allreduce(argc, argv);
   if (argc >= 2 && strcmp(argv[1], "bench") == 0) return cmd_bench(argc, argv);
-  die("usage: nccl_harness ring|tree PLUGIN NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK | "
+  die("usage: nccl_harness ring|tree PLUGIN NRANKS NCHANNELS BYTES ITERS API PROTO CHUNK [RANKS_PER_NODE (tree)] | "
       "run --algo ring|tree PLUGIN ... | bench PLUGIN API NSTEPS");
   return 2;
 }

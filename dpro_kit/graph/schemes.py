@@ -206,7 +206,7 @@ def _tree_recognise(g: nx.DiGraph, in_ops: dict[str, str]) -> tuple[list[str], l
                     parent[n] = d["peer"]
     if not tree_ops:
         return None
-    order = tree_order(parent)
+    order = tree_order(parent, (g.graph.get("meta") or {}).get("hosts"))
     return (order, []) if order is not None else None
 
 

@@ -209,28 +209,102 @@ def btree(n: int, p: int) -> tuple[int, list[int]]:
     return up, kids
 
 
-def double_tree_orders(ranks: list[str]) -> tuple[list[str], list[str]]:
-    """The two tree orders of NCCL's double binary tree over ``ranks`` (one rank per node).
+def _groups(ranks: list[str], host_of: dict[str, str] | None) -> list[list[str]]:
+    """``ranks`` grouped by host in order of first appearance (one group per rank without hosts)."""
+    if not host_of:
+        return [[r] for r in ranks]
+    groups: dict[str, list[str]] = {}
+    for r in ranks:
+        groups.setdefault(host_of.get(r, r), []).append(r)
+    return list(groups.values())
 
-    Tree 0 puts ``ranks[i]`` at position ``i``; tree 1 mirrors it (``ranks[i]`` at position
-    ``n-1-i``) when ``n`` is even, and shifts it by one (``ranks[i]`` at position ``i-1 mod n``)
-    when ``n`` is odd, so that no rank is an inner node of both trees (``ncclGetDtree``).
-    Returned as participant lists in tree order (``order[p]`` holds position ``p``): the
-    ``participants`` of a :func:`tree_allreduce` collective on the tree's channels.
+
+def nccl_tree(participants: list[str], host_of: dict[str, str] | None = None
+              ) -> tuple[dict[str, str | None], dict[str, list[str]]]:
+    """Parent (None: root) and children of every participant in NCCL's tree, in tree order.
+
+    The participants are grouped by host (order of first appearance; without ``host_of``, or with
+    one rank per host, every rank is its own group).  Group ``q`` sits at position ``q`` of
+    :func:`btree` over the groups; within a group the ranks form a chain in participant order,
+    ``g[0] -> g[1] -> ...``, and the group's first rank (its head) carries the links between
+    nodes: its parent is the head of the parent group, its children the chain's next rank
+    followed by the heads of the child groups.  That is NCCL's tree with the ``TREE`` pattern (all
+    network traffic of a node through one GPU; ``ncclTopoPreset``, ``connectTrees``).
     """
-    n = len(ranks)
-    t1 = list(reversed(ranks)) if n % 2 == 0 else ranks[1:] + ranks[:1]
-    return list(ranks), t1
+    groups = _groups(participants, host_of)
+    parent: dict[str, str | None] = {}
+    kids: dict[str, list[str]] = {}
+    for q, g in enumerate(groups):
+        up, down = btree(len(groups), q)
+        for j, r in enumerate(g):
+            parent[r] = (groups[up][0] if up >= 0 else None) if j == 0 else g[j - 1]
+            kids[r] = g[j + 1:j + 2]
+        kids[g[0]] = kids[g[0]] + [groups[d][0] for d in down]
+    return parent, kids
 
 
-def tree_order(parent: dict[str, str | None]) -> list[str] | None:
-    """Participants in tree order whose :func:`btree` is the tree ``parent`` describes, or None.
+def double_tree_orders(ranks: list[str], host_of: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """The two tree orders of NCCL's double binary tree over ``ranks``.
 
-    ``parent[node]`` is the node's parent (None for the root).  Any labelling of NCCL's binary
-    tree of ``len(parent)`` positions that gives the same parent of every node will do (subtrees
-    of the same shape are interchangeable); None when the tree has another shape (e.g. NCCL's
-    chain of the ranks within one node).
+    The ranks are grouped by host (:func:`nccl_tree`; one group per rank without ``host_of``).
+    Tree 0 puts group ``i`` at position ``i``; tree 1 mirrors it (group ``i`` at position
+    ``n-1-i``) when the number of groups ``n`` is even, and shifts it by one (group ``i`` at
+    position ``i-1 mod n``) when ``n`` is odd, so that no node is an inner node of both trees
+    (``ncclGetDtree``); the chain within a node is the same in both.  Returned as participant
+    lists in tree order: the ``participants`` of a :func:`tree_allreduce` collective on the tree's
+    channels.
     """
+    groups = _groups(list(ranks), host_of)
+    n = len(groups)
+    t1 = list(reversed(groups)) if n % 2 == 0 else groups[1:] + groups[:1]
+    return [r for g in groups for r in g], [r for g in t1 for r in g]
+
+
+def tree_order(parent: dict[str, str | None], host_of: dict[str, str] | None = None) -> list[str] | None:
+    """Participants in tree order whose :func:`nccl_tree` is the tree ``parent`` describes, or None.
+
+    ``parent[node]`` is the node's parent (None for the root); ``host_of`` the node's host (NCCL's
+    node).  Any labelling that gives every node the same parent will do (subtrees of the same
+    shape are interchangeable).  None when the tree has another shape: a host whose ranks are not
+    one chain entered at its head, links between hosts not between heads, or a tree of hosts that
+    is not NCCL's binary tree.
+    """
+    if host_of and len({host_of.get(k, k) for k in parent}) < len(parent):
+        return _tree_order_by_host(parent, {k: host_of.get(k, k) for k in parent})
+    return _btree_labelling(parent)
+
+
+def _tree_order_by_host(parent: dict[str, str | None], host: dict[str, str]) -> list[str] | None:
+    members: dict[str, list[str]] = {}
+    for k in parent:
+        members.setdefault(host[k], []).append(k)
+    chains: dict[str, list[str]] = {}
+    hparent: dict[str, str | None] = {}
+    for h, ms in members.items():
+        heads = [k for k in ms if parent[k] is None or host.get(parent[k]) != h]
+        if len(heads) != 1:
+            return None
+        chain = [heads[0]]
+        while True:
+            nxt = [k for k in ms if parent[k] == chain[-1]]
+            if len(nxt) > 1 or len(chain) > len(ms):
+                return None
+            if not nxt:
+                break
+            chain.append(nxt[0])
+        if len(chain) != len(ms):
+            return None
+        chains[h] = chain
+        up = parent[heads[0]]
+        hparent[h] = None if up is None else host[up]
+    horder = _btree_labelling(hparent)
+    if horder is None:
+        return None
+    order = [k for h in horder for k in chains[h]]
+    return order if nccl_tree(order, host)[0] == parent else None
+
+
+def _btree_labelling(parent: dict[str, str | None]) -> list[str] | None:
     n = len(parent)
     roots = [k for k, v in parent.items() if v is None]
     if n == 0 or len(roots) != 1 or any(v is not None and v not in parent for v in parent.values()):
@@ -276,8 +350,9 @@ def tree_order(parent: dict[str, str | None]) -> list[str] | None:
 def tree_allreduce(ctx: CommContext, coll: Collective) -> None:
     """One chunk of NCCL's tree AllReduce: reduced up a binary tree, then broadcast down it.
 
-    ``coll.participants`` are in tree order: ``participants[p]`` sits at position ``p`` of
-    :func:`btree` (root ``participants[0]``).  Reduce phase: every non-root rank sends the whole
+    ``coll.participants`` are in tree order: with one rank per host ``participants[p]`` sits at
+    position ``p`` of :func:`btree` (root ``participants[0]``); with several, the hosts do, each
+    host's ranks a chain below its first one (:func:`nccl_tree`).  Reduce phase: every non-root rank sends the whole
     chunk (``coll.bytes``) to its parent once its own input is in (In) and it has received the
     chunk from each of its children (phase ``reduce``, step 0).  Broadcast phase: the root, once
     it has all its children's chunks, sends the result to each child; every other rank forwards
@@ -307,40 +382,40 @@ def tree_allreduce(ctx: CommContext, coll: Collective) -> None:
            ``src/device/all_reduce.h`` (``runTreeSplit``), ``src/proxy.cc`` (``ncclProxySaveOp``).
     """
     ranks = coll.participants
-    n = len(ranks)
     io = {r: ctx.in_out(coll, r) for r in ranks}
-    if n == 1:
+    if len(ranks) == 1:
         ctx.graph.add_edge(*io[ranks[0]])
         return
     g = ctx.graph
-    shape = [btree(n, p) for p in range(n)]
-    up_recv: dict[int, list[str]] = {p: [] for p in range(n)}
-    up_send: dict[int, str] = {}
-    for p in range(1, n):
-        q = shape[p][0]
-        ks, kr = ctx.transfer(coll, phase="reduce", step=0, chunk=0, src=ranks[p], dst=ranks[q], nbytes=coll.bytes)
-        g.add_edge(io[ranks[p]][0], ks)
-        g.add_edge(ks, io[ranks[p]][1])
-        up_send[p] = ks
+    parent, kids = nccl_tree(list(ranks), ctx.links.host)
+    root = next(r for r in ranks if parent[r] is None)
+    up_recv: dict[str, list[str]] = {r: [] for r in ranks}
+    up_send: dict[str, str] = {}
+    for r in ranks:
+        q = parent[r]
+        if q is None:
+            continue
+        ks, kr = ctx.transfer(coll, phase="reduce", step=0, chunk=0, src=r, dst=q, nbytes=coll.bytes)
+        g.add_edge(io[r][0], ks)
+        g.add_edge(ks, io[r][1])
+        up_send[r] = ks
         up_recv[q].append(kr)
-    for p in range(1, n):
-        for kr in up_recv[p]:
-            g.add_edge(kr, up_send[p])
-    down_recv: dict[int, str] = {}
-    # parents before children: positions in breadth-first order from the root
-    todo = [0]
+    for r, ks in up_send.items():
+        for kr in up_recv[r]:
+            g.add_edge(kr, ks)
+    down_recv: dict[str, str] = {}
+    todo = [root]                     # parents before children: breadth-first from the root
     while todo:
         p = todo.pop(0)
-        for c in shape[p][1]:
-            ks, kr = ctx.transfer(coll, phase="broadcast", step=1, chunk=0, src=ranks[p], dst=ranks[c],
-                                  nbytes=coll.bytes)
-            if p == 0:
-                g.add_edge(io[ranks[0]][0], ks)
-                g.add_edges_from((k, ks) for k in up_recv[0])
+        for c in kids[p]:
+            ks, kr = ctx.transfer(coll, phase="broadcast", step=1, chunk=0, src=p, dst=c, nbytes=coll.bytes)
+            if p == root:
+                g.add_edge(io[root][0], ks)
+                g.add_edges_from((k, ks) for k in up_recv[root])
             else:
                 g.add_edge(down_recv[p], ks)
-            g.add_edge(ks, io[ranks[p]][1])
-            g.add_edge(kr, io[ranks[c]][1])
+            g.add_edge(ks, io[p][1])
+            g.add_edge(kr, io[c][1])
             down_recv[c] = kr
             todo.append(c)
 
@@ -494,5 +569,5 @@ def ps_step_push_pull(ctx: CommContext, coll: Collective) -> None:
             g.add_edge(kr, kout)
 
 
-__all__ = ["CommContext", "Links", "btree", "double_tree_orders", "ps_async_push_pull", "ps_push_pull",
+__all__ = ["CommContext", "Links", "btree", "double_tree_orders", "nccl_tree", "ps_async_push_pull", "ps_push_pull",
            "ps_step_push_pull", "ring_allreduce", "split_bytes", "tree_allreduce", "tree_order", "txn_id"]

@@ -471,8 +471,9 @@ def _tree_rows(func: str, seq: int, n: int, per: dict, key: tuple, by_rank: dict
                                     f"({len(steps)} recorded), rank {root}'s {nsteps}; every op of a tree channel "
                                     f"moves the same chunks", path=by_rank[r]["path"], record=f"line {op['line']}",
                                     hint="re-collect; if NCCL changed its tree chunking, this reader needs updating")
-        order = tree_order({node[r]: (node[p] if p is not None else None) for r, p in parent.items()})
-        if order is None:       # e.g. NCCL's chain within a node: not the DFG's binary tree
+        order = tree_order({node[r]: (node[p] if p is not None else None) for r, p in parent.items()},
+                           {node[r]: by_rank[r]["host"] for r in range(n)})
+        if order is None:       # not NCCL's tree over these hosts (e.g. another intra-node pattern)
             shaped = False
             order = [node[root]] + [node[r] for r in range(n) if r != root]
         edges = [(c, parent[c]) for c in range(n) if parent[c] is not None]
@@ -595,9 +596,10 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
         warnings.append("an NCCL channel's ring is not the rank order: its transfers keep their own ids and the "
                         "ring DFG (rank order) models them with the cost model")
     if not job["tree_order"]:
-        warnings.append("an NCCL channel's tree is not the binary tree of NCCL's double binary tree (e.g. a chain "
-                        "of the ranks within a node): the tree DFG models it as one, its transfers that differ "
-                        "get the cost model")
+        warnings.append("an NCCL channel's tree is not NCCL's double binary tree over the hosts with a chain of "
+                        "each host's ranks below its head (e.g. the SPLIT_TREE pattern, or host names that are "
+                        "not NCCL's nodes): the tree DFG models that tree, the transfers that differ get the "
+                        "cost model")
     if job["skipped"]:
         warnings.append(f"collectives other than ring and tree all-reduces are not modelled: {job['skipped']}")
     path = str(Path(node_dir) / (manifest.nodes[node].file or ""))
