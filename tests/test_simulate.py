@@ -291,6 +291,12 @@ def test_tensor_parallel_megatron_pair():
     assert p.per_rank[0]["memory"]["params"] == 160
     # activations: fc1 .. fc2 inputs halved (800k + 1.6M + 1.6M) / 2, layer_norm's input whole
     assert p.per_rank[0]["memory"]["activations"] == 2_000_000 + 800_000
+    # recomputation re-runs the forward with its all-reduce before the backward:
+    # 17000 + 1100 + 6400 + 300 = 24800 us, three all-reduces (forward, recompute, backward)
+    r = run(tp_model(), {"ranks": 2, "hosts": 1, "intra_host_bandwidth_mbps": 1000, "latency_us": 0,
+                         "strategy": {"tensor_parallel": {"degree": 2}, "recompute": True}})
+    assert [c["tag"].split(" mb")[0] for c in r.compiled.collectives] == ["tp fwd", "tp recompute", "tp bwd"]
+    assert r.iteration_ms == pytest.approx(24.8, abs=1e-9)
     # tensor_parallel degree 1 on the subtree: nothing split, no collective
     q = run(tp_model(), {"ranks": 2, "hosts": 1, "strategy": {"tensor_parallel": {"degree": 2}, "children": [
         {"module": "mlp", "tensor_parallel": {"degree": 1}}]}})
@@ -471,9 +477,13 @@ def test_cli_compare_json_and_text(profile, tmp_path):
     assert by["pp"]["collectives"]["send_recv"]["count"] == 2 * 4
     assert set(by["tp"]["collectives"]) == {"allreduce", "all_gather", "reduce_scatter"}
     t = dpro("simulate", profile, "-s", tmp_path / "ddp.yaml", "--compare", tmp_path / "pp.json",
-             "--memory-limit", "1KiB", "--bandwidth-mbps", "200")
+             "--memory-limit", "1KiB", "--bandwidth-mbps", "200", "--timeline", tmp_path / "tl.json")
     assert t.returncode == 0, t.stderr
     assert "ranking (fits in memory first" in t.stdout and "OOM" in t.stdout and "200 Mbit/s" in t.stdout
+    tl = json.loads((tmp_path / "tl.json").read_text())      # the --strategy's replay, for Perfetto
+    ev = tl["traceEvents"] if isinstance(tl, dict) else tl
+    names = {e.get("name", "") for e in ev if e.get("ph") == "X"}
+    assert any(n.startswith("F mb0 head") for n in names) and any(n.startswith("SEND") for n in names)
 
 
 def test_cli_errors(profile, tmp_path):

@@ -14,6 +14,7 @@ Examples:
   dpro simulate one --strategy fsdp.yaml                  time, breakdown, memory per rank
   dpro simulate one --strategy ddp.yaml --compare fsdp.yaml --compare pp.yaml --memory-limit 8GiB
   dpro simulate one --strategy pp.yaml --bandwidth-mbps 200 --json
+  dpro simulate one --strategy pp.yaml --timeline pp.json   the replayed schedule, for ui.perfetto.dev
 
 \b
 A strategy file (YAML or JSON; docs/simulate.md):
@@ -59,10 +60,13 @@ With --compare, the strategies ranked: those that fit first, fastest first.
 @click.option("--overlap-factor", type=click.FloatRange(0.0), default=0.0, show_default=True,
               help="Proteus' gamma: computation runs (1+gamma) x slower while a transfer of its host is in flight "
                    "(shared device model only).")
+@click.option("--timeline", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the --strategy's replayed iteration (every rank's ops, transfers, memory counters) as "
+                   "Chrome/Perfetto trace JSON (open in https://ui.perfetto.dev).")
 @output_options("Print one JSON object: the model, every strategy's prediction, the ranking.")
 def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], memory_limit: str | None,
-             bandwidth_mbps: float | None, device_model: str, overlap_factor: float, as_json: bool,
-             quiet: bool) -> None:
+             bandwidth_mbps: float | None, device_model: str, overlap_factor: float, timeline: Path | None,
+             as_json: bool, quiet: bool) -> None:
     """Predict how a training job would run under other parallelization strategies.
 
     PROFILE is a `dpro profile --shapes` trace of the training script run with one
@@ -93,6 +97,11 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], memo
     preds = [predict(model, s, bandwidth_mbps=bandwidth_mbps, default_bandwidth_Bps=default_bw, memory_limit=limit,
                      device_model=dm, overlap_factor=overlap_factor) for s in strategies]
     ranked = rank_strategies(preds)
+    if timeline is not None:
+        from ..timeline import replay_to_chrome, write_chrome
+        p0 = preds[0]
+        write_chrome(replay_to_chrome(p0.result, p0.compiled.graph, label=f"dpro simulate {p0.strategy.name}",
+                                      memory=p0.memory), timeline)
     if as_json:
         main = preds[0].to_json()
         echo_json({"profile": str(profile),

@@ -25,8 +25,9 @@ Rules (derived in docs/simulate.md):
   the features: time ``/k``, activation bytes ``/k``, the weights ``/k``.  The row Linear's output is all-reduced over the TP group in the forward
   (``out_bytes / m``), the column Linear's input gradient in the backward
   (``in_bytes / m``).  An unpaired Linear stays replicated.
-* **Recomputation**: the layer's forward is re-run (one op, forward time) right before its
-  backward, per micro-batch; only the layer's input stays alive between forward and backward.
+* **Recomputation**: the layer's forward is re-run (its segments, with their tensor-parallel
+  all-reduces) right before its backward, per micro-batch; only the layer's input stays
+  alive between forward and backward.
 * **Backward** time of a segment = the layer's backward x the segment's share of the
   layer's (scaled) forward time.
 * **Data parallel** (over ranks of equal stage and TP index):
@@ -522,12 +523,12 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                     else:
                         for li in range(L - 1, -1, -1):
                             pl = plans[li]
-                            if pl.settings.recompute:
-                                key = b.compute(node, f"R mb{j} {pl.layer.name}",
-                                                sum(sg.fwd_us for sg in pl.segments) / div, kind=OpKind.FW.value,
-                                                tensor=pl.layer.name)
-                                b.g.add_edge(last, key)
-                                last = key
+                            if pl.settings.recompute:   # the forward again, segment by segment
+                                for k, seg in enumerate(pl.segments):
+                                    key = b.compute(node, f"R mb{j} {pl.layer.name} seg{k}", seg.fwd_us / div,
+                                                    kind=OpKind.FW.value, tensor=pl.layer.name)
+                                    b.g.add_edge(last, key)
+                                    last = key
                             for k in range(len(pl.segments) - 1, -1, -1):
                                 key = b.compute(node, f"B mb{j} {pl.layer.name} seg{k}", pl.segments[k].bwd_us / div,
                                                 kind=OpKind.BW.value, tensor=pl.layer.name)
@@ -559,6 +560,14 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                                     b.g.add_edge(outs[nd], K(nd, f"F mb{j} {plans[nxt[0]].layer.name} seg{nxt[1]}"))
                                 else:
                                     fwd_tail[(nd, j)] = outs[nd]
+                            if pl.settings.recompute:   # the recomputed forward all-reduces again (Megatron)
+                                deps = {nd: [K(nd, f"R mb{j} {pl.layer.name} seg{k}")] for nd in tp_group}
+                                outs = b.collective("allreduce", tp_group, seg.fwd_ar_bytes / div, deps,
+                                                    f"tp recompute mb{j} {pl.layer.name}")
+                                nxt_key = (f"R mb{j} {pl.layer.name} seg{k + 1}" if k + 1 < len(pl.segments)
+                                           else f"B mb{j} {pl.layer.name} seg{k}")
+                                for nd in tp_group:
+                                    b.g.add_edge(outs[nd], K(nd, nxt_key))
                         if seg.bwd_ar_bytes:
                             deps = {nd: [K(nd, f"B mb{j} {pl.layer.name} seg{k}")] for nd in tp_group}
                             outs = b.collective("allreduce", tp_group, seg.bwd_ar_bytes / div, deps,
@@ -764,7 +773,7 @@ def annotate_memory(g: nx.DiGraph, plans: list[LayerPlan], stage: int, st: Strat
                         _mem(g, fkey, alloc=seg.act_bytes / div)
                     _mem(g, bkey, free=seg.act_bytes / div)
                 if rec:
-                    _mem(g, op_key(nd, f"R mb{j} {pl.layer.name}"), alloc=pl.act_local / div)
+                    _mem(g, op_key(nd, f"R mb{j} {pl.layer.name} seg0"), alloc=pl.act_local / div)
         if stage == st.stages - 1 and transient_bytes:
             for j in range(m):
                 _mem(g, _first_bwd_key(nd, j, plans), alloc=transient_bytes / div, free=transient_bytes / div)
@@ -788,7 +797,7 @@ def _bwd_entry_key(node: str, j: int, plans: list[LayerPlan], pos: tuple[int, in
     li, k = pos
     pl = plans[li]
     if pl.settings.recompute and k == len(pl.segments) - 1:
-        return op_key(node, f"R mb{j} {pl.layer.name}")
+        return op_key(node, f"R mb{j} {pl.layer.name} seg0")
     return op_key(node, f"B mb{j} {pl.layer.name} seg{k}")
 
 

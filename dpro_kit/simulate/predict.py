@@ -51,6 +51,10 @@ class Prediction:
     compiled: Compiled | None = None
     notes: list[str] = field(default_factory=list)
     overlap_factor: float = 0.0
+    #: the replay (:class:`dpro_kit.replay.ReplayResult`) and its memory timeline
+    #: (:class:`dpro_kit.optimize.memory.ReplayMemory`), for ``--timeline``
+    result: Any = None
+    memory: Any = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (``dpro simulate --json``)."""
@@ -194,7 +198,8 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
         notes.append("replayed with FIFO links (no bandwidth sharing between concurrent transfers)")
     return Prediction(strategy=strategy, iteration_ms=T / 1e3, breakdown_ms=breakdown, per_rank=per_rank,
                       peak_memory_bytes=peak, memory_limit_bytes=limit, oom=oom, links=links, device_model=dm,
-                      collectives=colls, compiled=comp, notes=notes, overlap_factor=float(overlap_factor))
+                      collectives=colls, compiled=comp, notes=notes, overlap_factor=float(overlap_factor),
+                      result=res, memory=mem)
 
 
 def rank_strategies(preds: list[Prediction]) -> list[Prediction]:
