@@ -359,7 +359,8 @@ class Session:
                     dv = d.get("device")
                     if dv and not str(dv).startswith("link:"):
                         kinds.setdefault(dv, set()).add(d.get("kind"))
-                opts["comm_devices"] = sorted(dv for dv, k in kinds.items() if k <= {"COMM", "SEND", "RECV"}
+                from .trace import COMM_KINDS
+                opts["comm_devices"] = sorted(dv for dv, k in kinds.items() if k <= COMM_KINDS
                                               and not dv.endswith(":comm"))
         if schedule != "graph" or device_model != "fifo":
             key = (iterations, schedule, device_model, repr(sorted(opts.items())))

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-COMM_KINDS = ("COMM", "SEND", "RECV")
+from ..trace import COMM_KINDS
 
 
 @dataclass
@@ -91,7 +91,7 @@ def overlapped_fraction(starts: np.ndarray, ends: np.ndarray, cs: np.ndarray, ce
 
 def _is_comm(ev: pd.DataFrame) -> pd.Series:
     stream = ev["stream"].astype(str)
-    return ev["kind"].isin(COMM_KINDS) | (stream.str.startswith("gpu")
+    return ev["kind"].isin(sorted(COMM_KINDS)) | (stream.str.startswith("gpu")
                                            & ev["name"].astype(str).str.contains("nccl", case=False))
 
 
