@@ -63,3 +63,67 @@ def test_not_covered_falls_back():
     cg, how = compile_trace_or_graph(ts)
     assert how == "networkx"
     assert_same_compiled(cg, compile_graph(build_global_dfg(ts)))
+
+
+def test_replicated_tables_job():
+    """bench/scale.py's in-memory generator (template ranks copied with their own jitter): same arrays."""
+    import scale
+    ts, _ = scale.tables_job(20, template_ranks=3, layers=4, buckets=2, steps=2)
+    assert ts.events["node"].nunique() == 20
+    check(ts)
+
+
+def test_group_means_are_pandas_means():
+    """_group_reduce sums as pandas' groupby mean does (compensated, in row order, NaN skipped): equal bits
+    on values of mixed magnitudes, where a plain sum would differ."""
+    import pandas as pd
+    from dpro_kit.graph.arrays import _group_reduce
+    rng = np.random.default_rng(3)
+    n, groups = 200_000, 5_000
+    gid = rng.integers(0, groups, n)
+    dur = rng.lognormal(0.0, 4.0, n) * rng.choice([1e-6, 1.0, 1e6], n)
+    dur[rng.integers(0, n, 500)] = np.nan
+    first, mean = _group_reduce(gid.astype(np.int64), groups, dur)
+    ref = pd.Series(dur).groupby(gid).mean()
+    assert np.array_equal(mean[ref.index.to_numpy()], ref.to_numpy(), equal_nan=True)
+    plain = np.bincount(gid, weights=np.nan_to_num(dur), minlength=groups) / np.bincount(gid[~np.isnan(dur)],
+                                                                                          minlength=groups)
+    assert not np.array_equal(plain, mean)          # the data does exercise the compensation
+    assert np.array_equal(first, pd.Series(np.arange(n)).groupby(gid).first().to_numpy())
+
+
+def test_compile_arrays_is_generation_order_then_locality():
+    """compile_arrays composes its two renumberings; equal to doing them one after the other (the
+    definition: generation order, then renumber(locality_order)) on a random DAG."""
+    from dpro_kit.replay.engine import (CompiledGraph, _earliest_starts, _generations_order, compile_arrays,
+                                        csr_from_edges, locality_order, renumber)
+    rng = np.random.default_rng(7)
+    n = 3000
+    rank = rng.permutation(n)                        # a hidden topological order
+    u, v = rng.integers(0, n, 12_000), rng.integers(0, n, 12_000)
+    keep = rank[u] < rank[v]
+    src, dst = u[keep], v[keep]
+    dur = np.round(rng.exponential(5.0, n), 1)       # ties in earliest starts
+    dev = rng.integers(-1, 9, n)
+    names = [f"d{i}" for i in range(9)]
+    it = np.stack([rng.integers(0, n, 50), rng.integers(0, n, 50)], axis=1)
+    prio = rng.integers(0, 3, n).astype(float)
+    keys = [f"op{i}" for i in range(n)]
+    got = compile_arrays(keys, dur, prio, dev, names, src, dst, it)
+    # the two steps
+    ip0, s0, deg0 = csr_from_edges(n, src, dst)
+    order = _generations_order(ip0, s0, deg0)
+    inv = np.empty(n, dtype=np.int64)
+    inv[order] = np.arange(n)
+    dev_t = dev[order]
+    ids, firstpos = np.unique(dev_t[dev_t >= 0], return_index=True)
+    by_first = ids[np.argsort(firstpos, kind="stable")]
+    remap = np.full(9, -1)
+    remap[by_first] = np.arange(by_first.size)
+    ip, sc, dg = csr_from_edges(n, inv[src], inv[dst])
+    cg1 = CompiledGraph(keys=[keys[i] for i in order], dur=dur[order], device=np.where(dev_t >= 0, remap[dev_t], -1),
+                        devices=[names[i] for i in by_first], priority=prio[order], indptr=ip, succ=sc, indeg=dg,
+                        iter_src=inv[it[:, 0]], iter_dst=inv[it[:, 1]])
+    loc = np.lexsort((np.arange(n), _earliest_starts(cg1.dur, cg1.indptr, cg1.succ)))   # by time, then index
+    assert np.array_equal(loc, locality_order(cg1))
+    assert_same_compiled(got, renumber(cg1, loc))

@@ -25,11 +25,14 @@ References
 """
 from __future__ import annotations
 
+import gc
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from ..replay._kernel import njit
 from ..trace import COMM_KINDS, OpKind, TraceSet
 
 __all__ = ["compile_trace", "compile_trace_or_graph"]
@@ -51,126 +54,287 @@ def compile_trace(ts: TraceSet) -> Any:
         None: a collective of another scheme, an op named by a dependency list or a
         collective but not traced, a bad duration or a cycle — build the networkx graph
         (which also words the error).
+
+    Notes
+    -----
+    Vectorised: the string columns are dictionary-encoded once (pyarrow), ops are the
+    ``(node, op)`` pairs of the non-communication rows numbered in order of first appearance
+    (``Job.from_trace``'s ``groupby(sort=False)``), their mean durations summed as pandas does
+    (:func:`_group_reduce`); dependency lists and collectives become integer edge arrays
+    through those codes; the per-op Python work left is making the key strings.
     """
-    from ..job import _mean_by
+    gc_was = gc.isenabled()
+    gc.disable()        # no reference cycles are made here; collections over a big heap cost ~30 %
+    try:
+        return _compile_trace(ts)
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def _compile_trace(ts: TraceSet) -> Any:
     from ..replay.engine import compile_arrays
 
     if any(c.algorithm != "nccl" for c in ts.collectives):
         return None
     ev = ts.events
-    local = ev[~ev["kind"].isin(list(COMM_KINDS))]
-    stats = _mean_by(local, ["node", "op"])
-    node_s = stats["node"].astype(object).to_numpy()
-    op_s = stats["op"].astype(object).to_numpy()
-    keys: list[str] = [f"{n}|{o}" for n, o in zip(node_s, op_s)]
-    index: dict[str, int] = dict(zip(keys, range(len(keys))))
-    if len(index) != len(keys):
-        return None
-    dur: list[float] = stats["dur"].astype(float).tolist()
-    if not all(d >= 0 and np.isfinite(d) for d in dur):
-        return None                     # the builder's validate() words it
-    prio: list[float] = [0.0] * len(keys)
-    owner: list[str] = list(node_s)
-    kinds: list[str] = stats["kind"].astype(object).tolist()
-    devs: list[str] = [f"{n}:{s}" for n, s in zip(node_s, stats["stream"].astype(object).to_numpy())]
-    src: list[int] = []
-    dst: list[int] = []
+    nc, node_u = _encode(ev["node"])
+    oc, op_u = _encode(ev["op"])
+    kc, kind_u = _encode(ev["kind"])
+    sc, stream_u = _encode(ev["stream"])
+    if "" in node_u or "STEP_END" in op_u:
+        return None                     # would collide with the SYNC / STEP_END ops' keys
+    comm = np.array([k in COMM_KINDS for k in kind_u], dtype=bool)
+    rows = np.flatnonzero(~comm[kc]) if kind_u else np.zeros(0, dtype=np.int64)
+    n_ev_nodes, nop = len(node_u), max(len(op_u), 1)
+    comb = nc[rows] * nop + oc[rows]
+    ncomb = n_ev_nodes * nop
+    if ncomb <= 8 * rows.size + (1 << 20):
+        gid, ng, table = _first_ids(comb, ncomb)
 
-    def add(key: str, node: str, kind: str, p: float) -> int:
-        i = len(keys)
-        keys.append(key)
-        index[key] = i
-        dur.append(0.0)
-        prio.append(p)
-        owner.append(node)
-        kinds.append(kind)
-        devs.append("")
+        def lookup(c: np.ndarray) -> np.ndarray:
+            return table[c]
+    else:                               # many distinct op names per node: hash, then binary search
+        gid, ucomb = pd.factorize(comb)
+        gid = gid.astype(np.int64, copy=False)
+        ng = len(ucomb)
+        srt = np.argsort(ucomb, kind="stable")
+        su = np.asarray(ucomb)[srt]
+
+        def lookup(c: np.ndarray) -> np.ndarray:
+            pos = np.minimum(np.searchsorted(su, c), max(su.size - 1, 0))
+            return np.where(su[pos] == c, srt[pos], -1) if su.size else np.full(c.size, -1, dtype=np.int64)
+    first, mean = _group_reduce(gid, ng, ev["dur"].to_numpy(dtype=np.float64)[rows])
+    if not bool(np.all(np.isfinite(mean) & (mean >= 0))):
+        return None                     # the builder's validate() words it
+    r0 = rows[first]
+    gnode, gop, gstream, gkind = nc[r0], oc[r0], sc[r0], kc[r0]
+    node_idx: dict[str, int] = {n: i for i, n in enumerate(node_u)}
+    op_idx: dict[str, int] = {o: i for i, o in enumerate(op_u)}
+    names = list(node_u)
+
+    def ncode(n: str) -> int:
+        i = node_idx.get(n)
+        if i is None:
+            i = node_idx[n] = len(names)
+            names.append(n)
         return i
 
-    # local dependencies, in the order Job.from_trace adds them
-    for node, edges in ts.edges.items():
-        for u, v in edges:
-            iu, iv = index.get(f"{node}|{u}"), index.get(f"{node}|{v}")
-            if iu is None or iv is None:
-                return None             # an op only in the dependency list: contracted by the builder
-            src.append(iu)
-            dst.append(iv)
+    def find(ncodes: np.ndarray, ops: list[str] | np.ndarray) -> np.ndarray:
+        """Op index of each (node code, op name or op code); -1 where it was not traced."""
+        o = ops if isinstance(ops, np.ndarray) else np.fromiter(map(op_idx.get, ops, repeat(-1)), dtype=np.int64,
+                                                                 count=len(ops))
+        ok = (o >= 0) & (ncodes < n_ev_nodes)
+        out = np.full(o.size, -1, dtype=np.int64)
+        out[ok] = lookup(ncodes[ok] * nop + o[ok])
+        return out
+
+    # local dependencies, in the order Job.from_trace adds them; a node whose list equals the
+    # previous one's (ranks of one job name their ops alike) reuses its op codes
+    op_codes: list[np.ndarray] = []
+    prev: Any = None
+    prev_codes = np.zeros(0, dtype=np.int64)
+    for edges in ts.edges.values():
+        if prev is None or len(edges) != len(prev) or edges != prev:
+            flat = list(chain.from_iterable(edges))
+            if len(flat) != 2 * len(edges):
+                return None
+            prev, prev_codes = edges, np.fromiter(map(op_idx.get, flat, repeat(-1)), dtype=np.int64,
+                                                  count=len(flat))
+        op_codes.append(prev_codes)
+    counts = np.array([c.size for c in op_codes], dtype=np.int64)
+    ends = find(np.repeat(np.array([node_idx.get(n, n_ev_nodes) for n in ts.edges], dtype=np.int64), counts),
+                np.concatenate(op_codes) if op_codes else np.zeros(0, dtype=np.int64))
+    if (ends < 0).any():
+        return None                     # an op only in the dependency list: contracted by the builder
+    del op_codes
     # the nccl scheme per collective (identity strategy: one group per tensor, in the trace's order)
-    virtual = OpKind.VIRTUAL.value
+    # virtual ops' keys as (left, right) codes: node code (-1: none) and a name in op_u + rnames
+    v_left: list[int] = []
+    v_right: list[int] = []
+    rnames: list[str] = []
+    v_prio: list[float] = []
+    v_owner: list[int] = []
+    c_src: list[int] = []
+    c_dst: list[int] = []
     seen_tensor: set[str] = set()
     for c in ts.collectives:
-        if c.tensor in seen_tensor:
+        t = c.tensor
+        if t in seen_tensor or f"In {t}" in op_idx or f"Out {t}" in op_idx or "" in c.participants:
             return None
-        seen_tensor.add(c.tensor)
+        seen_tensor.add(t)
         p = float(c.priority)
-        ins = {n: list(dict.fromkeys(o)) for n, o in c.inputs.items()}
-        outs = {n: list(dict.fromkeys(o)) for n, o in c.outputs.items()}
-        for n in list(ins) + list(outs):
-            for o in ins.get(n, []) + outs.get(n, []):
-                if f"{n}|{o}" not in index:
-                    return None         # the builder refuses it, with a message
-        sync = add(f"|SYNC {c.tensor}", "", virtual, p)
+        named: list[tuple[bool, str, int, int]] = []
+        ops: list[str] = []
+        nodes: list[int] = []
+        for is_in, side in ((True, c.inputs), (False, c.outputs)):
+            for n, o in side.items():
+                o = list(dict.fromkeys(o))
+                named.append((is_in, n, len(ops), len(ops) + len(o)))
+                ops += o
+                nodes += [node_idx.get(n, n_ev_nodes)] * len(o)
+        got = find(np.asarray(nodes, dtype=np.int64), ops)
+        if (got < 0).any():
+            return None                 # the builder refuses it, with a message
+        got_l = got.tolist()
+        ins = {n: got_l[a:b] for is_in, n, a, b in named if is_in}
+        outs = {n: got_l[a:b] for is_in, n, a, b in named if not is_in}
+        sync = ng + len(v_left)
+        r_in = len(op_u) + len(rnames)
+        rnames += [f"SYNC {t}", f"In {t}", f"Out {t}"]
+        v_left.append(-1)
+        v_right.append(r_in)
+        v_prio.append(p)
+        v_owner.append(-1)
+        made: dict[str, tuple[int, int]] = {}
         for r in c.participants:
-            kin_key = f"{r}|In {c.tensor}"
-            if kin_key not in index:
-                kin = add(kin_key, r, virtual, p)
-                kout = add(f"{r}|Out {c.tensor}", r, virtual, p)
-                for o in ins.get(r, []):
-                    src.append(index[f"{r}|{o}"])
-                    dst.append(kin)
-                for o in outs.get(r, []):
-                    src.append(kout)
-                    dst.append(index[f"{r}|{o}"])
+            if r in made:
+                kin, kout = made[r]
             else:
-                kin, kout = index[kin_key], index[f"{r}|Out {c.tensor}"]
-            src += [kin, sync]
-            dst += [sync, kout]
+                kin = ng + len(v_left)
+                kout = kin + 1
+                rc = ncode(r)
+                v_left += [rc, rc]
+                v_right += [r_in + 1, r_in + 2]
+                v_prio += [p, p]
+                v_owner += [rc, rc]
+                made[r] = (kin, kout)
+                gi = ins.get(r, ())
+                c_src += gi
+                c_dst += [kin] * len(gi)
+                go = outs.get(r, ())
+                c_src += [kout] * len(go)
+                c_dst += go
+            c_src += [kin, sync]
+            c_dst += [sync, kout]
     # synchronous iterations: per node a STEP_END after its last ops, before its next first ops
-    n0 = len(keys)
-    s_arr, d_arr = _first_occurrence(np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), n0)
-    node_codes, node_names = pd.factorize(pd.Series(owner, dtype=object))
-    same = node_codes[s_arr] == node_codes[d_arr]
+    if any("|" in n for n in names):
+        return None                     # keys "node|op" might collide
+    n0 = ng + len(v_left)
+    s_arr = np.concatenate([ends[0::2], np.asarray(c_src, dtype=np.int64)])
+    d_arr = np.concatenate([ends[1::2], np.asarray(c_dst, dtype=np.int64)])
+    del ends, c_src, c_dst
+    keep = _first_occurrence(s_arr, d_arr, n0)
+    s_arr, d_arr = s_arr[keep], d_arr[keep]
+    owner = np.concatenate([gnode, np.asarray(v_owner, dtype=np.int64)])
+    same = owner[s_arr] == owner[d_arr]
     has_succ = np.zeros(n0, dtype=bool)
     has_pred = np.zeros(n0, dtype=bool)
     has_succ[s_arr[same]] = True
     has_pred[d_arr[same]] = True
-    not_first = np.array([k in _NOT_FIRST for k in kinds], dtype=bool)
-    order = np.argsort(node_codes, kind="stable")          # each node's ops in insertion order
-    bounds = np.searchsorted(node_codes[order], np.arange(len(node_names) + 1))
-    it_src: list[int] = []
-    it_dst: list[int] = []
-    extra_src: list[np.ndarray] = []
-    extra_dst: list[np.ndarray] = []
-    for code, node in enumerate(node_names):           # nodes in order of first appearance
-        if not node:
-            continue
-        mine = order[bounds[code]:bounds[code + 1]]
-        end = add(f"{node}|STEP_END", node, virtual, 0.0)
-        sinks = mine[~has_succ[mine]]
-        sources = mine[~not_first[mine] & ~has_pred[mine]]
-        extra_src.append(sinks)
-        extra_dst.append(np.full(sinks.size, end, dtype=np.int64))
-        it_src += [end] * int(sources.size)
-        it_dst += sources.tolist()
-    if extra_src:
-        s_arr = np.concatenate([s_arr, *extra_src])
-        d_arr = np.concatenate([d_arr, *extra_dst])
-    # networkx adjacency order: sources in insertion order, each one's successors in order of addition
-    by_src = np.argsort(s_arr, kind="stable")
-    s_arr, d_arr = s_arr[by_src], d_arr[by_src]
+    not_first_kind = np.array([k in _NOT_FIRST for k in kind_u], dtype=bool)
+    not_first = np.concatenate([not_first_kind[gkind] if kind_u else np.zeros(0, dtype=bool),
+                                np.ones(len(v_left), dtype=bool)])
+    valid = owner >= 0
+    _, n_nodes, rank_of = _first_ids(owner[valid], max(len(names), 1))   # node -> order of its first op
+    sinks = np.flatnonzero(valid & ~has_succ)
+    sinks = sinks[np.argsort(rank_of[owner[sinks]], kind="stable")]     # node by node, each in op order
+    sources = np.flatnonzero(valid & ~not_first & ~has_pred)
+    sources = sources[np.argsort(rank_of[owner[sources]], kind="stable")]
+    s_arr = np.concatenate([s_arr, sinks])
+    d_arr = np.concatenate([d_arr, n0 + rank_of[owner[sinks]]])
+    it_pairs = np.stack([n0 + rank_of[owner[sources]], sources], axis=1)
+    node_by_rank = np.empty(n_nodes, dtype=np.int64)
+    used_nodes = rank_of >= 0
+    node_by_rank[rank_of[used_nodes]] = np.flatnonzero(used_nodes)
+    # (networkx's adjacency order - sources in insertion order, each one's successors in order of
+    # addition - is what compile_arrays' stable counting sort by source makes of this order)
+    # devices: node:stream of each traced op (numbered by compile_arrays in topological order)
+    dcode, dpairs = pd.factorize(gnode * max(len(stream_u), 1) + gstream)
     dev_names: dict[str, int] = {}
-    dev0 = np.fromiter((dev_names.setdefault(d, len(dev_names)) if d else -1 for d in devs), dtype=np.int64,
-                       count=len(devs))
-    return compile_arrays(keys, np.asarray(dur, dtype=np.float64), np.asarray(prio, dtype=np.float64), dev0,
-                          list(dev_names), s_arr, d_arr, np.array([it_src, it_dst], dtype=np.int64).T)
+    dmap = np.array([dev_names.setdefault(f"{node_u[int(x) // max(len(stream_u), 1)]}:"
+                                          f"{stream_u[int(x) % max(len(stream_u), 1)]}", len(dev_names))
+                     for x in np.asarray(dpairs)], dtype=np.int64)
+    nv = len(v_left) + n_nodes
+    dev0 = np.concatenate([dmap[dcode] if dmap.size else np.zeros(0, dtype=np.int64), np.full(nv, -1, dtype=np.int64)])
+    dur = np.concatenate([mean, np.zeros(nv)])
+    prio = np.concatenate([np.zeros(ng), np.asarray(v_prio, dtype=np.float64), np.zeros(n_nodes)])
+    # keys "node|op" (SYNC: "|SYNC t"), made once by compile_arrays in the final order
+    left_names = np.array(names + [""], dtype=object)
+    right_names = np.array(["|" + o for o in op_u + rnames + ["STEP_END"]], dtype=object)
+    v_l = np.asarray(v_left, dtype=np.int64)
+    left = np.concatenate([gnode, np.where(v_l < 0, len(names), v_l), node_by_rank])
+    right = np.concatenate([gop, np.asarray(v_right, dtype=np.int64),
+                            np.full(n_nodes, len(op_u) + len(rnames), dtype=np.int64)])
+
+    def keys_at(idx: np.ndarray) -> list[str]:
+        return (left_names[left[idx]] + right_names[right[idx]]).tolist()
+    return compile_arrays(keys_at, dur, prio, dev0, list(dev_names), s_arr, d_arr, it_pairs)
 
 
-def _first_occurrence(src: np.ndarray, dst: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Edges without repeats, each at its first position (networkx ignores a repeated add_edge)."""
+def _first_occurrence(src: np.ndarray, dst: np.ndarray, n: int) -> np.ndarray:
+    """Mask of edges that are not repeats of an earlier one (networkx ignores a repeated add_edge)."""
     code = src * np.int64(max(n, 1)) + dst
-    _, first = np.unique(code, return_index=True)
-    first.sort()
-    return src[first], dst[first]
+    return ~pd.Index(code).duplicated(keep="first")
+
+
+def _encode(col: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """Codes (int64, numbered in order of first appearance) and the distinct values of a string column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    try:
+        arr = pa.array(col)
+    except (pa.ArrowException, TypeError, ValueError):
+        arr = None
+    if arr is None or not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        codes, uniq = pd.factorize(col.astype(object).to_numpy(), use_na_sentinel=False)
+        return codes.astype(np.int64, copy=False), [str(u) for u in uniq]
+    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    chunks = [c for c in chunks if len(c)]
+    if not chunks:
+        return np.zeros(0, dtype=np.int64), []
+    enc = pc.dictionary_encode(pa.chunked_array(chunks, type=arr.type), null_encoding="encode")
+    d = enc.chunks[0].dictionary
+    if any(len(c.dictionary) != len(d) for c in enc.chunks):   # arrow unifies them; do not rely on it blindly
+        codes, uniq = pd.factorize(col.astype(object).to_numpy(), use_na_sentinel=False)
+        return codes.astype(np.int64, copy=False), [str(u) for u in uniq]
+    codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in enc.chunks]).astype(np.int64, copy=False)
+    return codes, d.to_pylist()
+
+
+@njit(cache=True)
+def _group_reduce(gid, ng, dur):  # pragma: no cover - compiled
+    """Per group: its first row and the mean of its durations, NaN skipped, summed as pandas'
+    ``group_mean`` does (Kahan-compensated, rows in order), so the means are bit for bit pandas'."""
+    first = np.full(ng, -1, dtype=np.int64)
+    sumx = np.zeros(ng)
+    comp = np.zeros(ng)
+    nobs = np.zeros(ng, dtype=np.int64)
+    for i in range(gid.size):
+        g = gid[i]
+        if first[g] < 0:
+            first[g] = i
+        val = dur[i]
+        if val == val:
+            nobs[g] += 1
+            y = val - comp[g]
+            t = sumx[g] + y
+            comp[g] = t - sumx[g] - y
+            if comp[g] != comp[g]:
+                comp[g] = 0.0
+            sumx[g] = t
+    mean = np.empty(ng)
+    for g in range(ng):
+        mean[g] = sumx[g] / nobs[g] if nobs[g] > 0 else np.nan
+    return first, mean
+
+
+@njit(cache=True)
+def _first_ids(comb, ncomb):  # pragma: no cover - compiled
+    """Ids numbered in order of first appearance for codes ``0 <= comb < ncomb`` (dense table):
+    (id per element, number of ids, id per code or -1)."""
+    table = np.full(ncomb, -1, dtype=np.int64)
+    out = np.empty(comb.size, dtype=np.int64)
+    ng = 0
+    for i in range(comb.size):
+        c = comb[i]
+        g = table[c]
+        if g < 0:
+            g = ng
+            table[c] = g
+            ng += 1
+        out[i] = g
+    return out, ng, table
 
 
 def compile_trace_or_graph(ts: TraceSet, *, comm_model: Any = None) -> tuple[Any, str]:

@@ -58,13 +58,33 @@ class CompiledGraph:
 
 
 def csr_from_edges(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """CSR successor arrays and in-degrees for ``n`` ops from edge arrays."""
-    order = np.argsort(src, kind="stable")
-    succ = dst[order].astype(np.int64)
+    """CSR successor arrays and in-degrees for ``n`` ops from edge arrays (each op's successors
+    in the order of the edge arrays: a stable counting sort by source)."""
+    return _csr(n, np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64))
+
+
+@njit(cache=True)
+def _csr(n, src, dst):  # pragma: no cover - compiled
     indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
-    indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    indeg = np.zeros(n, dtype=np.int64)
+    for k in range(src.size):
+        indptr[src[k] + 1] += 1
+        indeg[dst[k]] += 1
+    for i in range(n):
+        indptr[i + 1] += indptr[i]
+    pos = indptr[:-1].copy()
+    succ = np.empty(src.size, dtype=np.int64)
+    for k in range(src.size):
+        u = src[k]
+        succ[pos[u]] = dst[k]
+        pos[u] += 1
     return indptr, succ, indeg
+
+
+def _take(keys, order: np.ndarray) -> list:
+    """``[keys[i] for i in order]`` through a numpy object array (a list or an object array)."""
+    arr = keys if isinstance(keys, np.ndarray) else np.fromiter(keys, dtype=object, count=len(keys))
+    return arr[order].tolist()
 
 
 def induced_subgraph(g: nx.DiGraph, ops: Iterable[str]) -> nx.DiGraph:
@@ -161,58 +181,96 @@ def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGr
     return cg
 
 
-def compile_arrays(keys0: list[str], dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray, dev_names: list[str],
+def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray, dev_names: list[str],
                    src0: np.ndarray, dst0: np.ndarray, iter_pairs: np.ndarray) -> CompiledGraph | None:
     """The :class:`CompiledGraph` of ops given as arrays in insertion order (what :func:`compile_graph` reads
     from a networkx graph; :mod:`dpro_kit.graph.arrays` builds them from the trace tables directly).
 
     Parameters
     ----------
-    keys0 : list of str
-        Op keys, in insertion order.
+    keys0 : list of str, numpy.ndarray of str objects, or callable
+        Op keys, in insertion order; or a function giving the keys of an index array (the keys
+        are then made once, in the final order).
     dur0, prio0 : numpy.ndarray
         Duration (us) and priority per op.
     dev0 : numpy.ndarray
-        Index into ``dev_names`` per op, -1 for no device; ``dev_names`` in order of first appearance.
+        Index into ``dev_names`` per op, -1 for no device.
     dev_names : list of str
         Device names.
     src0, dst0 : numpy.ndarray
-        Edges (op indices), in networkx adjacency order (sources in insertion order, each
-        source's successors in the order they were added).
+        Edges (op indices), in the order they were added (each op's successors keep that order,
+        as networkx's adjacency does).
     iter_pairs : numpy.ndarray
         ``(k, 2)`` iteration edges (op indices).
 
     Returns None when the edges have a cycle (the caller names it).
+
+    Notes
+    -----
+    Ops are numbered in topological-generation order (``nx.topological_sort``'s; it is also the
+    queue tie-break), then renumbered by :func:`locality_order`; both permutations are composed
+    here, so the CSR is built once more and the keys are taken once (what ``renumber`` of the
+    generation-ordered graph gives, array for array).
     """
-    n = len(keys0)
+    n = int(np.asarray(dur0).size)
     ip0, s0, deg0 = csr_from_edges(n, src0, dst0)
     order = _generations_order(ip0, s0, deg0)
     if order.size < n:
         return None
-    keys = [keys0[i] for i in order]
-    dur = dur0[order]
-    bad = ~np.isfinite(dur) | (dur < 0)
+    dur_t = dur0[order]
+    bad = ~np.isfinite(dur_t) | (dur_t < 0)
     if bad.any():
-        k = keys[int(np.flatnonzero(bad)[0])]
-        raise GraphError(f"op {k!r} has duration {float(dur[int(np.flatnonzero(bad)[0])])!r}; durations must be "
-                         "finite and >= 0")
+        j = int(np.flatnonzero(bad)[0])
+        k = _keys_at(keys0, order[j:j + 1])[0]
+        raise GraphError(f"op {k!r} has duration {float(dur_t[j])!r}; durations must be finite and >= 0")
+    # locality_order of the generation-ordered graph: earliest starts, stable by generation index
+    loc = np.argsort(_earliest_starts_in(dur0, ip0, s0, order)[order], kind="stable")
+    final = order[loc]                                 # new index -> op
     inv = np.empty(n, dtype=np.int64)
-    inv[order] = np.arange(n, dtype=np.int64)
-    # devices numbered in order of first appearance in the topological order (as before)
-    dev_t = dev0[order]
-    used = dev_t >= 0
-    ids, first = np.unique(dev_t[used], return_index=True)
-    by_first = ids[np.argsort(first, kind="stable")]
-    remap = np.full(max(len(dev_names), 1), -1, dtype=np.int64)
-    remap[by_first] = np.arange(by_first.size, dtype=np.int64)
-    device = np.where(used, remap[np.maximum(dev_t, 0)], -1)
+    inv[final] = np.arange(n, dtype=np.int64)
+    # devices numbered in order of first appearance in the generation order (as before)
+    remap, n_used = _first_seen(dev0[order], max(len(dev_names), 1))
+    by_first = np.empty(n_used, dtype=np.int64)
+    seen = remap >= 0
+    by_first[remap[seen]] = np.flatnonzero(seen)
+    d_f = dev0[final]
+    device = np.where(d_f >= 0, remap[np.maximum(d_f, 0)], -1)
     devices = [dev_names[int(i)] for i in by_first]
     indptr, succ, indeg = csr_from_edges(n, inv[src0], inv[dst0])
     it_arr = inv[np.asarray(iter_pairs, dtype=np.int64).reshape(-1, 2)]
-    cg = CompiledGraph(keys=keys, dur=dur, device=device, devices=devices, priority=prio0[order],
-                       indptr=indptr, succ=succ, indeg=indeg, iter_src=it_arr[:, 0].copy(),
-                       iter_dst=it_arr[:, 1].copy())
-    return renumber(cg, locality_order(cg))
+    return CompiledGraph(keys=_keys_at(keys0, final), dur=dur0[final], device=device, devices=devices,
+                         priority=prio0[final], indptr=indptr, succ=succ, indeg=indeg,
+                         iter_src=it_arr[:, 0].copy(), iter_dst=it_arr[:, 1].copy(), tiebreak=loc)
+
+
+def _keys_at(keys0, idx: np.ndarray) -> list:
+    return keys0(idx) if callable(keys0) else _take(keys0, idx)
+
+
+@njit(cache=True)
+def _first_seen(codes, ncodes):  # pragma: no cover - compiled
+    """Per code (``0 <= c < ncodes``, -1 skipped): its number in order of first appearance, or -1."""
+    remap = np.full(ncodes, -1, dtype=np.int64)
+    m = 0
+    for i in range(codes.size):
+        c = codes[i]
+        if c >= 0 and remap[c] < 0:
+            remap[c] = m
+            m += 1
+    return remap, m
+
+
+@njit(cache=True)
+def _earliest_starts_in(dur, indptr, succ, order):  # pragma: no cover - compiled
+    """:func:`_earliest_starts` visiting ops in ``order`` (a topological order) instead of by index."""
+    est = np.zeros(dur.size)
+    for j in range(order.size):
+        u = order[j]
+        e = est[u] + dur[u]
+        for k in range(indptr[u], indptr[u + 1]):
+            if e > est[succ[k]]:
+                est[succ[k]] = e
+    return est
 
 
 def unroll(cg: CompiledGraph, iterations: int) -> CompiledGraph:
@@ -388,17 +446,21 @@ def locality_order(cg: CompiledGraph) -> np.ndarray:
     generation index (``CompiledGraph.tiebreak``), so schedules do not change.
     """
     est = _earliest_starts(cg.dur, cg.indptr, cg.succ)
-    return np.lexsort((np.arange(cg.n), est))
+    return np.argsort(est, kind="stable")          # = lexsort((arange(n), est))
 
 
 def renumber(cg: CompiledGraph, order: np.ndarray) -> CompiledGraph:
     """``cg`` with op ``order[i]`` moved to index ``i`` (same graph, same schedule, same tie-breaks)."""
+    return _renumber(cg, order, _take(cg.keys, order))
+
+
+def _renumber(cg: CompiledGraph, order: np.ndarray, keys: list[str]) -> CompiledGraph:
     n = cg.n
     inv = np.empty(n, dtype=np.int64)
     inv[order] = np.arange(n, dtype=np.int64)
     src, dst = cg.edges()
     indptr, succ, indeg = csr_from_edges(n, inv[src], inv[dst])
-    return CompiledGraph(keys=[cg.keys[i] for i in order], dur=cg.dur[order], device=cg.device[order],
+    return CompiledGraph(keys=keys, dur=cg.dur[order], device=cg.device[order],
                          devices=cg.devices, priority=cg.priority[order], indptr=indptr, succ=succ, indeg=indeg,
                          iter_src=inv[cg.iter_src], iter_dst=inv[cg.iter_dst], tiebreak=cg.tiebreak[order])
 
