@@ -76,7 +76,24 @@ CASES = {
     "pslite infinite node id": ("pslite-2w1s-200mbit", "pslite-server-8.5158.json",
                                 lambda d: d.update(node_id=float("inf")), ["[node_id]"]),
     "byteps worker missing": ("byteps-2w1s", None, None, ["[workers]", "1 folder(s)"]),
+    # long run, cases 1000-1999 (2026-11-27)
+    "mxnet steps not ints (case 1433)": ("mxnet-ps-2w1s-loopback", "host1/worker1/meta.json",
+                                         lambda d: d["steps"].__setitem__(0, "x"), ["[steps]", "integers"]),
+    "byteps total moved 1000 s earlier (case 1690)": (
+        "byteps-2w1s", "worker1/0/comm.json",
+        lambda d: next(e for e in d["traceEvents"] if e.get("tid") == "total").update(
+            ts=next(e for e in d["traceEvents"] if e.get("tid") == "total")["ts"] - 10**9),
+        ["[tid total,", "does not contain its stages"]),
 }
+
+
+def test_distributed_info_infinite_rank_is_unusable():
+    """Case 1231: ``distributedInfo.rank`` = Infinity raised OverflowError from int(); now 'unusable' (None),
+    which the plain reader refuses with its one line (no usable distributedInfo)."""
+    from dpro_kit.readers.kineto import distributed_info
+    assert distributed_info({"distributedInfo": {"rank": float("inf"), "world_size": 2}}) is None
+    assert distributed_info({"distributedInfo": {"rank": 1, "world_size": float("-inf")}}) is None
+    assert distributed_info({"distributedInfo": {"rank": 1, "world_size": 2}})["rank"] == 1
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -362,6 +362,16 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
             pushes, pulls = st.get("PUSH", []), st.get("PULL", [])
             if not pushes or not pulls:
                 raise TraceFormatError(f"tensor {t!r} has no PUSH/PULL in traced step {i}", path=path)
+            # the 'total' span runs from the enqueue to the end of the tensor's last stage: every stage
+            # of that step lies inside it (1 ms of slack for the two threads that write them)
+            inside = [x for xs in st.values() for x in xs]
+            lo = min(x["start"] for x in inside)
+            hi = max(x["start"] + x["dur"] for x in inside)
+            if lo < e["start"] - 1000.0 or hi > e["start"] + e["dur"] + 1000.0:
+                raise TraceFormatError(
+                    f"tensor {t!r}, traced step {i}: its 'total' span [{e['start']:.0f}, {e['start'] + e['dur']:.0f}] us "
+                    f"does not contain its stages [{lo:.0f}, {hi:.0f}] us", path=path, record=f"tid total, {t}",
+                    hint="the file was damaged or its times edited; record again (BYTEPS_TRACE_ON=1)")
             p0 = min(x["start"] for x in pushes)
             p1 = max(x["start"] + x["dur"] for x in pulls)
             rows.append({"op": f"bps:pre:{t}", "name": "BYTEPS_PRE_PUSH", "kind": "OTHER", "stream": "bps",

@@ -403,7 +403,7 @@ def distributed_info(doc: dict[str, Any]) -> dict[str, Any] | None:
         return None
     try:
         rank, world = int(di["rank"]), int(di["world_size"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):   # OverflowError: int(inf)
         return None
     if world < 1 or not 0 <= rank < world:
         return None

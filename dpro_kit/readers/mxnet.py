@@ -56,6 +56,12 @@ def read_meta(node_dir: Path) -> dict[str, Any]:
             if key not in doc:
                 raise TraceFormatError(f"worker meta lacks {key!r}", path=path,
                                        hint="the worker stopped before its profiled window ended; profile again")
+        st = doc["steps"]
+        if (not isinstance(st, list) or len(st) < 2
+                or not all(type(x) is int and 0 <= x < 2 ** 62 for x in st[:2]) or st[0] >= st[1]):
+            raise TraceFormatError(f"'steps' must be [first, end] profiled steps, integers with first < end; "
+                                   f"got {st!r}"[:300], path=path, record="steps",
+                                   hint="the file was damaged; profile again (dpro profile --framework mxnet)")
     return doc
 
 
