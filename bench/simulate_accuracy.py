@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""How well does ``dpro simulate`` predict real strategies?  (issue 16 item 5; docs/simulate.md Validation)
+
+For every model, this runs the REAL job of ``examples/strategies/train.py`` (torch CPU, gloo, one
+rank per emulated host, every host a FIXED CPU budget: ``dpro_kit.jobs.run_job(cpus_per_host=C,
+cpu_period_us=10000)``; links shaped by ``dpro_kit.cluster.EmulatedCluster``):
+
+1. the single-process job under ``dpro profile --shapes`` (one host, the same CPU budget): the
+   simulator's only input;
+2. every strategy file (``examples/strategies/<name>.yaml``, the file the real job reads too) at
+   every link rate, WITHOUT the profiler, ``--rounds`` times in alternating order (forward, then
+   reversed); measured = median over rounds of the job's iteration time (the slowest rank's median
+   after warm-up, as train.py timed it);
+3. the same runs measure memory: per run the largest rank's ``peak_bytes`` (peak anonymous resident
+   growth from before the model was built, glibc returning freed blocks >= 64 KiB; train.py's
+   RssPeak); measured peak = the median over the runs of a strategy (rounds x rates);
+4. ``dpro simulate TRACE --strategy S.yaml --bandwidth-mbps R --json`` per (strategy, rate), when
+   the command exists (else the prediction columns say ``-``; re-fill them later from the recorded
+   rows with ``--repredict OUT/rows.json``, which runs no job).
+
+Tables: per row measured vs predicted time and error; per (model, rate) the rank order of the
+strategies measured vs predicted; per model peak memory measured vs predicted, and OOM verdicts
+under a memory cap (``--cap-mib``, default: for each model halfway between the two middle measured
+peaks, so some strategies fit and some do not): measured verdict = measured peak > cap (no real OOM is
+provoked: the job's allocations are not capped), predicted = ``dpro simulate --memory-limit``.
+
+    python bench/simulate_accuracy.py --models mlp,transformer --strategies ddp-2,fsdp-2,tp-2,gpipe-2,1f1b-2 \\
+        --rates 1000,200 --rounds 2 --out bench-simulate
+    python bench/simulate_accuracy.py --repredict bench-simulate/rows.json
+
+Writes ``OUT/rows.json`` (every measurement, kept traces) after every job, so a cut-off run keeps
+what it measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from dpro_kit.jobs import run_job  # noqa: E402
+
+TRAIN = ROOT / "examples" / "strategies" / "train.py"
+STRATS = ROOT / "examples" / "strategies"
+PY = sys.executable
+DPRO = [PY, "-m", "dpro_kit.cli"]
+ENV = dict(DPRO_QUIET="1", PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join(
+    [str(ROOT / "collectors" / "torch"), str(ROOT / "collectors" / "common"), str(ROOT),
+     os.environ.get("PYTHONPATH", "")]))
+
+
+def strategy_file(name: str) -> Path:
+    p = Path(name)
+    return p if p.suffix in (".yaml", ".yml", ".json") else STRATS / f"{name}.yaml"
+
+
+def strategy_ranks(path: Path) -> int:
+    import yaml
+    return int(yaml.safe_load(path.read_text())["ranks"])
+
+
+def simulate_available() -> bool:
+    p = subprocess.run(DPRO + ["simulate", "--help"], capture_output=True, text=True, env={**os.environ, **ENV})
+    return p.returncode == 0
+
+
+def _num(doc: Any, *keys: str) -> float | None:
+    """First of ``keys`` found at the top of ``doc`` (a number)."""
+    for k in keys:
+        if isinstance(doc, dict) and isinstance(doc.get(k), (int, float)):
+            return float(doc[k])
+    return None
+
+
+def simulate(trace: str, sfile: Path, rate: float, cap_bytes: int | None) -> dict[str, Any]:
+    """``dpro simulate --json``: predicted ms, peak bytes (largest device), OOM verdict (with a cap)."""
+    cmd = DPRO + ["simulate", trace, "--strategy", str(sfile), "--bandwidth-mbps", f"{rate:g}", "--json"]
+    if cap_bytes is not None:
+        cmd += ["--memory-limit", str(int(cap_bytes))]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **ENV})
+    if p.returncode != 0:
+        return {"error": f"exit {p.returncode}: {p.stderr.strip()[-300:]}", "cmd": " ".join(cmd[2:])}
+    doc = json.loads(p.stdout)
+    res = doc["results"][0] if isinstance(doc.get("results"), list) and doc["results"] else doc
+    peak = _num(res, "peak_memory_bytes", "peak_bytes")
+    if peak is None and isinstance(res.get("peak_memory_per_device"), dict):
+        vals = [v for v in res["peak_memory_per_device"].values() if isinstance(v, (int, float))]
+        peak = float(max(vals)) if vals else None
+    oom = res.get("oom")
+    if isinstance(oom, dict):
+        oom = oom.get("verdict", oom.get("oom"))
+    return {"ms": _num(res, "iteration_time_ms", "iteration_ms"), "peak_bytes": peak,
+            "oom": bool(oom) if oom is not None else None, "cmd": " ".join(cmd[2:])}
+
+
+class Bench:
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        a.out.mkdir(parents=True, exist_ok=True)
+        self.log = open(a.out / "jobs.log", "a")
+        self.n = 0
+
+    def job(self, model: str, sfile: Path | None, ranks: int, rate: float | None, *,
+            profile: bool = False) -> dict[str, Any]:
+        a = self.a
+        self.n += 1
+        tag = f"{self.n:03d}-{model}-{sfile.stem if sfile else 'single'}-{'prof' if profile else f'{rate:g}'}"
+        jdir = a.out / tag
+        jdir.mkdir(exist_ok=True)
+        times = jdir / "times.json"
+        iters = a.prof_start + a.prof_steps + 2 - a.warmup if profile else a.iters
+        argv = [PY, str(TRAIN), "--model", model, "--warmup", str(a.warmup), "--iters", str(iters),
+                "--threads", "1", "--quiet", "--json-out", str(times)]
+        if sfile is not None:
+            argv += ["--strategy", str(sfile)]
+        trace = jdir / "trace"
+        print(f"  job {tag} ...", end="", flush=True)
+        self.log.write(f"\n=== {tag}: {' '.join(argv)}\n")
+        self.log.flush()
+        res = run_job(argv, hosts=ranks, ranks_per_host=1, rate_mbit=rate, cpus_per_host=a.cpus,
+                      cpu_period_us=a.period_us, cpu_shares=a.shares, profile=trace if profile else None,
+                      steps=f"{a.prof_start}:{a.prof_start + a.prof_steps}",
+                      profile_flags=["--shapes"] if profile else (), env=ENV, log=self.log,
+                      timeout=a.job_timeout, prefix="sv")
+        if not times.exists() or (profile and not (trace / "manifest.json").exists()):
+            print(" FAILED")
+            raise RuntimeError(f"job {tag} failed (exit codes {res.codes}); see {a.out / 'jobs.log'}")
+        doc = json.loads(times.read_text())
+        row = {"tag": tag, "ms": doc["iteration_ms"], "per_rank_ms": doc["per_rank_median_ms"],
+               "peak_rss_mib": doc["peak_rss_mib"], "peak_bytes": max(doc["peak_bytes"].values()),
+               "wall_s": res.wall_s}
+        if profile:
+            row["trace"] = str(trace)
+        print(f" {row['ms']:.2f} ms ({res.wall_s:.0f} s)", flush=True)
+        return row
+
+
+def pct(p: float | None, m: float | None) -> float | None:
+    return None if p is None or not m else round(100.0 * (p / m - 1.0), 2)
+
+
+def order(d: dict[str, float | None]) -> list[str] | None:
+    if any(v is None for v in d.values()):
+        return None
+    return sorted(d, key=lambda k: d[k])
+
+
+def predict(rows: dict[str, Any]) -> None:
+    """Fill the prediction columns of every row from ``dpro simulate`` (nothing if it does not exist)."""
+    if not simulate_available():
+        rows["simulate"] = "dpro simulate not available in this checkout: prediction columns empty"
+        return
+    rows["simulate"] = "dpro simulate"
+    for r in rows["time"]:
+        trace = rows["profiles"][r["model"]]["trace"]
+        cap = rows["caps"].get(r["model"])
+        r["pred"] = simulate(trace, Path(r["strategy_file"]), r["rate"], cap)
+    for r in rows["memory"]:
+        trace = rows["profiles"][r["model"]]["trace"]
+        rate = rows["rates"][0]
+        r["pred"] = simulate(trace, Path(r["strategy_file"]), rate, rows["caps"].get(r["model"]))
+
+
+def f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def tables(rows: dict[str, Any]) -> str:
+    out = [f"prediction: {rows.get('simulate', '-')}", "",
+           "| model | strategy | ranks | Mbit/s | measured ms | rounds | predicted ms | error % |",
+           "|---|---|---|---|---|---|---|---|"]
+    errs = []
+    for r in rows["time"]:
+        p = (r.get("pred") or {}).get("ms")
+        e = pct(p, r["measured_ms"])
+        if e is not None:
+            errs.append(abs(e))
+        out.append(f"| {r['model']} | {r['strategy']} | {r['ranks']} | {r['rate']:g} | {r['measured_ms']:.2f} | "
+                   f"{', '.join(f'{x:.1f}' for x in r['rounds_ms'])} | {f(p)} | {f(e, '{:+.1f}')} |")
+    if errs:
+        out.append(f"\nabs error: mean {statistics.mean(errs):.1f} %, max {max(errs):.1f} % over {len(errs)} rows")
+    out += ["", "| model | Mbit/s | measured order (fastest first) | predicted order | same |", "|---|---|---|---|---|"]
+    groups: dict[tuple, dict] = {}
+    for r in rows["time"]:
+        g = groups.setdefault((r["model"], r["rate"]), {"m": {}, "p": {}})
+        g["m"][r["strategy"]] = r["measured_ms"]
+        g["p"][r["strategy"]] = (r.get("pred") or {}).get("ms")
+    for (model, rate), g in groups.items():
+        mo, po = order(g["m"]), order(g["p"])
+        out.append(f"| {model} | {rate:g} | {' < '.join(mo or [])} | {' < '.join(po) if po else '-'} | "
+                   f"{'-' if po is None else 'yes' if po == mo else 'NO'} |")
+    out += ["", "| model | strategy | measured peak MiB (largest rank) | predicted MiB | error % | cap MiB | "
+                "measured OOM | predicted OOM |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows["memory"]:
+        cap = rows["caps"].get(r["model"])
+        pr = r.get("pred") or {}
+        pb = pr.get("peak_bytes")
+        m = r["measured_peak_bytes"]
+        out.append(f"| {r['model']} | {r['strategy']} | {m / 2**20:.2f} | {f(pb / 2**20 if pb else None)} | "
+                   f"{f(pct(pb, m), '{:+.1f}')} | {cap / 2**20:.2f} | {'OOM' if m > cap else 'fits'} | "
+                   f"{'-' if pr.get('oom') is None else 'OOM' if pr['oom'] else 'fits'} |")
+    return "\n".join(out)
+
+
+def save(a: argparse.Namespace, rows: dict[str, Any]) -> None:
+    tmp = a.out / "rows.json.tmp"
+    tmp.write_text(json.dumps(rows, indent=1))
+    os.replace(tmp, a.out / "rows.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--models", default="mlp,transformer")
+    ap.add_argument("--strategies", default="ddp-2,fsdp-2,tp-2,gpipe-2,1f1b-2",
+                    help="strategy files: names in examples/strategies/ or paths")
+    ap.add_argument("--rates", default="1000,200", help="link rates (Mbit/s)")
+    ap.add_argument("--cpus", type=float, default=0.5, help="CPU budget of every host (and of the profiled process)")
+    ap.add_argument("--period-us", type=int, default=10000)
+    ap.add_argument("--shares", type=int, default=8192, help="cpu.shares of the job's cgroup parent")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--prof-start", type=int, default=5)
+    ap.add_argument("--prof-steps", type=int, default=5)
+    ap.add_argument("--cap-mib", type=float, default=None, help="memory cap for the OOM verdicts (default: per model "
+                    "the median of the measured peaks)")
+    ap.add_argument("--job-timeout", type=float, default=300)
+    ap.add_argument("--out", type=Path, default=Path("bench-simulate"))
+    ap.add_argument("--repredict", type=Path, default=None, help="rows.json of an earlier run: predict and print, no job")
+    a = ap.parse_args(argv)
+    if a.repredict:
+        rows = json.loads(a.repredict.read_text())
+        predict(rows)
+        a.out = a.repredict.parent
+        save(a, rows)
+        print(tables(rows))
+        return 0
+    b = Bench(a)
+    models = [m for m in a.models.split(",") if m]
+    sfiles = [strategy_file(s) for s in a.strategies.split(",") if s]
+    rates = [float(r) for r in a.rates.split(",") if r]
+    rows: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+                            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "profiles": {}, "time": [], "memory": [],
+                            "caps": {}, "rates": rates}
+    t0 = time.time()
+    for model in models:
+        print(f"== {model}: single-process profile (--shapes) at {a.cpus:g} CPU", flush=True)
+        rows["profiles"][model] = b.job(model, None, 1, None, profile=True)
+        save(a, rows)
+        mem: dict[str, list[int]] = {sf.stem: [] for sf in sfiles}
+        for rate in rates:
+            print(f"== {model} at {rate:g} Mbit/s, {a.cpus:g} CPU per host (period {a.period_us} us)", flush=True)
+            meas: dict[str, list[float]] = {sf.stem: [] for sf in sfiles}
+            for rnd in range(a.rounds):
+                for sf in (sfiles if rnd % 2 == 0 else list(reversed(sfiles))):
+                    j = b.job(model, sf, strategy_ranks(sf), rate)
+                    meas[sf.stem].append(j["ms"])
+                    mem[sf.stem].append(j["peak_bytes"])
+            for sf in sfiles:
+                rows["time"].append({"model": model, "strategy": sf.stem, "strategy_file": str(sf),
+                                     "ranks": strategy_ranks(sf), "rate": rate,
+                                     "measured_ms": round(statistics.median(meas[sf.stem]), 3),
+                                     "rounds_ms": meas[sf.stem]})
+            save(a, rows)
+        for sf in sfiles:
+            rows["memory"].append({"model": model, "strategy": sf.stem, "strategy_file": str(sf),
+                                   "measured_peak_bytes": int(statistics.median(mem[sf.stem])), "runs_bytes": mem[sf.stem]})
+        peaks = sorted(r["measured_peak_bytes"] for r in rows["memory"] if r["model"] == model)
+        k = max(1, len(peaks) // 2)   # halfway between the two middle peaks: no strategy sits on the cap
+        rows["caps"][model] = int(a.cap_mib * 2**20) if a.cap_mib else int((peaks[k - 1] + peaks[min(k, len(peaks) - 1)]) / 2)
+        save(a, rows)
+    rows["wall_s"] = round(time.time() - t0, 1)
+    predict(rows)
+    save(a, rows)
+    print()
+    print(tables(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
