@@ -520,8 +520,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "default: plain data parallel over the ranks")
     p.add_argument("--model", choices=sorted(MODELS), default="mlp")
     p.add_argument("--ranks", type=int, default=0,
-                   help="spawn this many ranks here (loopback); 0: one rank of a launched job (RANK/WORLD_SIZE), "
-                        "or 1 without them")
+                   help="spawn this many ranks here (loopback; default: the strategy file's ranks, else 1); under a "
+                        "launcher (RANK/WORLD_SIZE set) this process is one rank")
     p.add_argument("--batch-size", type=int, default=0, help="GLOBAL batch per iteration (default: the model's)")
     p.add_argument("--iters", type=int, default=20, help="measured iterations (after warm-up)")
     p.add_argument("--warmup", type=int, default=5)
@@ -539,12 +539,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    ranks = int(os.environ["WORLD_SIZE"]) if launched else (args.ranks or 1)
-    if launched and args.ranks and args.ranks != ranks:
-        print(f"train.py: error: --ranks {args.ranks} but the launcher set WORLD_SIZE={ranks}", file=sys.stderr)
+    if launched and args.ranks and args.ranks != int(os.environ["WORLD_SIZE"]):
+        print(f"train.py: error: --ranks {args.ranks} but the launcher set WORLD_SIZE={os.environ['WORLD_SIZE']}",
+              file=sys.stderr)
         return 2
-    args.ranks = ranks
     try:
+        # ranks: the launcher's, else --ranks, else the strategy file's, else 1
+        ranks = int(os.environ["WORLD_SIZE"]) if launched else args.ranks or \
+            (load_strategy(args.strategy, 1)["ranks"] if args.strategy else 1)
+        args.ranks = ranks
         st = load_strategy(args.strategy, ranks)
         if st["ranks"] != ranks:
             raise StrategyError(f"{args.strategy}: ranks {st['ranks']} but the job has {ranks} "
