@@ -11,9 +11,10 @@ cpu_period_us=10000)``; links shaped by ``dpro_kit.cluster.EmulatedCluster``):
    every link rate, WITHOUT the profiler, ``--rounds`` times in alternating order (forward, then
    reversed); measured = median over rounds of the job's iteration time (the slowest rank's median
    after warm-up, as train.py timed it);
-3. the same runs measure memory: per run the largest rank's ``peak_bytes`` (peak anonymous resident
-   growth from before the model was built, glibc returning freed blocks >= 64 KiB; train.py's
-   RssPeak); measured peak = the median over the runs of a strategy (rounds x rates);
+3. every strategy once more with ``train.py --memory`` on the emulated hosts at the first rate
+   (a separate run: its allocator setting slows the iterations): measured peak = the largest
+   rank's ``peak_bytes`` (peak anonymous resident growth from before the model was built, glibc
+   returning freed blocks >= 64 KiB; train.py's RssPeak);
 4. ``dpro simulate TRACE --strategy S.yaml --bandwidth-mbps R --json`` per (strategy, rate), when
    the command exists (else the prediction columns say ``-``; re-fill them later from the recorded
    rows with ``--repredict OUT/rows.json``, which runs no job).
@@ -107,11 +108,11 @@ class Bench:
         self.log = open(a.out / "jobs.log", "a")
         self.n = 0
 
-    def job(self, model: str, sfile: Path | None, ranks: int, rate: float | None, *,
+    def job(self, model: str, sfile: Path | None, ranks: int, rate: float | None, *, memory: bool = False,
             profile: bool = False) -> dict[str, Any]:
         a = self.a
         self.n += 1
-        tag = f"{self.n:03d}-{model}-{sfile.stem if sfile else 'single'}-{'prof' if profile else f'{rate:g}'}"
+        tag = f"{self.n:03d}-{model}-{sfile.stem if sfile else 'single'}-{'prof' if profile else 'mem' if memory else f'{rate:g}'}"
         jdir = a.out / tag
         jdir.mkdir(exist_ok=True)
         times = jdir / "times.json"
@@ -120,6 +121,8 @@ class Bench:
                 "--threads", "1", "--quiet", "--json-out", str(times)]
         if sfile is not None:
             argv += ["--strategy", str(sfile)]
+        if memory:
+            argv.append("--memory")
         trace = jdir / "trace"
         print(f"  job {tag} ...", end="", flush=True)
         self.log.write(f"\n=== {tag}: {' '.join(argv)}\n")
@@ -134,7 +137,7 @@ class Bench:
             raise RuntimeError(f"job {tag} failed (exit codes {res.codes}); see {a.out / 'jobs.log'}")
         doc = json.loads(times.read_text())
         row = {"tag": tag, "ms": doc["iteration_ms"], "per_rank_ms": doc["per_rank_median_ms"],
-               "peak_rss_mib": doc["peak_rss_mib"], "peak_bytes": max(doc["peak_bytes"].values()),
+               "peak_rss_mib": doc["peak_rss_mib"], "peak_bytes": max(doc["peak_bytes"].values()) if memory else None,
                "wall_s": res.wall_s}
         if profile:
             row["trace"] = str(trace)
@@ -255,28 +258,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {model}: single-process profile (--shapes) at {a.cpus:g} CPU", flush=True)
         rows["profiles"][model] = b.job(model, None, 1, None, profile=True)
         save(a, rows)
-        mem: dict[str, list[int]] = {sf.stem: [] for sf in sfiles}
+        print(f"== {model}: peak memory (--memory runs at {rates[0]:g} Mbit/s)", flush=True)
+        for sf in sfiles:
+            j = b.job(model, sf, strategy_ranks(sf), rates[0], memory=True)
+            rows["memory"].append({"model": model, "strategy": sf.stem, "strategy_file": str(sf),
+                                   "measured_peak_bytes": j["peak_bytes"], "peak_rss_mib": j["peak_rss_mib"]})
+        peaks = sorted(r["measured_peak_bytes"] for r in rows["memory"] if r["model"] == model)
+        k = max(1, len(peaks) // 2)   # halfway between the two middle peaks: no strategy sits on the cap
+        rows["caps"][model] = int(a.cap_mib * 2**20) if a.cap_mib else int((peaks[k - 1] + peaks[min(k, len(peaks) - 1)]) / 2)
+        save(a, rows)
         for rate in rates:
             print(f"== {model} at {rate:g} Mbit/s, {a.cpus:g} CPU per host (period {a.period_us} us)", flush=True)
             meas: dict[str, list[float]] = {sf.stem: [] for sf in sfiles}
             for rnd in range(a.rounds):
                 for sf in (sfiles if rnd % 2 == 0 else list(reversed(sfiles))):
-                    j = b.job(model, sf, strategy_ranks(sf), rate)
-                    meas[sf.stem].append(j["ms"])
-                    mem[sf.stem].append(j["peak_bytes"])
+                    meas[sf.stem].append(b.job(model, sf, strategy_ranks(sf), rate)["ms"])
             for sf in sfiles:
                 rows["time"].append({"model": model, "strategy": sf.stem, "strategy_file": str(sf),
                                      "ranks": strategy_ranks(sf), "rate": rate,
                                      "measured_ms": round(statistics.median(meas[sf.stem]), 3),
                                      "rounds_ms": meas[sf.stem]})
             save(a, rows)
-        for sf in sfiles:
-            rows["memory"].append({"model": model, "strategy": sf.stem, "strategy_file": str(sf),
-                                   "measured_peak_bytes": int(statistics.median(mem[sf.stem])), "runs_bytes": mem[sf.stem]})
-        peaks = sorted(r["measured_peak_bytes"] for r in rows["memory"] if r["model"] == model)
-        k = max(1, len(peaks) // 2)   # halfway between the two middle peaks: no strategy sits on the cap
-        rows["caps"][model] = int(a.cap_mib * 2**20) if a.cap_mib else int((peaks[k - 1] + peaks[min(k, len(peaks) - 1)]) / 2)
-        save(a, rows)
     rows["wall_s"] = round(time.time() - t0, 1)
     predict(rows)
     save(a, rows)

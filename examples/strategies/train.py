@@ -5,9 +5,9 @@ The strategy is the same YAML/JSON file ``dpro simulate --strategy`` reads (docs
 keys: ``ranks``, ``hosts``, ``strategy.data_parallel{degree,sharding}``,
 ``strategy.tensor_parallel{degree}``, ``strategy.pipeline{stages,micro_batches,schedule}``,
 ``strategy.recompute`` and ``strategy.children[{module, recompute}]``), so a bench hands the one file
-to the real job and to the simulator.  Without ``--strategy`` the job is plain data parallel over
-the ranks (degree 1 at ``--ranks 1``: the single-process run ``dpro profile --shapes`` records for
-the simulator).
+to the real job and to the simulator.  Without ``--strategy`` the job is plain DDP over the ranks;
+at ``--ranks 1`` DDP over a 1-rank gloo group: the single-process run ``dpro profile --shapes``
+records for the simulator (DDP makes the collector record parameters and gradient-ready ops).
 
 What each strategy runs (torch 2.13, CPU, gloo; every one of them works there):
 
@@ -23,7 +23,8 @@ tensor_parallel        DTensor ``parallelize_module``: in every block the first 
                        ``ColwiseParallel``, the second ``RowwiseParallel`` (Megatron; attention:
                        q/k/v column, o row); embeddings, norms and the head replicated
 pipeline               ``torch.distributed.pipelining``: the layers cut into ``stages`` contiguous
-                       stages (stage 0 also holds the input layer, the last the head and the loss),
+                       stages by count (``split: even`` required: dpro simulate's default is
+                       ``balanced``; stage 0 also holds ``inp``, the last ``head`` and the loss),
                        ``ScheduleGPipe`` or ``Schedule1F1B`` over ``micro_batches``
 recompute              ``checkpoint_wrapper`` (non-reentrant activation checkpointing) on every
                        layer, or on the ``layers.K`` the strategy's children name
@@ -39,10 +40,11 @@ Launch: ``--ranks N`` spawns N ranks here (loopback); under torchrun or ``dpro_k
 ``--json-out FILE`` with every rank's iteration times (``iteration_times_s``, what
 ``dpro_kit.jobs.job_iteration_ms`` reads).  Time: wall clock of each iteration (batch, forward,
 backward, optimizer step) per rank; the job's iteration time is the slowest rank's median after the
-warm-up.  Memory: ``peak_bytes`` is each rank's peak ANONYMOUS resident growth from just before the
-model is built to the end of the measured iterations (see :class:`RssPeak`: glibc returns every
-block >= 64 KiB to the kernel when freed, so this follows the live tensors whichever thread frees
-them, at no cost to the timing); ``peak_rss_mib`` is the whole process's ``ru_maxrss``.  (torch's
+warm-up.  Memory (``--memory``, a separate run: it slows the iterations): ``peak_bytes`` is each
+rank's peak ANONYMOUS resident growth from just before the model is built to the end of the measured
+iterations (see :class:`RssPeak`: glibc returns every block >= 64 KiB to the kernel when freed, so
+this follows the live tensors whichever thread frees them); ``peak_rss_mib`` is the whole process's
+``ru_maxrss``.  (torch's
 CPU allocator has no statistics, and ``torch.profiler(profile_memory=True)`` misses frees on threads
 it does not profile: under FSDP2 its running total grew ~2 MiB per iteration, so it is not used.)
 
@@ -224,6 +226,10 @@ def load_strategy(path: str | None, ranks: int) -> dict:
     if out["dp"] * out["tp"] * out["stages"] != out["ranks"]:
         raise StrategyError(f"{path}: data_parallel.degree {out['dp']} x tensor_parallel.degree {out['tp']} x "
                             f"pipeline.stages {out['stages']} != ranks {out['ranks']}")
+    split = str(pp.get("split", "balanced"))
+    if out["stages"] > 1 and split != "even":
+        raise StrategyError(f"{path}: strategy.pipeline.split is {split!r}: this job cuts the layers by count; add "
+                            "`split: even` to the pipeline (so dpro simulate cuts them the same way)")
     if sum(x > 1 for x in (out["dp"], out["tp"], out["stages"])) > 1:
         raise StrategyError(f"{path}: this job runs one parallel dimension at a time (data, tensor or pipeline); "
                             "use a file with only one of the degrees above 1")
@@ -308,7 +314,7 @@ class Job:
             self.model = net
             self.opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
             self.describe = "DTensor parallelize_module (Colwise/Rowwise pairs)"
-        elif st["dp"] > 1:
+        else:   # data parallel, degree >= 1 (1 process: DDP over one rank, as dpro simulate's profile wants)
             if args.batch_size % st["dp"]:
                 raise StrategyError(f"--batch-size {args.batch_size} is not divisible by data_parallel.degree {st['dp']}")
             self.local_batch = args.batch_size // st["dp"]
@@ -334,10 +340,6 @@ class Job:
                 self.model = net
                 self.opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
                 self.describe = f"FSDP2 fully_shard per layer + root (reshard_after_forward={reshard})"
-        else:
-            self.model = net
-            self.opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
-            self.describe = "single process" if world == 1 else "no parallelism (every rank the whole job)"
         self.gen = torch.Generator().manual_seed(args.seed + 1 + (rank if st["dp"] > 1 else 0))
 
     def _pipeline(self, net: Net) -> None:
@@ -374,7 +376,7 @@ class Job:
 # --------------------------------------------------------------------------- run
 
 class RssPeak:
-    """Peak resident memory the job adds on top of the process it starts in (thread-agnostic, no overhead).
+    """Peak resident memory the job adds on top of the process it starts in (thread-agnostic; --memory).
 
     glibc is told (``mallopt``) to serve every allocation of >= 64 KiB by its own ``mmap`` and to return
     it with ``munmap`` when freed (no dynamic threshold, no caching in the heap), so resident memory
@@ -390,8 +392,14 @@ class RssPeak:
 
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool) -> None:
         import ctypes
+        if not enabled or os.environ.get("DPRO_OUT"):
+            # off by default: a fresh mmap per block costs page faults every iteration (timing runs keep glibc's
+            # heap); never under dpro profile (with every block >= 64 KiB unmapped when freed, the profiler's
+            # trace export crashed: SIGSEGV at the window's end)
+            self.ok, self.base = False, None
+            return
         try:
             libc = ctypes.CDLL("libc.so.6")
             self.ok = bool(libc.mallopt(self.M_MMAP_THRESHOLD, 64 * 1024)) and bool(libc.mallopt(self.M_TRIM_THRESHOLD, 128 * 1024))
@@ -404,9 +412,7 @@ class RssPeak:
     def _touch() -> None:
         """One step of a tiny copy of each model: one-time lazy allocations (the first optimizer step's
         imports, kernel buffers: ~70 MiB here) happen now, before the base is read, not counted as the job's.
-        Skipped under ``dpro profile`` (its collector counts optimizer steps; memory is not measured there)."""
-        if os.environ.get("DPRO_OUT"):   # under dpro profile: no extra backward the collector would see
-            return
+        Not under ``dpro profile`` (its collector counts optimizer steps; memory is not measured there)."""
         tiny = Net(nn.Sequential(Embed(16, 8, 4), FFN(8, 16)), [Block(8, 2)], Head(8, 16, norm=True))
         opt = torch.optim.SGD(tiny.parameters(), lr=0.1, momentum=0.9)
         loss_fn(tiny(torch.randint(0, 16, (2, 4))), torch.randint(0, 16, (2, 4))).backward()
@@ -441,7 +447,7 @@ class RssPeak:
 def train(args: argparse.Namespace, st: dict) -> None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    rss = RssPeak()                               # before the model: its resident growth is the job's
+    rss = RssPeak(args.memory)                    # before the model: its resident growth is the job's
     job = Job(args, st, rank, world)
     if rank == 0 and not args.quiet:
         print(f"model={args.model} params={job.n_params} strategy={st['name']} world={world}: {job.describe}"
@@ -492,9 +498,11 @@ def _run(args: argparse.Namespace, st: dict) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != st["ranks"]:
         raise StrategyError(f"the strategy is for {st['ranks']} ranks but the job has {world}")
-    if world == 1:
-        train(args, st)
-        return
+    if world == 1:   # one process: a 1-rank gloo group, so data parallel is DDP (what dpro simulate's profile records)
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            os.environ["MASTER_PORT"] = str(_free_port())
     dist.init_process_group("gloo")
     try:
         train(args, st)
@@ -503,6 +511,12 @@ def _run(args: argparse.Namespace, st: dict) -> None:
         import gc
         gc.collect()
         dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _worker(local_rank: int, args: argparse.Namespace, st: dict) -> None:
@@ -528,6 +542,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--memory", action="store_true",
+                   help="measure peak memory (peak_bytes; RssPeak): glibc then maps and unmaps every block >= 64 KiB, "
+                        "whose page faults slow the iterations, so time and memory come from separate runs; "
+                        "not under dpro profile")
     p.add_argument("--json-out", default="", help="write every rank's iteration times and the summary here")
     p.add_argument("--quiet", action="store_true", help="print only the JSON line")
     a = p.parse_args(argv)
@@ -563,9 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             if "MASTER_PORT" not in os.environ:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+                os.environ["MASTER_PORT"] = str(_free_port())
             import torch.multiprocessing as mp
             mp.spawn(_worker, args=(args, st), nprocs=ranks, join=True)
     except StrategyError as e:
