@@ -127,3 +127,13 @@ def test_compile_arrays_is_generation_order_then_locality():
     loc = np.lexsort((np.arange(n), _earliest_starts(cg1.dur, cg1.indptr, cg1.succ)))   # by time, then index
     assert np.array_equal(loc, locality_order(cg1))
     assert_same_compiled(got, renumber(cg1, loc))
+
+
+def test_first_occurrence_mask():
+    """Repeated edges dropped, each kept at its first position (what networkx's add_edge keeps)."""
+    import pandas as pd
+    from dpro_kit.graph.arrays import _first_occurrence
+    rng = np.random.default_rng(5)
+    src, dst = rng.integers(0, 50, 5000), rng.integers(0, 50, 5000)
+    ref = ~pd.Index(src * 50 + dst).duplicated(keep="first")
+    assert np.array_equal(_first_occurrence(src, dst, 50), ref)

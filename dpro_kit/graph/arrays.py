@@ -80,20 +80,15 @@ def _compile_trace(ts: TraceSet) -> Any:
     ev = ts.events
     nc, node_u = _encode(ev["node"])
     oc, op_u = _encode(ev["op"])
-    kc, kind_u = _encode(ev["kind"])
-    sc, stream_u = _encode(ev["stream"])
     if "" in node_u or "STEP_END" in op_u:
         return None                     # would collide with the SYNC / STEP_END ops' keys
-    comm = np.array([k in COMM_KINDS for k in kind_u], dtype=bool)
-    rows = np.flatnonzero(~comm[kc]) if kind_u else np.zeros(0, dtype=np.int64)
+    rows = np.flatnonzero(~ev["kind"].isin(list(COMM_KINDS)).to_numpy(dtype=bool))
     n_ev_nodes, nop = len(node_u), max(len(op_u), 1)
     comb = nc[rows] * nop + oc[rows]
     ncomb = n_ev_nodes * nop
+    table = None
     if ncomb <= 8 * rows.size + (1 << 20):
         gid, ng, table = _first_ids(comb, ncomb)
-
-        def lookup(c: np.ndarray) -> np.ndarray:
-            return table[c]
     else:                               # many distinct op names per node: hash, then binary search
         gid, ucomb = pd.factorize(comb)
         gid = gid.astype(np.int64, copy=False)
@@ -108,7 +103,9 @@ def _compile_trace(ts: TraceSet) -> Any:
     if not bool(np.all(np.isfinite(mean) & (mean >= 0))):
         return None                     # the builder's validate() words it
     r0 = rows[first]
-    gnode, gop, gstream, gkind = nc[r0], oc[r0], sc[r0], kc[r0]
+    gnode, gop = nc[r0], oc[r0]
+    gkind, kind_u = _encode(ev["kind"], r0)        # kind and stream only at each op's first row
+    gstream, stream_u = _encode(ev["stream"], r0)
     node_idx: dict[str, int] = {n: i for i, n in enumerate(node_u)}
     op_idx: dict[str, int] = {o: i for i, o in enumerate(op_u)}
     names = list(node_u)
@@ -120,10 +117,14 @@ def _compile_trace(ts: TraceSet) -> Any:
             names.append(n)
         return i
 
-    def find(ncodes: np.ndarray, ops: list[str] | np.ndarray) -> np.ndarray:
-        """Op index of each (node code, op name or op code); -1 where it was not traced."""
+    def find(seg_node: np.ndarray, seg_len: np.ndarray, ops: list[str] | np.ndarray) -> np.ndarray:
+        """Op index of each (node code, op name or op code), the node given per segment of ``ops``
+        (``seg_len`` long each); -1 where it was not traced."""
         o = ops if isinstance(ops, np.ndarray) else np.fromiter(map(op_idx.get, ops, repeat(-1)), dtype=np.int64,
                                                                  count=len(ops))
+        if table is not None:
+            return _find_dense(table, nop, n_ev_nodes, seg_node, np.cumsum(seg_len), o)
+        ncodes = np.repeat(seg_node, seg_len)
         ok = (o >= 0) & (ncodes < n_ev_nodes)
         out = np.full(o.size, -1, dtype=np.int64)
         out[ok] = lookup(ncodes[ok] * nop + o[ok])
@@ -143,7 +144,7 @@ def _compile_trace(ts: TraceSet) -> Any:
                                                   count=len(flat))
         op_codes.append(prev_codes)
     counts = np.array([c.size for c in op_codes], dtype=np.int64)
-    ends = find(np.repeat(np.array([node_idx.get(n, n_ev_nodes) for n in ts.edges], dtype=np.int64), counts),
+    ends = find(np.array([node_idx.get(n, n_ev_nodes) for n in ts.edges], dtype=np.int64), counts,
                 np.concatenate(op_codes) if op_codes else np.zeros(0, dtype=np.int64))
     if (ends < 0).any():
         return None                     # an op only in the dependency list: contracted by the builder
@@ -167,13 +168,15 @@ def _compile_trace(ts: TraceSet) -> Any:
         named: list[tuple[bool, str, int, int]] = []
         ops: list[str] = []
         nodes: list[int] = []
+        lens: list[int] = []
         for is_in, side in ((True, c.inputs), (False, c.outputs)):
             for n, o in side.items():
                 o = list(dict.fromkeys(o))
                 named.append((is_in, n, len(ops), len(ops) + len(o)))
                 ops += o
-                nodes += [node_idx.get(n, n_ev_nodes)] * len(o)
-        got = find(np.asarray(nodes, dtype=np.int64), ops)
+                nodes.append(node_idx.get(n, n_ev_nodes))
+                lens.append(len(o))
+        got = find(np.asarray(nodes, dtype=np.int64), np.asarray(lens, dtype=np.int64), ops)
         if (got < 0).any():
             return None                 # the builder refuses it, with a message
         got_l = got.tolist()
@@ -262,14 +265,49 @@ def _compile_trace(ts: TraceSet) -> Any:
     return compile_arrays(keys_at, dur, prio, dev0, list(dev_names), s_arr, d_arr, it_pairs)
 
 
-def _first_occurrence(src: np.ndarray, dst: np.ndarray, n: int) -> np.ndarray:
-    """Mask of edges that are not repeats of an earlier one (networkx ignores a repeated add_edge)."""
-    code = src * np.int64(max(n, 1)) + dst
-    return ~pd.Index(code).duplicated(keep="first")
+@njit(cache=True)
+def _first_occurrence(src, dst, n):  # pragma: no cover - compiled
+    """Mask of edges that are not repeats of an earlier one (networkx ignores a repeated add_edge):
+    each source's edges in order (a counting sort), a destination kept the first time it is seen."""
+    m = src.size
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    for k in range(m):
+        indptr[src[k] + 1] += 1
+    for i in range(n):
+        indptr[i + 1] += indptr[i]
+    pos = indptr[:-1].copy()
+    perm = np.empty(m, dtype=np.int64)
+    for k in range(m):
+        perm[pos[src[k]]] = k
+        pos[src[k]] += 1
+    mark = np.full(n, -1, dtype=np.int64)
+    keep = np.zeros(m, dtype=np.bool_)
+    for u in range(n):
+        for j in range(indptr[u], indptr[u + 1]):
+            k = perm[j]
+            if mark[dst[k]] != u:
+                mark[dst[k]] = u
+                keep[k] = True
+    return keep
 
 
-def _encode(col: pd.Series) -> tuple[np.ndarray, list[str]]:
-    """Codes (int64, numbered in order of first appearance) and the distinct values of a string column."""
+@njit(cache=True)
+def _find_dense(table, nop, n_ev_nodes, seg_node, seg_end, o):  # pragma: no cover - compiled
+    """``table[node * nop + op]`` per element, the node given per segment; -1 for an untraced pair."""
+    out = np.empty(o.size, dtype=np.int64)
+    k0 = 0
+    for i in range(seg_node.size):
+        nd = seg_node[i]
+        for k in range(k0, seg_end[i]):
+            c = o[k]
+            out[k] = table[nd * nop + c] if (c >= 0 and nd < n_ev_nodes) else -1
+        k0 = seg_end[i]
+    return out
+
+
+def _encode(col: pd.Series, at: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
+    """Codes (int64, numbered in order of first appearance) and the distinct values of a string column
+    (of its rows ``at`` only, if given)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     try:
@@ -277,8 +315,11 @@ def _encode(col: pd.Series) -> tuple[np.ndarray, list[str]]:
     except (pa.ArrowException, TypeError, ValueError):
         arr = None
     if arr is None or not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        codes, uniq = pd.factorize(col.astype(object).to_numpy(), use_na_sentinel=False)
+        vals = col.astype(object).to_numpy()
+        codes, uniq = pd.factorize(vals if at is None else vals[at], use_na_sentinel=False)
         return codes.astype(np.int64, copy=False), [str(u) for u in uniq]
+    if at is not None:
+        arr = arr.take(pa.array(at))
     chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
     chunks = [c for c in chunks if len(c)]
     if not chunks:
