@@ -297,6 +297,9 @@ def test_tensor_parallel_megatron_pair():
                          "strategy": {"tensor_parallel": {"degree": 2}, "recompute": True}})
     assert [c["tag"].split(" mb")[0] for c in r.compiled.collectives] == ["tp fwd", "tp recompute", "tp bwd"]
     assert r.iteration_ms == pytest.approx(24.8, abs=1e-9)
+    # no Linear pair anywhere: said, not silently replicated
+    n = run(chain_model(2), {"ranks": 2, "strategy": {"tensor_parallel": {"degree": 2}}})
+    assert any("no Linear pair" in x for x in n.notes) and n.compiled.collectives == []
     # tensor_parallel degree 1 on the subtree: nothing split, no collective
     q = run(tp_model(), {"ranks": 2, "hosts": 1, "strategy": {"tensor_parallel": {"degree": 2}, "children": [
         {"module": "mlp", "tensor_parallel": {"degree": 1}}]}})

@@ -593,6 +593,9 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                     b.g.add_edge(kg, _first_bwd_key(src, j, plans))
     # data-parallel gradient synchronisation and the optimizer step
     notes: list[str] = []
+    if tp > 1 and not any(sg.fwd_ar_bytes for plans in stage_plans for pl in plans for sg in pl.segments):
+        notes.append(f"tensor_parallel degree {tp}: no Linear pair (column group -> row) in any layer, so nothing "
+                     "is split: every TP rank computes the whole model")
     for s, plans in enumerate(stage_plans):
         L = len(plans)
         for t in range(tp):
