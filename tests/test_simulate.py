@@ -239,6 +239,17 @@ def test_zero2_unit_gathered_forward_to_backward():
     assert (mem["peak"], mem["peak_ms"], mem["parts_sum"]) == (10_000_000, pytest.approx(16.5), 8_000_000)
 
 
+def test_gloo_reduce_scatter_costs_an_allreduce():
+    """On a gloo profile the reduce-scatter is a ring all-reduce (gloo sends an all-reduce's bytes):
+    ZeRO-2 above with 2 steps of 2e6 B (32000 us) instead of 1: 33750 + 16000 = 49750 us."""
+    m = one_layer()
+    m.comm_backend = "gloo"
+    p = run(m, {**DP2, "strategy": {"data_parallel": {"degree": 2, "sharding": "zero2"}}})
+    assert p.iteration_ms == pytest.approx(49.75, abs=1e-9)
+    sends = [d for _, d in p.compiled.graph.nodes(data=True) if d["kind"] == "SEND" and "reduce_scatter" in d["tensor"]]
+    assert len(sends) == 2 * 2 and any("replayed as all-reduces" in n for n in p.notes)
+
+
 def test_fsdp_units():
     """Two FSDP units of 2e6 B (1 all-gather step of 1e6 B = 8000 us on each link direction), each
     rank on half the batch (fwd 500, bwd 1000 us per unit):

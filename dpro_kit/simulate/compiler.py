@@ -50,7 +50,9 @@ Rules (derived in docs/simulate.md):
 * **Collectives** are rings (:func:`dpro_kit.graph.topology.ring_allreduce` and the
   reduce-scatter / all-gather halves): ``2(k-1)`` (all-reduce) or ``k-1`` steps of
   ``bytes/k`` per rank, each transfer ``alpha + b/B`` from the project's link model
-  (:class:`dpro_kit.costmodel.CommModel`), one link device per ordered host pair.
+  (:class:`dpro_kit.costmodel.CommModel`), one link device per ordered host pair.  On a gloo
+  profile a reduce-scatter is replayed as an all-reduce: gloo's ``reduce_scatter_tensor``
+  sends an all-reduce's bytes (interface counters, docs/simulate.md "Validation").
 
 References
 ----------
@@ -347,7 +349,7 @@ def ddp_buckets(items: list[tuple[str, int, int]], bucket_mb: float) -> list[lis
 class _Builder:
     """Graph under construction: compute ops, collectives (rings) and transfers."""
 
-    def __init__(self, nodes: list[str], hosts: list[str], model: CommModel) -> None:
+    def __init__(self, nodes: list[str], hosts: list[str], model: CommModel, rs_as_allreduce: bool = False) -> None:
         self.g = nx.DiGraph()
         self.g.graph["iteration_edges"] = []
         man = Manifest(job="simulate", framework="simulate", comm_backend="ring", world_size=len(nodes),
@@ -356,6 +358,8 @@ class _Builder:
         self.ctx = CommContext(graph=self.g, manifest=man, model=model, links=Links(man))
         self.collectives: list[dict[str, Any]] = []
         self.n_coll = 0
+        #: gloo: reduce_scatter_tensor moves an all-reduce's bytes (measured, docs/simulate.md Validation)
+        self.rs_as_allreduce = rs_as_allreduce
         #: (node, "F"/"B", micro-batch, unit) -> Out op of that FSDP unit's all-gather (prefetch chain)
         self.fsdp_ag: dict[tuple[str, str, int, int], str] = {}
 
@@ -376,7 +380,7 @@ class _Builder:
         nb = int(round(nbytes))
         coll = Collective(tensor=tensor, op="allreduce", bytes=nb, participants=list(group))
         self.collectives.append({"kind": kind, "group": list(group), "bytes": nb, "tag": tag, "tensor": tensor})
-        if kind == "allreduce":
+        if kind == "allreduce" or (kind == "reduce_scatter" and self.rs_as_allreduce):
             ring_allreduce(self.ctx, coll)
         else:
             _ring_half(self.ctx, coll, kind)
@@ -481,7 +485,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
     nodes = [f"h{r // per_host}/{r}" for r in range(st.ranks)]
     hosts = [f"h{r // per_host}" for r in range(st.ranks)]
     cm = comm_model_for(st, nodes, hosts, bandwidth_Bps=bandwidth_Bps, latency_us=latency_us, intra_Bps=intra_Bps)
-    b = _Builder(nodes, hosts, cm)
+    b = _Builder(nodes, hosts, cm, rs_as_allreduce=model.comm_backend == "gloo")
     settings = [st.settings(lay.name) for lay in model.layers]
 
     def rank(s: int, d: int, t: int) -> int:
@@ -593,6 +597,9 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                     b.g.add_edge(kg, _first_bwd_key(src, j, plans))
     # data-parallel gradient synchronisation and the optimizer step
     notes: list[str] = []
+    if b.rs_as_allreduce and any(pl.settings.sharding in SHARDED_PARAMS for plans in stage_plans for pl in plans):
+        notes.append("gloo profile: reduce-scatters replayed as all-reduces (gloo's reduce_scatter_tensor sends "
+                     "an all-reduce's bytes)")
     if tp > 1 and not any(sg.fwd_ar_bytes for plans in stage_plans for pl in plans for sg in pl.segments):
         notes.append(f"tensor_parallel degree {tp}: no Linear pair (column group -> row) in any layer, so nothing "
                      "is split: every TP rank computes the whole model")

@@ -160,6 +160,8 @@ class ModelGraph:
     #: activations (temporaries of the loss and backward), from allocator samples; 0 without them
     transient_bytes: int = 0
     activation_source: str = ""
+    #: the profiled job's communication backend (``manifest.comm_backend``: gloo, nccl, ...)
+    comm_backend: str = ""
 
     @property
     def param_bytes(self) -> int:
@@ -398,7 +400,8 @@ def from_profile(path: str | Path, *, session: Any = None, allocator: bool = Tru
                       f"peak {int(traced['peak_bytes'])} B - the model's parts for the profiled run")
     return ModelGraph(layers=out_layers, update_us=float(statistics.median(p[2] for p in per_iter)),
                       other_us=float(statistics.median(p[3] for p in per_iter)), optimizer_state_bytes=int(opt),
-                      source=str(path), notes=notes, transient_bytes=transient, activation_source=act_source)
+                      source=str(path), notes=notes, transient_bytes=transient, activation_source=act_source,
+                      comm_backend=str(m.comm_backend or ""))
 
 
 __all__ = ["DTYPE_BYTES", "Layer", "ModelGraph", "Op", "VIEW_OPS", "from_profile"]
