@@ -83,6 +83,7 @@ def test_parse_and_propagate():
     ({"ranks": 2, "memory_limit": "lots", "strategy": {"data_parallel": {"degree": 2}}}, "memory_limit",
      "memory size"),
     ({"strategy": {}}, "ranks", "missing"),
+    ({"ranks": 1, "link_efficiency": 1.5, "strategy": {}}, "link_efficiency", "(0, 1]"),
     ({"ranks": 2, "strategy": {"pipeline": {"stages": 2, "split": "random"}}}, "strategy.pipeline.split",
      "unknown split"),
 ])
@@ -186,7 +187,7 @@ def one_layer(params=4_000_000, update=500.0):
                                     bwd_us=2000.0)], update_us=update, optimizer_state_bytes=params)
 
 
-DP2 = {"ranks": 2, "hosts": 2, "bandwidth_mbps": 1000, "latency_us": 0}
+DP2 = {"ranks": 2, "hosts": 2, "bandwidth_mbps": 1000, "latency_us": 0, "link_efficiency": 1}
 
 
 def test_ddp_allreduce():
@@ -207,6 +208,11 @@ def test_ddp_allreduce():
     assert (r["compute_ms"], r["exposed_comm_ms"], r["bubble_ms"]) == pytest.approx((2.0, 32.0, 0.0))
     assert {k: r["memory"][k] for k in ("params", "grads", "optimizer", "comm_buffers")} == \
         dict(params=4_000_000, grads=4_000_000, optimizer=4_000_000, comm_buffers=4_000_000)
+    # by default a line rate carries TCP goodput (1448/1514 of it, as dpro replay --bandwidth-mbps)
+    from dpro_kit.whatif import TCP_EFFICIENCY
+    g = run(one_layer(), {**DP2, "link_efficiency": None, "strategy": {"data_parallel": {"degree": 2}}})
+    assert g.iteration_ms == pytest.approx(2.0 + 32.0 / TCP_EFFICIENCY, abs=1e-9)
+    assert g.links["goodput_mbps"] == pytest.approx(1000 * TCP_EFFICIENCY)
 
 
 def test_zero1_ddp_allreduce_then_sharded_step():

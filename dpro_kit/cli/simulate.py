@@ -140,7 +140,8 @@ def _print_prediction(p) -> None:
     click.echo(f"  predicted iteration: {p.iteration_ms:.2f} ms   (mean per rank: compute {b['compute']:.2f}, "
                f"exposed comm {b['exposed_comm']:.2f}, bubble {b['bubble']:.2f} ms)")
     lk = p.links
-    click.echo(f"  links: {lk['inter_host_mbps']:g} Mbit/s between hosts ({lk['source']}), "
+    click.echo(f"  links: {lk['inter_host_mbps']:g} Mbit/s between hosts ({lk['source']}; goodput "
+               f"{lk['goodput_mbps']:.4g}), "
                f"{lk['intra_host_mbps']:g} within a host, {lk['latency_us']:g} us latency; replay: {p.device_model}"
                + (f", overlap factor {p.overlap_factor:g}" if p.overlap_factor else ""))
     if p.collectives:

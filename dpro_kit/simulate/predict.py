@@ -106,7 +106,9 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
     strategy : Strategy
         From :func:`dpro_kit.simulate.strategy.load_strategy`.
     bandwidth_mbps : float or None
-        Inter-host rate (Mbit/s) overriding the strategy file's ``bandwidth_mbps``.
+        Inter-host line rate (Mbit/s) overriding the strategy file's ``bandwidth_mbps``; transfers run
+        at its goodput, ``x link_efficiency`` (default :data:`dpro_kit.whatif.TCP_EFFICIENCY`, as
+        ``dpro replay --bandwidth-mbps``).
     default_bandwidth_Bps : float or None
         Rate when neither gives one (the profile's link model); None: 10 Gbit/s.
     memory_limit : int or None
@@ -124,11 +126,13 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
     from ..costmodel import DEFAULT_BANDWIDTH_BPS
     from ..replay import replay
 
-    if bandwidth_mbps is not None:
-        bw = bandwidth_mbps * 1e6 / 8
+    from ..whatif import TCP_EFFICIENCY
+    eff = strategy.link_efficiency if strategy.link_efficiency is not None else TCP_EFFICIENCY
+    if bandwidth_mbps is not None:     # a line rate: TCP goodput = rate x efficiency, as dpro replay's what-if
+        bw = bandwidth_mbps * 1e6 / 8 * eff
         bw_src = "--bandwidth-mbps"
     elif strategy.bandwidth_mbps is not None:
-        bw = strategy.bandwidth_mbps * 1e6 / 8
+        bw = strategy.bandwidth_mbps * 1e6 / 8 * eff
         bw_src = "strategy file"
     else:
         bw = default_bandwidth_Bps or DEFAULT_BANDWIDTH_BPS
@@ -191,8 +195,9 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
         e = colls.setdefault(kind, {"count": 0, "bytes": 0})
         e["count"] += 1
         e["bytes"] += c["bytes"]
-    links = {"inter_host_mbps": bw * 8 / 1e6, "source": bw_src, "intra_host_mbps": intra * 8 / 1e6,
-             "latency_us": lat}
+    line = bandwidth_mbps if bandwidth_mbps is not None else strategy.bandwidth_mbps
+    links = {"inter_host_mbps": line if line is not None else bw * 8 / 1e6, "goodput_mbps": bw * 8 / 1e6,
+             "source": bw_src, "intra_host_mbps": intra * 8 / 1e6, "latency_us": lat}
     notes = list(model.notes) + list(comp.notes)
     if dm == "fifo":
         notes.append("replayed with FIFO links (no bandwidth sharing between concurrent transfers)")

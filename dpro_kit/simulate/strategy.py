@@ -18,7 +18,8 @@ tree of parallel configurations whose root covers the whole model::
 
 Optional keys this implementation adds (documented in docs/simulate.md):
 ``intra_host_bandwidth_mbps`` and ``latency_us`` (the link model of ranks that share a
-host, and the per-transfer latency), ``memory_limit`` (``"8GiB"``; the CLI's
+host, and the per-transfer latency), ``link_efficiency`` (goodput / line rate of the
+inter-host links, default :data:`dpro_kit.whatif.TCP_EFFICIENCY`), ``memory_limit`` (``"8GiB"``; the CLI's
 ``--memory-limit`` overrides it), ``pipeline.split`` (``balanced`` by time, or ``even``),
 ``data_parallel.bucket_mb`` (DDP's gradient bucket
 cap, default 25) and, per node, ``tensor_parallel.degree`` 1 (replicate that subtree).
@@ -53,7 +54,7 @@ SHARDINGS = ("none", "zero1", "zero2", "zero3", "fsdp")
 SCHEDULES = ("gpipe", "1f1b")
 
 _TOP_KEYS = {"name", "ranks", "hosts", "bandwidth_mbps", "intra_host_bandwidth_mbps", "latency_us", "memory_limit",
-             "strategy"}
+             "link_efficiency", "strategy"}
 _NODE_KEYS = {"data_parallel", "tensor_parallel", "pipeline", "recompute", "children"}
 _DP_KEYS = {"degree", "sharding", "bucket_mb"}
 _TP_KEYS = {"degree"}
@@ -136,6 +137,7 @@ class Strategy:
     intra_host_bandwidth_mbps: float | None = None
     latency_us: float | None = None
     memory_limit: int | None = None
+    link_efficiency: float | None = None
     path: str | None = None
 
     def settings(self, module: str) -> Settings:
@@ -286,6 +288,10 @@ def parse_strategy(doc: Any, *, path: str | None = None, default_name: str = "st
     lat = doc.get("latency_us")
     if lat is not None and (not _is_num(lat) or lat < 0 or not math.isfinite(lat)):
         raise err("latency_us", f"must be a number >= 0, got {lat!r}")
+    eff = doc.get("link_efficiency")
+    if eff is not None and (not _is_num(eff) or not 0 < eff <= 1):
+        raise err("link_efficiency", f"must be a number in (0, 1], got {eff!r}",
+                  "TCP goodput / line rate; default 1448/1514 (docs/whatif.md)")
     mem = doc.get("memory_limit")
     if mem is not None:
         mem = parse_memory(mem, path=path, record="memory_limit")
@@ -328,7 +334,7 @@ def parse_strategy(doc: Any, *, path: str | None = None, default_name: str = "st
     return Strategy(name=str(name), ranks=ranks, hosts=hosts, dp=dp, tp=tp, stages=stages, micro_batches=mbs,
                     schedule=sched, root=root, max_in_flight=mif, split=split, bucket_mb=float(bucket), bandwidth_mbps=bw,
                     intra_host_bandwidth_mbps=ibw, latency_us=None if lat is None else float(lat),
-                    memory_limit=mem, path=path)
+                    memory_limit=mem, link_efficiency=None if eff is None else float(eff), path=path)
 
 
 def _children(items: Any, key: str, parent: StrategyNode, dp: int, tp: int, err) -> list[StrategyNode]:
