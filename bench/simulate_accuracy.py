@@ -155,6 +155,12 @@ def order(d: dict[str, float | None]) -> list[str] | None:
     return sorted(d, key=lambda k: d[k])
 
 
+def _sfile(r: dict[str, Any]) -> Path:
+    """The row's strategy file; this checkout's copy when the recorded path is gone (another checkout)."""
+    p = Path(r["strategy_file"])
+    return p if p.exists() else STRATS / p.name
+
+
 def predict(rows: dict[str, Any]) -> None:
     """Fill the prediction columns of every row from ``dpro simulate`` (nothing if it does not exist)."""
     if not simulate_available():
@@ -164,11 +170,11 @@ def predict(rows: dict[str, Any]) -> None:
     for r in rows["time"]:
         trace = rows["profiles"][r["model"]]["trace"]
         cap = rows["caps"].get(r["model"])
-        r["pred"] = simulate(trace, Path(r["strategy_file"]), r["rate"], cap)
+        r["pred"] = simulate(trace, _sfile(r), r["rate"], cap)
     for r in rows["memory"]:
         trace = rows["profiles"][r["model"]]["trace"]
         rate = rows["rates"][0]
-        r["pred"] = simulate(trace, Path(r["strategy_file"]), rate, rows["caps"].get(r["model"]))
+        r["pred"] = simulate(trace, _sfile(r), rate, rows["caps"].get(r["model"]))
 
 
 def f(x: float | None, fmt: str = "{:.2f}") -> str:
