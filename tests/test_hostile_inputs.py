@@ -84,6 +84,21 @@ CASES = {
         lambda d: next(e for e in d["traceEvents"] if e.get("tid") == "total").update(
             ts=next(e for e in d["traceEvents"] if e.get("tid") == "total")["ts"] - 10**9),
         ["[tid total,", "does not contain its stages"]),
+    # cases 2000-2999
+    "kineto tid a list (case 2053)": ("ddp-2rank-gloo", "host0/0/kineto_trace.json",
+                                      lambda d: _first_x(d, cat="cpu_op").update(tid=[1, "a", None]),
+                                      ["pid, tid and args.stream"]),
+    "mxnet params entry a string (case 2139)": ("mxnet-ps-2w1s-loopback", "host2/worker0/meta.json",
+                                                lambda d: d["params"].__setitem__(1, ""), ["[params[1]]"]),
+    "ring_file a 1 MB name (case 2462)": ("ddp-2host-1000mbit", "host1/1/meta.json",
+                                          lambda d: d.update(ring_file="A" * 10**6), ["[ring_file]"]),
+    "byteps no total events (case 2852)": ("byteps-2w1s", "worker1/0/comm.json",
+                                           lambda d: d.update(traceEvents=[e for e in d["traceEvents"]
+                                                                           if e.get("tid") != "total"]),
+                                           ["no 'total' event"]),
+    "byteps tensor of 1e29 bytes (case 2901)": ("byteps-2w1s", "byteps_meta.json",
+                                                lambda d: d["tensors"].update({"byteps.gradient_2": 10**29}),
+                                                ["[tensors]"]),
 }
 
 

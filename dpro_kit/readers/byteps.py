@@ -160,8 +160,8 @@ def read_meta(trace_dir: Path) -> dict[str, Any]:
         raise TraceFormatError(f"unsupported version {doc.get('version')!r}", path=path, hint="this dpro reads version 1")
     tensors = doc.get("tensors")
     if not isinstance(tensors, dict) or not tensors or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in tensors.values()):
-        raise TraceFormatError("'tensors' must map each tensor name to its size in bytes", path=path,
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 40 for v in tensors.values()):
+        raise TraceFormatError("'tensors' must map each tensor name to its size in bytes (0 .. 2^40)", path=path,
                                record="tensors", hint='e.g. {"byteps.gradient_0": 6000000}')
     for key, ok in (("servers", lambda v: isinstance(v, int) and v >= 1),
                     ("workers", lambda v: isinstance(v, int) and v >= 1),
@@ -287,6 +287,9 @@ def _steps(evs: list[dict[str, Any]], path: Path) -> list[list[dict[str, Any]]]:
             per_part[(e["key"], e["stage"])] += 1
         steps[k].append(e)
     counts = set(per_tensor.values())
+    if not counts:
+        raise TraceFormatError("no 'total' event (tid \"total\"): not a whole BytePS comm.json", path=path,
+                               hint="the file is truncated or damaged; record again (BYTEPS_TRACE_ON=1)")
     if len(counts) != 1:
         raise TraceFormatError("tensors were traced for different numbers of steps "
                                f"({min(counts)}..{max(counts)})", path=path,

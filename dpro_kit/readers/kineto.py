@@ -541,12 +541,16 @@ def _parse(events: Any, header: dict[str, Any], path: Path) -> KinetoTrace:
         args = {intern(k): intern(v) if type(v) is str and len(v) <= 200 else v for k, v in args.items()} \
             if isinstance(args, dict) else {}
         pid, tid = e.get("pid"), e.get("tid")
+        stream = args.get("stream", tid) if cat in GPU_CATS else None
+        if isinstance(pid, (list, dict)) or isinstance(tid, (list, dict)) or isinstance(stream, (list, dict)):
+            raise TraceFormatError("pid, tid and args.stream must be numbers or strings", path=path,
+                                   record=f"traceEvents[{i}]", hint="the file is corrupt; export it again")
         ev = KEvent(name=intern(str(e.get("name", ""))), cat=intern(cat) if type(cat) is str else cat,
                     pid=intern(pid) if type(pid) is str else pid, tid=intern(tid) if type(tid) is str else tid,
                     ts=ts, dur=dur, args=args, index=i, start_ns=_ns(ts), dur_ns=_ns(dur))
         raw_ts[id(ev)] = round(ts, 3)
         if cat in GPU_CATS:
-            gpu[args.get("stream", e.get("tid"))].append(ev)
+            gpu[stream].append(ev)
         else:
             cpu[(ev.pid, ev.tid)].append(ev)
     # the base time: Kineto writes it after the events (a stream knows it only now)

@@ -56,6 +56,14 @@ def read_meta(node_dir: Path) -> dict[str, Any]:
             if key not in doc:
                 raise TraceFormatError(f"worker meta lacks {key!r}", path=path,
                                        hint="the worker stopped before its profiled window ended; profile again")
+        ps = doc["params"]
+        for j, prm in enumerate(ps if isinstance(ps, list) else [None]):
+            if not (isinstance(prm, dict) and isinstance(prm.get("name"), str)
+                    and type(prm.get("bytes")) is int and 0 <= prm["bytes"] < 2 ** 40
+                    and all(type(prm.get(k, 0)) is int and 0 <= prm.get(k, 0) < 2 ** 40 for k in ("size", "key"))):
+                raise TraceFormatError("each 'params' entry must be {name: str, bytes: int, size: int, key: int} "
+                                       f"with sizes in [0, 2^40); got {prm!r}"[:300], path=path, record=f"params[{j}]",
+                                       hint="the file was damaged; profile again (dpro profile --framework mxnet)")
         st = doc["steps"]
         if (not isinstance(st, list) or len(st) < 2
                 or not all(type(x) is int and 0 <= x < 2 ** 62 for x in st[:2]) or st[0] >= st[1]):

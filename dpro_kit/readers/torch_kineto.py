@@ -188,7 +188,12 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
                                hint="use one of " + ", ".join(OVERHEAD_MODES))
     ring = None
     if meta.get("ring_file"):
-        rpath = node_dir / str(meta["ring_file"])
+        rf = meta["ring_file"]
+        if not (isinstance(rf, str) and 0 < len(rf) <= 255 and "/" not in rf and rf not in (".", "..")):
+            raise TraceFormatError(f"'ring_file' must name a file in the node's folder; got {rf!r}"[:300],
+                                   path=node_dir / "meta.json", record="ring_file",
+                                   hint="the file was damaged; profile again (dpro profile --ring)")
+        rpath = node_dir / rf
         ring = (rpath, read_json(rpath))
     ranks = {int(i.rank): n for n, i in manifest.nodes.items() if i.role == "worker"}
     return parse_node(meta, doc, path=tpath, fold_gaps=fold_gaps, overhead=overhead, ring=ring,
