@@ -71,3 +71,20 @@ def test_distributed_cluster_equals_serial(job):
                                   silence_logs=40) as cluster:
         par = load_trace(job, scheduler=cluster.scheduler_address)
     assert_same(load_trace(job, scheduler="serial"), par)
+
+
+def test_dask_workers_on_emulated_hosts(job):
+    """bench/scale.py --dask-hosts: a dask scheduler and two workers, each in its own network namespace,
+    read the job over TCP between the namespaces; the TraceSet and its replay equal the serial ones;
+    processes and namespaces are gone afterwards."""
+    pytest.importorskip("distributed")
+    from conftest import netns_unusable_reason
+    reason = netns_unusable_reason("dpkq")
+    if reason:
+        pytest.skip(reason)
+    import scale
+    from dpro_kit.cluster import list_namespaces
+    row = scale.dask_hosts_point(job, 2, "dpkq", 1)
+    assert row["same"]
+    assert sorted(row["workers"].values()) == ["10.213.0.2", "10.213.0.3"]    # hosts 1 and 2, not host 0
+    assert not set(row["namespaces"]) & set(list_namespaces())
