@@ -251,6 +251,12 @@ def validate_manifest(doc: Any, path: Any = None) -> dict[str, Any]:
             raise TraceFormatError("node entry needs at least a 'host'", path=path, record=rec, hint=_FIX_MANIFEST)
         for f in NODE_FIELDS:
             f.check(info, path=path, record=rec, hint=_FIX_MANIFEST)
+        for key in ("dir", "file"):   # a relative path inside the trace folder, names the filesystem accepts
+            v = info.get(key)
+            if isinstance(v, str) and (v.startswith("/") or any(len(p) > 255 or p == ".." for p in v.split("/"))):
+                raise TraceFormatError(f"{key} must be a relative path inside the trace folder (no '..', names of at "
+                                       f"most 255 characters); got {v!r}"[:300], path=path, record=f"{rec}.{key}",
+                                       hint=_FIX_MANIFEST)
         if info.get("role", "worker") not in ("worker", "server"):
             raise TraceFormatError(f"role must be 'worker' or 'server', got {info['role']!r}", path=path,
                                    record=rec, hint=_FIX_MANIFEST)

@@ -177,7 +177,7 @@ class Manifest:
         return cls(job=str(d["job"]), framework=str(d["framework"]), comm_backend=str(d["comm_backend"]),
                    world_size=int(d["world_size"]), nodes=nodes, iterations=[int(i) for i in d["iterations"]],
                    raw_format=str(d.get("raw_format", "dpro-events")), tool_version=str(d.get("tool_version", "")),
-                   created=str(d.get("created", "")), extra=dict(d.get("extra", {})),
+                   created=str(d.get("created", "")), extra=dict(d.get("extra") or {}),
                    format=FORMAT_NAME, version=int(d["version"]))
 
     def workers(self) -> list[str]:

@@ -99,6 +99,18 @@ CASES = {
     "byteps tensor of 1e29 bytes (case 2901)": ("byteps-2w1s", "byteps_meta.json",
                                                 lambda d: d["tensors"].update({"byteps.gradient_2": 10**29}),
                                                 ["[tensors]"]),
+    # cases 3000-4999
+    "mxnet kvstore a string (case 3616)": ("mxnet-ps-2w1s-loopback", "host1/worker1/meta.json",
+                                           lambda d: d.update(kvstore="A" * 1000), ["[kvstore]"]),
+    "mxnet role True (case 3552: replayed -5.7 % as a missing worker)": (
+        "mxnet-ps-2w1s-loopback", "host2/worker0/meta.json", lambda d: d.update(role=True), ["[role]"]),
+    "byteps dur NaN (case 4461: replayed +1.2 %)": (
+        "byteps-2w1s", "worker0/0/comm.json",
+        lambda d: next(e for e in d["traceEvents"] if e.get("tid") == "total").update(dur=float("nan")),
+        ["dur nan"]),
+    "manifest dir a 1 MB name (case 3557)": ("ddp-2host-1000mbit", "manifest.json",
+                                             lambda d: next(iter(d["nodes"].values())).update(dir="A" * 10**6),
+                                             ["dir must be a relative path"]),
 }
 
 

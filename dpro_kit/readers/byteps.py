@@ -53,6 +53,7 @@ servers are nodes without files.  The DFG (the parameter-server one of
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -203,8 +204,11 @@ def load_comm(path: str | Path) -> list[dict[str, Any]]:
         para = (e.get("args") or {}).get("name") if isinstance(e.get("args"), dict) else None
         try:
             ts, dur = float(e["ts"]), float(e["dur"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise TraceFormatError("event without a numeric ts/dur", path=path, record=f"traceEvents[{i}]") from None
+        if not (math.isfinite(ts) and math.isfinite(dur) and 0 <= ts < 1e17 and 0 <= dur <= 1e12):
+            raise TraceFormatError(f"ts {ts!r} / dur {dur!r} is not a time in us (finite, >= 0)", path=path,
+                                   record=f"traceEvents[{i}]", hint="the file is corrupt; record again")
         if not isinstance(name, str) or not isinstance(para, str) or not para.startswith("Comm."):
             raise TraceFormatError("event without args.name 'Comm.<tensor>'", path=path, record=f"traceEvents[{i}]",
                                    hint="BytePS's comm.json (BYTEPS_TRACE_ON=1) is what this reader reads")

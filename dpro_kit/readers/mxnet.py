@@ -51,7 +51,13 @@ def read_meta(node_dir: Path) -> dict[str, Any]:
     if doc.get("version") not in MXNET_META_VERSIONS:
         raise TraceFormatError(f"unsupported meta version {doc.get('version')!r}", path=path,
                                hint=f"this dpro reads versions {list(MXNET_META_VERSIONS)}")
+    if doc.get("role") not in ("worker", "server", "scheduler"):
+        raise TraceFormatError(f"'role' must be worker, server or scheduler; got {doc.get('role')!r}"[:300], path=path,
+                               record="role", hint="the file was damaged; profile again (dpro profile --framework mxnet)")
     if doc.get("role") == "worker":
+        if not isinstance(doc.get("kvstore"), dict):
+            raise TraceFormatError("'kvstore' must be an object ({type: dist_sync|dist_async, ...})", path=path,
+                                   record="kvstore", hint="the file was damaged; profile again")
         for key in ("params", "steps", "kvstore"):
             if key not in doc:
                 raise TraceFormatError(f"worker meta lacks {key!r}", path=path,
@@ -122,6 +128,9 @@ def _spans(doc: Any, path: Path) -> tuple[list[dict], list[dict]]:
             raise TraceFormatError(f"ts {ts!r} is not a time in us since the epoch", path=path,
                                    record=f"traceEvents[{i}]", hint="the dump is corrupt; profile again")
         k = (e.get("pid"), e.get("tid"), e.get("name"))
+        if any(isinstance(x, (list, dict)) for x in k):
+            raise TraceFormatError("pid, tid and name must be numbers or strings", path=path,
+                                   record=f"traceEvents[{i}]", hint="the dump is corrupt; profile again")
         if e["ph"] == "B":
             open_.setdefault(k, []).append(ts)
             continue
