@@ -34,7 +34,7 @@
  * of chunk k is ready once every child's chunk k arrived (leaves: at once); the root's sends to
  * its children once every child's chunk k arrived; another rank's sends to its children once the
  * parent's chunk k arrived; a received chunk is consumed once the sends it feeds are posted.  The
- * collective event says algo "Tree".
+ * collective event says algo "TREE".
  *
  * bench: one rank, one proxy op, NSTEPS send steps of 5 calls each (start, 3 states, stop),
  * timed against a table of empty functions; prints ns per call and the finalize cost per event.
@@ -50,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -524,6 +525,14 @@ static void *proxy_thread(void *arg) {
 static int g_fd[64][64][2];   /* [channel][ring edge r -> r+1][0 = send end, 1 = recv end] */
 static int g_tfd[64][64][2][2]; /* tree: [channel][child rank][0 = up to the parent, 1 = down][send end, recv end] */
 
+/* NCCL's own spellings of the protocol (ncclProtoStr), as NCCL 2.28.9 passes them on a real GPU;
+ * the algorithm likewise ("RING", "TREE": ncclAlgoStr). */
+static const char *nccl_proto(const char *proto) {
+  if (strcasecmp(proto, "LL128") == 0) return "LL128";
+  if (strcasecmp(proto, "LL") == 0) return "LL";
+  return "SIMPLE";
+}
+
 static int run_rank(const char *plugin, int api, int rank, const struct layout *L, int iters, const char *proto,
                     int tree) {
   struct plugin pl;
@@ -578,7 +587,7 @@ static int run_rank(const char *plugin, int api, int rank, const struct layout *
     struct descr d = {.type = DPRO_EV_COLL, .parent = NULL, .rank = rank};
     d.coll = (struct dpro_d_coll){.seq = (uint64_t)it, .func = "AllReduce", .send_buff = R.buf, .recv_buff = R.buf,
                                   .count = L->bytes / 4, .root = 0, .datatype = "ncclFloat32",
-                                  .nchannels = (uint8_t)L->nch, .nwarps = 8, .algo = tree ? "Tree" : "Ring", .proto = proto};
+                                  .nchannels = (uint8_t)L->nch, .nwarps = 8, .algo = tree ? "TREE" : "RING", .proto = nccl_proto(proto)};
     R.coll_handle = (pl.mask & DPRO_EV_COLL) ? plugin_start(&pl, &d) : NULL;
     pthread_mutex_lock(&R.mu);                      /* ncclProxyPost: ops handed to the proxy */
     R.posted_iter = it + 1;
@@ -666,7 +675,7 @@ static int cmd_allreduce(int argc, char **argv) {
   if (n < 2 || n > 64 || nch < 1 || nch > 64 || bytes_ll < 1 || iters < 1 || chunk_ll < 64 || api < 4 || api > 6)
     die("bad arguments (2<=NRANKS<=64, 1<=NCHANNELS<=64, BYTES>=1, ITERS>=1, CHUNK>=64, API 4..6)");
   if (g_ppn < 1 || n % g_ppn != 0) die("bad RANKS_PER_NODE %d: it must divide NRANKS %d", g_ppn, n);
-  int spc = strcmp(proto, "Simple") == 0 ? 2 : 1;  /* ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS */
+  int spc = strcasecmp(proto, "Simple") == 0 ? 2 : 1;  /* ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS */
   struct layout L;
   if (tree) spc = 1;                               /* tree: chunkSteps = sliceSteps = 1 (enqueue.cc) */
   layout_init(&L, n, nch, (size_t)bytes_ll, (size_t)chunk_ll, spc);

@@ -59,7 +59,7 @@ from typing import Any, Callable
 
 from ..errors import TraceFormatError
 
-__all__ = ["KEvent", "KinetoTrace", "Step", "MemorySample", "load_doc", "iter_events", "parse", "parse_file",
+__all__ = ["KEvent", "KinetoTrace", "Step", "MemorySample", "existing", "load_doc", "iter_events", "parse", "parse_file",
            "FILE_PROGRESS", "gc_paused", "release", "nest", "top_level",
            "subtree_sizes", "memory_samples", "distributed_info", "nccl_info", "is_nccl_kernel", "CPU_CATS",
            "GPU_CATS", "ANNOTATION_CATS", "SYNC_CALLS", "DTYPE_BYTES"]
@@ -168,6 +168,25 @@ def _ns(us: float) -> int:
 
 # --------------------------------------------------------------------------- loading
 
+def existing(path: str | Path) -> Path:
+    """``path``, or its gzip-compressed sibling ``path.gz`` when only that exists (a user gzipped
+    the trace after recording; ``meta.json`` still names the plain file).
+
+    Raises
+    ------
+    TraceFormatError
+        Neither exists.
+    """
+    path = Path(path)
+    if path.is_file():
+        return path
+    gz = path.with_name(path.name + ".gz")
+    if gz.is_file():
+        return gz
+    raise TraceFormatError("Kineto trace not found", path=path,
+                           hint=f"copy the rank's trace file back (or its gzip-compressed {gz.name})")
+
+
 def load_doc(path: str | Path) -> dict[str, Any]:
     """The JSON document of a Kineto trace (``.json`` or gzip-compressed ``.json.gz``).
 
@@ -177,9 +196,7 @@ def load_doc(path: str | Path) -> dict[str, Any]:
         The file is missing, a truncated or corrupt gzip stream, not JSON (or cut short),
         not a JSON object with a ``traceEvents`` list, or ``traceEvents`` is empty.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise TraceFormatError("Kineto trace not found", path=path)
+    path = existing(path)
     try:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
@@ -349,9 +366,7 @@ def iter_events(path: str | Path, header: dict[str, Any]) -> Any:
         list, an empty one; and two ``traceEvents`` lists.  A JSON error after some events is
         raised when the reader reaches it, after those events were yielded.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise TraceFormatError("Kineto trace not found", path=path)
+    path = existing(path)
     t = _Text(path)
     n: int | None = None       # events of the last top-level traceEvents, None when it is not a list
     try:

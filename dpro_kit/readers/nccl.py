@@ -57,6 +57,9 @@ GLOB = "nccl-*.jsonl"
 ST_SEND_POSTED, ST_SEND_WAIT, ST_RECV_WAIT, ST_RECV_ARRIVED = 8, 9, 10, 11
 #: network transfers (slices) per ring chunk: NCCL's ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS
 SLICES_PER_CHUNK = {"Simple": 2, "LL": 1, "LL128": 1}
+#: NCCL's own spellings (``ncclAlgoStr`` / ``ncclProtoStr``: "RING", "TREE", "SIMPLE", as NCCL 2.28.9
+#: passes them to the plugin on a real GPU) -> the names used here; matched case-insensitively
+_CANONICAL = {"ring": "Ring", "tree": "Tree", "simple": "Simple", "ll": "LL", "ll128": "LL128"}
 __all__ = ["FORMAT", "VERSIONS", "discover", "files", "finish", "read_file", "read_node", "ring_transfers",
            "SLICES_PER_CHUNK", "transfers"]
 
@@ -176,6 +179,8 @@ def read_file(path: Path) -> dict[str, Any]:
             _int(d, "nchannels", path, rec)
             for key in ("func", "algo", "proto"):
                 _str(d, key, path, rec)
+            for key in ("algo", "proto"):
+                e[key] = _CANONICAL.get(d[key].lower(), d[key])
         elif ev == "op":
             for key in ("channel", "peer", "nsteps", "send"):
                 _int(d, key, path, rec)
