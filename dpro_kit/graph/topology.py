@@ -140,6 +140,28 @@ def ring_allreduce(ctx: CommContext, coll: Collective) -> None:
     .. [1] Hu et al., "dPRO: A Generic Performance Diagnosis and Optimization Toolkit for Expediting
            Distributed DNN Training", MLSys 2022, §4.1 (global DFG: communication topology of ring AllReduce) (``/work/shared/seeds/000_c1a77e7f0e0abdd5.txt``).
     """
+    ring_pass(ctx, coll)
+
+
+def ring_pass(ctx: CommContext, coll: Collective, phases: tuple[str, ...] = ("reduce_scatter", "all_gather")) -> None:
+    """The ring's steps for ``phases``: both (an AllReduce, :func:`ring_allreduce`), or one of them alone
+    (a reduce-scatter or an all-gather collective, as the strategy compiler of :mod:`dpro_kit.simulate`
+    emits them).
+
+    Phase ``reduce_scatter``: ``N-1`` steps, in its ``k``-th rank ``i`` sends chunk ``(i-k) mod N`` to
+    rank ``i+1``; ``all_gather``: ``N-1`` steps sending chunk ``(i+1-k) mod N``.  Steps are numbered
+    ``0, 1, ...`` over the phases given (so an AllReduce's all-gather steps are ``N-1 .. 2N-3``) and
+    depend on each other as :func:`ring_allreduce` describes.
+
+    Parameters
+    ----------
+    ctx : CommContext
+        The graph under construction.
+    coll : dpro_kit.trace.Collective
+        The collective; ``participants`` in ring order.
+    phases : tuple of str
+        ``("reduce_scatter", "all_gather")`` (default), ``("reduce_scatter",)`` or ``("all_gather",)``.
+    """
     ranks = coll.participants
     n = len(ranks)
     io = {r: ctx.in_out(coll, r) for r in ranks}
@@ -149,11 +171,11 @@ def ring_allreduce(ctx: CommContext, coll: Collective) -> None:
     chunks = split_bytes(coll.bytes, n)
     prev_recv: dict[int, str] = {}
     last_send: dict[int, str] = {}
-    for s in range(2 * (n - 1)):
-        phase = "reduce_scatter" if s < n - 1 else "all_gather"
+    steps = [(phase, k) for phase in phases for k in range(n - 1)]
+    for s, (phase, k) in enumerate(steps):
         cur_recv: dict[int, str] = {}
         for i, r in enumerate(ranks):
-            c = (i - s) % n if s < n - 1 else (i + 1 - (s - n + 1)) % n
+            c = (i - k) % n if phase == "reduce_scatter" else (i + 1 - k) % n
             j = (i + 1) % n
             ks, kr = ctx.transfer(coll, phase=phase, step=s, chunk=c, src=r, dst=ranks[j], nbytes=chunks[c])
             if s == 0:

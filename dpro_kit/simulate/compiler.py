@@ -73,7 +73,7 @@ import networkx as nx
 from ..costmodel import CommModel, LinkModel
 from ..errors import DproError
 from ..graph.model import add_op, compute_device, op_key
-from ..graph.topology import CommContext, Links, ring_allreduce, split_bytes
+from ..graph.topology import CommContext, Links, ring_allreduce, ring_pass
 from ..trace import Collective, Manifest, NodeInfo, OpKind
 from .model import Layer, ModelGraph
 from .strategy import Settings, Strategy
@@ -406,35 +406,9 @@ class _Builder:
 
 
 def _ring_half(ctx: CommContext, coll: Collective, kind: str) -> None:
-    """Ring reduce-scatter (or all-gather): ``k-1`` steps; in step ``s`` rank ``i`` sends chunk
-    ``(i - s) mod k`` (reduce-scatter) / ``(i + 1 - s) mod k`` (all-gather) to rank ``i+1``; the same
-    dependencies as :func:`dpro_kit.graph.topology.ring_allreduce` (its first / second half)."""
-    ranks = coll.participants
-    n = len(ranks)
-    io = {r: ctx.in_out(coll, r) for r in ranks}
-    if n == 1:
-        ctx.graph.add_edge(*io[ranks[0]])
-        return
-    chunks = split_bytes(coll.bytes, n)
-    prev_recv: dict[int, str] = {}
-    last_send: dict[int, str] = {}
-    for s in range(n - 1):
-        cur_recv: dict[int, str] = {}
-        for i, r in enumerate(ranks):
-            c = (i - s) % n if kind == "reduce_scatter" else (i + 1 - s) % n
-            j = (i + 1) % n
-            ks, kr = ctx.transfer(coll, phase=kind, step=s, chunk=c, src=r, dst=ranks[j], nbytes=chunks[c])
-            if s == 0:
-                ctx.graph.add_edge(io[r][0], ks)
-            else:
-                ctx.graph.add_edge(prev_recv[i], ks)
-                ctx.graph.add_edge(last_send[i], ks)
-            ctx.graph.add_edge(kr, io[ranks[j]][1])
-            cur_recv[j] = kr
-            last_send[i] = ks
-        prev_recv = cur_recv
-    for i, r in enumerate(ranks):
-        ctx.graph.add_edge(last_send[i], io[r][1])
+    """Ring reduce-scatter (or all-gather): ``k-1`` steps, the first / second half of the ring
+    all-reduce (:func:`dpro_kit.graph.topology.ring_pass`)."""
+    ring_pass(ctx, coll, (kind,))
 
 
 def comm_model_for(strategy: Strategy, nodes: list[str], hosts: list[str], *, bandwidth_Bps: float,
