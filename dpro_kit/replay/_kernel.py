@@ -57,6 +57,57 @@ def _q_before(p1, r1, i1, p2, r2, i2):
 
 
 @njit(inline="always")
+def _q_push(q_p, q_r, q_i, q_t, base, j, p, r, x, tb):
+    """Insert op ``x`` (priority ``p``, release time ``r``, tie-break ``tb``) into a device's ready
+    queue: the min-heap ``q_*[base:base+j]`` ordered by :func:`_q_before`; it then holds ``j+1``."""
+    while j > 0:
+        pj = (j - 1) >> 1
+        if _q_before(p, r, tb, q_p[base + pj], q_r[base + pj], q_t[base + pj]):
+            q_p[base + j] = q_p[base + pj]
+            q_r[base + j] = q_r[base + pj]
+            q_i[base + j] = q_i[base + pj]
+            q_t[base + j] = q_t[base + pj]
+            j = pj
+        else:
+            break
+    q_p[base + j] = p
+    q_r[base + j] = r
+    q_i[base + j] = x
+    q_t[base + j] = tb
+
+
+@njit(inline="always")
+def _q_pop(q_p, q_r, q_i, q_t, base, m):
+    """Remove the head of a device's ready queue (:func:`_q_push`), which then holds ``m`` entries:
+    the last entry moves to the root and sifts down."""
+    if m > 0:
+        lp = q_p[base + m]
+        lr = q_r[base + m]
+        li = q_i[base + m]
+        lt2 = q_t[base + m]
+        j = 0
+        while True:
+            c = 2 * j + 1
+            if c >= m:
+                break
+            if c + 1 < m and _q_before(q_p[base + c + 1], q_r[base + c + 1], q_t[base + c + 1],
+                                       q_p[base + c], q_r[base + c], q_t[base + c]):
+                c += 1
+            if _q_before(q_p[base + c], q_r[base + c], q_t[base + c], lp, lr, lt2):
+                q_p[base + j] = q_p[base + c]
+                q_r[base + j] = q_r[base + c]
+                q_i[base + j] = q_i[base + c]
+                q_t[base + j] = q_t[base + c]
+                j = c
+            else:
+                break
+        q_p[base + j] = lp
+        q_r[base + j] = lr
+        q_i[base + j] = li
+        q_t[base + j] = lt2
+
+
+@njit(inline="always")
 def _ev_push(ev_t, ev_k, ne, t, k):
     """Push (t, k) on the event heap holding ne entries (capacity is never exceeded, see below)."""
     j = ne
@@ -166,22 +217,8 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
                 base = qoff[d]
                 p = F[x, 1]
                 tbx = tiebreak[x]
-                j = qlen[d]
-                qlen[d] = j + 1
-                while j > 0:
-                    pj = (j - 1) >> 1
-                    if _q_before(p, t, tbx, q_p[base + pj], q_r[base + pj], q_t[base + pj]):
-                        q_p[base + j] = q_p[base + pj]
-                        q_r[base + j] = q_r[base + pj]
-                        q_i[base + j] = q_i[base + pj]
-                        q_t[base + j] = q_t[base + pj]
-                        j = pj
-                    else:
-                        break
-                q_p[base + j] = p
-                q_r[base + j] = t
-                q_i[base + j] = x
-                q_t[base + j] = tbx
+                _q_push(q_p, q_r, q_i, q_t, base, qlen[d], p, t, x, tbx)
+                qlen[d] += 1
                 if not waiting[d]:
                     waiting[d] = True
                     _ev_push(ev_t, ev_k, ne, t, W1 + d)
@@ -219,31 +256,7 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
             r = q_r[base]
             m -= 1                                   # pop the queue's head
             qlen[d] = m
-            if m > 0:
-                lp = q_p[base + m]
-                lr = q_r[base + m]
-                li = q_i[base + m]
-                lt2 = q_t[base + m]
-                j = 0
-                while True:
-                    c = 2 * j + 1
-                    if c >= m:
-                        break
-                    if c + 1 < m and _q_before(q_p[base + c + 1], q_r[base + c + 1], q_t[base + c + 1],
-                                               q_p[base + c], q_r[base + c], q_t[base + c]):
-                        c += 1
-                    if _q_before(q_p[base + c], q_r[base + c], q_t[base + c], lp, lr, lt2):
-                        q_p[base + j] = q_p[base + c]
-                        q_r[base + j] = q_r[base + c]
-                        q_i[base + j] = q_i[base + c]
-                        q_t[base + j] = q_t[base + c]
-                        j = c
-                    else:
-                        break
-                q_p[base + j] = lp
-                q_r[base + j] = lr
-                q_i[base + j] = li
-                q_t[base + j] = lt2
+            _q_pop(q_p, q_r, q_i, q_t, base, m)
             e = t + F[o, 0]
             OUT_T[o, 0] = t
             OUT_T[o, 1] = e

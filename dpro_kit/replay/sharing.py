@@ -47,7 +47,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import GraphError
-from ._kernel import njit
+from ._kernel import _q_pop, _q_push, njit
 
 #: per-transfer rate and saturation tolerance (relative)
 _EPS = 1e-12
@@ -152,15 +152,6 @@ def topology(devices: Sequence[str], hosts: Mapping[str, str] | None = None, *,
             "res_cap": cap, "resources": list(res_names), "comp_grp": comp_grp,
             "grp_ptr": np.array(grp_ptr, np.int64), "grp_idx": np.array(grp_idx, np.int64),
             "groups": list(grp_names)}
-
-
-@njit(cache=True)
-def _q_before(p1, r1, i1, p2, r2, i2):
-    if p1 != p2:
-        return p1 < p2
-    if r1 != r2:
-        return r1 < r2
-    return i1 < i2
 
 
 @njit(cache=True)
@@ -398,22 +389,8 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                 base = qoff[d]
                 p = priority[x]
                 tbx = tiebreak[x]
-                j = qlen[d]
-                qlen[d] = j + 1
-                while j > 0:
-                    pj = (j - 1) >> 1
-                    if _q_before(p, t, tbx, q_p[base + pj], q_r[base + pj], q_t[base + pj]):
-                        q_p[base + j] = q_p[base + pj]
-                        q_r[base + j] = q_r[base + pj]
-                        q_i[base + j] = q_i[base + pj]
-                        q_t[base + j] = q_t[base + pj]
-                        j = pj
-                    else:
-                        break
-                q_p[base + j] = p
-                q_r[base + j] = t
-                q_i[base + j] = x
-                q_t[base + j] = tbx
+                _q_push(q_p, q_r, q_i, q_t, base, qlen[d], p, t, x, tbx)
+                qlen[d] += 1
                 if not isdirty[d]:
                     isdirty[d] = True
                     dirty[ndirty] = d
@@ -431,31 +408,7 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                     r = q_r[base]
                     m = qlen[d] - 1
                     qlen[d] = m
-                    if m > 0:
-                        lp = q_p[base + m]
-                        lr = q_r[base + m]
-                        li = q_i[base + m]
-                        lt2 = q_t[base + m]
-                        j = 0
-                        while True:
-                            c = 2 * j + 1
-                            if c >= m:
-                                break
-                            if c + 1 < m and _q_before(q_p[base + c + 1], q_r[base + c + 1], q_t[base + c + 1],
-                                                       q_p[base + c], q_r[base + c], q_t[base + c]):
-                                c += 1
-                            if _q_before(q_p[base + c], q_r[base + c], q_t[base + c], lp, lr, lt2):
-                                q_p[base + j] = q_p[base + c]
-                                q_r[base + j] = q_r[base + c]
-                                q_i[base + j] = q_i[base + c]
-                                q_t[base + j] = q_t[base + c]
-                                j = c
-                            else:
-                                break
-                        q_p[base + j] = lp
-                        q_r[base + j] = lr
-                        q_i[base + j] = li
-                        q_t[base + j] = lt2
+                    _q_pop(q_p, q_r, q_i, q_t, base, m)
                     start[o] = t
                     if last[d] >= 0 and devend[d] >= r:
                         crit[o] = last[d]
