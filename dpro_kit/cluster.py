@@ -65,6 +65,18 @@ like a full-duplex NIC on a non-blocking switch.  The parameters (see
 
 ``rate_mbit=None`` leaves the links unshaped (veth speed, limited by CPU).
 
+Second link (``second_rate_mbit``)
+----------------------------------
+DeFT (docs/deft.md, seed 002 §III-C) sends some buckets over a second, slower
+network.  ``EmulatedCluster(hosts, rate, second_rate_mbit=R1)`` gives every host a
+second veth pair (``eth1`` inside the host, port ``hI-1`` on a second bridge ``br1``
+in the bridge namespace) on its own subnet (``second_subnet``, default
+``10.214.0.0/24``), shaped like the first (:func:`tbf_params` of ``R1``, both
+directions).  The two links share nothing but the machine's CPUs.  Each process on
+host ``i`` gets ``DPRO_LINK1_IFNAME=eth1`` and ``DPRO_LINK1_ADDR=<its eth1 address>``
+(:meth:`EmulatedCluster.host_env`): ``dpro_torch.deft.link_group`` binds a gloo
+process group to that interface, so its traffic takes the second link.
+
 Caveats: every "host" shares the machine's CPUs, so compute-heavy ranks
 slow each other down and the emulation is only faithful while the link, not
 the CPU, is the bottleneck (on 2 cores that holds comfortably up to a few
@@ -113,6 +125,8 @@ __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_SUBNET",
     "HOST_IFACE",
+    "SECOND_IFACE",
+    "DEFAULT_SECOND_SUBNET",
 ]
 
 #: Default name prefix of every namespace an :class:`EmulatedCluster` creates.
@@ -123,7 +137,11 @@ DEFAULT_SUBNET = "10.213.0.0/24"
 #: isolated, so every host can use the same name; that keeps
 #: ``GLOO_SOCKET_IFNAME`` identical on all ranks.
 HOST_IFACE = "eth0"
+#: The second interface of every host (``second_rate_mbit``) and its subnet.
+SECOND_IFACE = "eth1"
+DEFAULT_SECOND_SUBNET = "10.214.0.0/24"
 _BRIDGE = "br0"
+_BRIDGE1 = "br1"
 
 _COUNTER = itertools.count()
 _COUNTER_LOCK = threading.Lock()
@@ -284,6 +302,12 @@ class EmulatedCluster:
     subnet:
         IPv4 network the hosts get addresses in; host ``i`` gets the
         ``i``-th usable address (``10.213.0.1`` for host 0 by default).
+    second_rate_mbit:
+        Give every host a second link (``eth1`` on a second bridge) at this rate
+        (Mbit/s; a sequence: one per host; 0 or ``None`` entries unshaped).
+        Default ``None``: no second link.
+    second_subnet:
+        The second link's IPv4 network (default ``10.214.0.0/24``); must not overlap ``subnet``.
 
     Use as a context manager (or call :meth:`close`): namespaces are removed
     on normal exit, on exceptions, and -- as a last resort -- at interpreter
@@ -291,7 +315,9 @@ class EmulatedCluster:
     """
 
     def __init__(self, hosts: int = 2, rate_mbit: "float | Sequence[float | None] | None" = None, *,
-                 prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET) -> None:
+                 prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET,
+                 second_rate_mbit: "float | Sequence[float | None] | None" = None,
+                 second_subnet: str = DEFAULT_SECOND_SUBNET) -> None:
         check_prerequisites()
         if not isinstance(hosts, int) or hosts < 1:
             raise DproError(f"hosts must be a positive integer, got {hosts!r}")
@@ -308,8 +334,7 @@ class EmulatedCluster:
         if not net.is_private:
             raise DproError(f"subnet {subnet} is not a private range",
                             hint="use an RFC 1918 network such as 10.213.0.0/24")
-        addrs = itertools.islice(net.hosts(), hosts)
-        self._ips = [str(a) for a in addrs]
+        self._ips = [str(a) for a in itertools.islice(net.hosts(), hosts)]
         if len(self._ips) < hosts:
             raise DproError(f"subnet {subnet} has room for {len(self._ips)} hosts, "
                             f"{hosts} requested", hint="use a larger subnet")
@@ -323,6 +348,28 @@ class EmulatedCluster:
         self.subnet = net
         self.tbfs = [tbf_params(r) if r is not None else None for r in rates]
         self.tbf = self.tbfs[0] if len({str(t) for t in self.tbfs}) == 1 else None   # uniform links only
+        self.second_rate_mbit = second_rate_mbit
+        self.second_tbfs: list[dict[str, Any] | None] | None = None
+        self._ips1: list[str] = []
+        if second_rate_mbit is not None:
+            r1 = list(second_rate_mbit) if isinstance(second_rate_mbit, (list, tuple)) else [second_rate_mbit] * hosts
+            if len(r1) != hosts:
+                raise DproError(f"second_rate_mbit has {len(r1)} rates for {hosts} hosts",
+                                hint="give one rate per host, or a single rate for all")
+            try:
+                net1 = ipaddress.ip_network(second_subnet, strict=True)
+            except ValueError as exc:
+                raise DproError(f"invalid second_subnet {second_subnet!r}: {exc}",
+                                hint="e.g. 10.214.0.0/24") from exc
+            if not isinstance(net1, ipaddress.IPv4Network) or not net1.is_private or net1.overlaps(net):
+                raise DproError(f"second_subnet {second_subnet} must be a private IPv4 network apart from {subnet}",
+                                hint="e.g. 10.214.0.0/24")
+            self._ips1 = [str(a) for a in itertools.islice(net1.hosts(), hosts)]
+            if len(self._ips1) < hosts:
+                raise DproError(f"second_subnet {second_subnet} has room for {len(self._ips1)} hosts, "
+                                f"{hosts} requested", hint="use a larger subnet")
+            self.second_subnet = net1
+            self.second_tbfs = [tbf_params(r) if r else None for r in r1]
         with _COUNTER_LOCK:
             n = next(_COUNTER)
         self.name = f"{prefix}-{os.getpid()}-{n}"
@@ -362,6 +409,22 @@ class EmulatedCluster:
             if t is not None:
                 self._shape(hns, HOST_IFACE, t)  # host upload
                 self._shape(br, port, t)         # host download
+        if self.second_tbfs is not None:
+            plen1 = self.second_subnet.prefixlen
+            ip(["ip", "-n", br, "link", "add", _BRIDGE1, "type", "bridge", "stp_state", "0"])
+            ip(["ip", "-n", br, "link", "set", _BRIDGE1, "up"])
+            for i, hns in enumerate(self.host_ns):
+                port = f"h{i}-1"
+                ip(["ip", "-n", br, "link", "add", port, "type", "veth",
+                    "peer", "name", SECOND_IFACE, "netns", hns])
+                ip(["ip", "-n", br, "link", "set", port, "master", _BRIDGE1])
+                ip(["ip", "-n", br, "link", "set", port, "up"])
+                ip(["ip", "-n", hns, "addr", "add", f"{self._ips1[i]}/{plen1}", "dev", SECOND_IFACE])
+                ip(["ip", "-n", hns, "link", "set", SECOND_IFACE, "up"])
+                t = self.second_tbfs[i]
+                if t is not None:
+                    self._shape(hns, SECOND_IFACE, t)
+                    self._shape(br, port, t)
         self._wait_carrier()
 
     def _shape(self, ns: str, dev: str, t: dict[str, Any]) -> None:
@@ -372,10 +435,11 @@ class EmulatedCluster:
     def _wait_carrier(self, timeout_s: float = 5.0) -> None:
         """Wait until every host interface reports LOWER_UP (carrier)."""
         deadline = time.monotonic() + timeout_s
-        pending = list(self.host_ns)
+        ifaces = [HOST_IFACE] + ([SECOND_IFACE] if self.second_tbfs is not None else [])
+        pending = [(ns, dev) for ns in self.host_ns for dev in ifaces]
         while pending and time.monotonic() < deadline:
-            pending = [ns for ns in pending if "LOWER_UP" not in
-                       _run_cmd(["ip", "-n", ns, "link", "show", HOST_IFACE]).stdout]
+            pending = [(ns, dev) for ns, dev in pending if "LOWER_UP" not in
+                       _run_cmd(["ip", "-n", ns, "link", "show", dev]).stdout]
             if pending:
                 time.sleep(0.02)
 
@@ -388,6 +452,24 @@ class EmulatedCluster:
         """Interface name inside host ``i`` (for ``GLOO_SOCKET_IFNAME``)."""
         self._check(i)
         return HOST_IFACE
+
+    def second_ip(self, i: int) -> str:
+        """Host ``i``'s address on the second link (``second_rate_mbit`` given), else DproError."""
+        self._check(i)
+        if not self._ips1:
+            raise DproError("this cluster has no second link", hint="pass second_rate_mbit=R")
+        return self._ips1[i]
+
+    def link_counters(self, i: int, second: bool = False) -> dict[str, int]:
+        """Bytes and packets host ``i`` sent and received on its first (or second) interface (``ip -s``)."""
+        import json as _json
+        dev = SECOND_IFACE if second else HOST_IFACE
+        if second:
+            self.second_ip(i)
+        cp = _run_cmd(["ip", "-n", self.netns(i), "-s", "-j", "link", "show", dev])
+        st = _json.loads(cp.stdout)[0]["stats64"]
+        return {"tx_bytes": int(st["tx"]["bytes"]), "rx_bytes": int(st["rx"]["bytes"]),
+                "tx_packets": int(st["tx"]["packets"]), "rx_packets": int(st["rx"]["packets"])}
 
     def netns(self, i: int) -> str:
         """Name of host ``i``'s network namespace (for ``ip netns exec``)."""
@@ -403,11 +485,15 @@ class EmulatedCluster:
 
         ``DPRO_HOST`` (``host<i>``), ``HOST_RANK``, ``NHOSTS``, ``MASTER_ADDR``
         and ``GLOO_SOCKET_IFNAME`` -- enough for a one-process-per-host
-        ``torch.distributed`` gloo job.
+        ``torch.distributed`` gloo job; with a second link also ``DPRO_LINK1_IFNAME``
+        and ``DPRO_LINK1_ADDR`` (``dpro_torch.deft.link_group`` reads them).
         """
         self._check(i)
-        return {"DPRO_HOST": f"host{i}", "HOST_RANK": str(i), "NHOSTS": str(self.hosts),
-                "MASTER_ADDR": self.master_addr, "GLOO_SOCKET_IFNAME": HOST_IFACE}
+        env = {"DPRO_HOST": f"host{i}", "HOST_RANK": str(i), "NHOSTS": str(self.hosts),
+               "MASTER_ADDR": self.master_addr, "GLOO_SOCKET_IFNAME": HOST_IFACE}
+        if self._ips1:
+            env.update({"DPRO_LINK1_IFNAME": SECOND_IFACE, "DPRO_LINK1_ADDR": self._ips1[i]})
+        return env
 
     def substitute(self, i: int, argv: Sequence[str]) -> list[str]:
         """Replace ``{i}``, ``{ip}``, ``{iface}``, ``{master}`` in each argument.
@@ -495,8 +581,8 @@ class EmulatedCluster:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"EmulatedCluster(name={self.name!r}, hosts={self.hosts}, "
-                f"rate_mbit={self.rate_mbit}, closed={self._closed})")
+        return (f"EmulatedCluster(name={self.name!r}, hosts={self.hosts}, rate_mbit={self.rate_mbit}, "
+                f"second_rate_mbit={self.second_rate_mbit}, closed={self._closed})")
 
 
 @atexit.register

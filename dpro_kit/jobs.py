@@ -251,6 +251,7 @@ def _wait(procs: list[subprocess.Popen], timeout: float, fail_fast: bool) -> lis
 
 def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None = 1,
             rate_mbit: "float | Sequence[float | None] | None" = None, cluster: bool | None = None,
+            second_rate_mbit: "float | Sequence[float | None] | None" = None,
             cpus_per_host: "float | Sequence[float] | None" = None, cpu_period_us: int = CpuBudget.PERIOD_US,
             cpu_shares: int | None = None, profile: str | os.PathLike | None = None, steps: str = "10:15", profile_flags: Sequence[str] = (),
             env: Mapping[str, str] | None = None, host_env: Callable[[int], Mapping[str, str]] | None = None,
@@ -273,6 +274,9 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
     rate_mbit:
         Per-host link rate (Mbit/s; a list: one per host) of an :class:`~dpro_kit.cluster.EmulatedCluster`; ``None``: no
         cluster, every host's processes on this machine's loopback (``MASTER_ADDR=127.0.0.1``).
+    second_rate_mbit:
+        Give each emulated host a second link at this rate (:class:`~dpro_kit.cluster.EmulatedCluster`
+        ``second_rate_mbit``; its processes get ``DPRO_LINK1_IFNAME``/``DPRO_LINK1_ADDR``); needs a cluster.
     cluster:
         Force (True) an emulated cluster with unshaped links when ``rate_mbit`` is None; default:
         a cluster exactly when ``rate_mbit`` is given.
@@ -313,6 +317,9 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
     if hosts < 1:
         raise DproError(f"hosts must be >= 1, got {hosts}")
     use_cluster = rate_mbit is not None if cluster is None else cluster
+    if second_rate_mbit is not None and not use_cluster:
+        raise DproError("a second link (second_rate_mbit) needs an emulated cluster",
+                        hint="give rate_mbit, or cluster=True")
     out = subprocess.DEVNULL if log is None else log
     budget = CpuBudget(hosts, cpus_per_host, prefix=prefix, period_us=cpu_period_us, shares=cpu_shares) if cpus_per_host is not None else None
     emu = None
@@ -320,7 +327,7 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
     t0 = time.time()
     try:
         if use_cluster:
-            emu = EmulatedCluster(hosts=hosts, rate_mbit=rate_mbit, prefix=prefix)
+            emu = EmulatedCluster(hosts=hosts, rate_mbit=rate_mbit, prefix=prefix, second_rate_mbit=second_rate_mbit)
             master, port, iface = emu.master_addr, 29500, emu.iface(0)   # fresh namespaces: any port is free
         else:
             master, port, iface = "127.0.0.1", _free_port(), "lo"

@@ -21,6 +21,9 @@ Examples:
   # the same, each host profiled by its own `dpro profile`, 1 CPU per host (cgroup quota)
   sudo dpro cluster --hosts 2 --rate-mbit 200 --cpus-per-host 1 --profile trace -- \\
       python examples/ddp/train.py --backend gloo
+  # a second link per host (eth1, 300 Mbit/s): DeFT's deferred buckets on it (docs/deft.md)
+  sudo dpro cluster --hosts 2 --rate-mbit 1000 --second-rate-mbit 300 -- \
+      python examples/ddp/train.py --backend gloo --deft-defer all --deft-link1 all
   # 2 ranks per host through torchrun
   sudo dpro cluster --hosts 2 --ranks-per-host 2 -- python train.py
   # remove namespaces left behind by killed runs
@@ -28,7 +31,8 @@ Examples:
 
 \b
 Each host's process gets DPRO_HOST=host<i>, HOST_RANK=<i>, NHOSTS, MASTER_ADDR=<ip of host 0>,
-MASTER_PORT, GLOO_SOCKET_IFNAME and (with --ranks-per-host 1, the default) RANK, WORLD_SIZE,
+MASTER_PORT, GLOO_SOCKET_IFNAME (with --second-rate-mbit also DPRO_LINK1_IFNAME and
+DPRO_LINK1_ADDR, the second interface) and (with --ranks-per-host 1, the default) RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE; {i}, {ip}, {iface} and {master} in CMD are replaced per host.
 Exit code: 0 if every host succeeded, else the first failing host's code (128+N for signal N),
 124 on --timeout, 2 for a usage/setup problem.  Namespaces and cgroups are always removed, also
@@ -46,6 +50,9 @@ def _raise_exit(signum: int, _frame: object) -> None:
 @click.option("--hosts", default=2, show_default=True, type=click.IntRange(1), help="Number of hosts.")
 @click.option("--rate-mbit", type=click.FloatRange(min=0.0, min_open=True), default=None,
               help="Per-host link rate in Mbit/s, both directions (default: unlimited).")
+@click.option("--second-rate-mbit", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="Give every host a second link (eth1, its own subnet and bridge) at this rate, Mbit/s "
+                   "(default: no second link).")
 @click.option("--ranks-per-host", default=1, show_default=True, type=click.IntRange(0),
               help="1: CMD is the rank; K>1: K ranks per host via torchrun; 0: CMD starts its own ranks.")
 @click.option("--cpus-per-host", type=click.FloatRange(min=0.0, min_open=True), default=None,
@@ -60,7 +67,7 @@ def _raise_exit(signum: int, _frame: object) -> None:
 @click.option("--cleanup", is_flag=True, help="Remove namespaces left by killed runs (dead pid) and exit.")
 @click.option("--force", is_flag=True, help="With --cleanup: remove ALL namespaces with the prefix.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def cluster(hosts: int, rate_mbit: float | None, ranks_per_host: int, cpus_per_host: float | None,
+def cluster(hosts: int, rate_mbit: float | None, second_rate_mbit: float | None, ranks_per_host: int, cpus_per_host: float | None,
             profile_dir: Path | None, steps: str, prefix: str, timeout: float | None, fail_fast: bool, cleanup: bool,
             force: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND once per emulated host: one network namespace per host on a tbf-shaped link.
@@ -82,6 +89,7 @@ def cluster(hosts: int, rate_mbit: float | None, ranks_per_host: int, cpus_per_h
         raise DproError("no command given", hint="put the command to run on every host after --")
     sys.stdout.flush()
     r = run_job(cmd, hosts=hosts, ranks_per_host=ranks_per_host or None, rate_mbit=rate_mbit, cluster=True,
+                second_rate_mbit=second_rate_mbit,
                 cpus_per_host=cpus_per_host, profile=profile_dir, steps=steps, log=sys.stdout,
                 timeout=timeout if timeout is not None else float("inf"), fail_fast=fail_fast, prefix=prefix)
     if r.timed_out:

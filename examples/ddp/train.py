@@ -152,6 +152,24 @@ def build(model: str, batch: int, device: torch.device):
     return net.to(device), batch_fn, loss_fn
 
 
+def teacher_batches(batch_fn, model: str, seed: int, device: torch.device):
+    """--data teacher: ``batch_fn``'s inputs, labelled ``argmax(x.flatten(1) @ W)`` by a fixed random ``W``.
+
+    ``W`` comes from its own generator (``seed``), so the data stream (the global RNG) is what
+    ``--data random`` draws, and every rank and every run with the same seed has the same teacher.
+    """
+    if model == "transformer":
+        raise SystemExit("train.py: --data teacher supports mlp and cnn")
+    x0, _ = batch_fn()
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    w = torch.randn(x0[0].numel(), 10, generator=gen).to(device)
+
+    def fn():
+        x, _ = batch_fn()
+        return x, (x.flatten(1) @ w).argmax(1)
+    return fn
+
+
 # --------------------------------------------------------------------------- training
 
 def train(args: argparse.Namespace) -> None:
@@ -167,6 +185,8 @@ def train(args: argparse.Namespace) -> None:
     if args.checkpoint:  # round(sqrt(L)) segments of the L parameterised layers (checkpoint_layers)
         n_layers = len({_layer_of(n) for n, _ in net.named_parameters()})
         net.checkpoint_segments = max(1, round(n_layers ** 0.5))
+    if args.data == "teacher":   # labels from a fixed random linear teacher: a learnable task, same on every rank
+        batch_fn = teacher_batches(batch_fn, args.model, args.seed, device)
     torch.manual_seed(args.seed + 1 + rank)      # different data per rank
     applied = None
     # --memory-peak: no initial broadcast. Its flat buffer is freed by whichever thread drops the last
@@ -183,8 +203,15 @@ def train(args: argparse.Namespace) -> None:
         model = DDP(net, bucket_cap_mb=args.bucket_mb, **opts)
     deferred = None
     if args.deft_defer and not args.plan:  # DeFT's delayed updates: these buckets synchronised one iteration late
-        deferred = _deft_api().DeferredBuckets(
-            defer=range(1 << 16) if args.deft_defer == "all" else [int(k) for k in args.deft_defer.split(",")])
+        api = _deft_api()
+        links = {}
+        if args.deft_link1:  # these deferred buckets go over the second link ($DPRO_LINK1_IFNAME)
+            second = api.link_group()
+            links = {k: second for k in (range(1 << 16) if args.deft_link1 == "all"
+                                         else [int(k) for k in args.deft_link1.split(",")])}
+        deferred = api.DeferredBuckets(
+            defer=range(1 << 16) if args.deft_defer == "all" else [int(k) for k in args.deft_defer.split(",")],
+            links=links)
         model.register_comm_hook(None, deferred.hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     n_params = sum(p.numel() for p in net.parameters())
@@ -197,6 +224,7 @@ def train(args: argparse.Namespace) -> None:
             print(f"plan: {applied.description}", flush=True)
 
     times = []
+    losses: list[float] = []
     total = args.warmup + args.iters
     for it in range(total):
         t0 = time.perf_counter()
@@ -215,6 +243,8 @@ def train(args: argparse.Namespace) -> None:
                     loss = loss_fn(out, yj) / args.accum_steps
                     loss.backward()
         opt.step()
+        if args.loss_log:
+            losses.append(float(loss.detach()) * args.accum_steps)
         if mem:
             mem.end()
         if cuda:
@@ -235,6 +265,18 @@ def train(args: argparse.Namespace) -> None:
     dist.all_gather_object(all_times, measured)
     if mem:
         mem.write(args, rank, world)
+    if args.loss_log:
+        every = [None] * world
+        dist.all_gather_object(every, losses)
+        if rank == 0:
+            doc = {"model": args.model, "data": args.data, "seed": args.seed, "lr": args.lr,
+                   "batch_size": args.batch_size, "world_size": world, "deft_defer": args.deft_defer,
+                   "deft_link1": args.deft_link1, "loss_per_rank": {str(r): ls for r, ls in enumerate(every)},
+                   "loss_mean": [statistics.fmean(ls[i] for ls in every) for i in range(len(losses))]}
+            tmp = args.loss_log + f".tmp{os.getpid()}"
+            with open(tmp, "w") as fh:
+                json.dump(doc, fh)
+            os.replace(tmp, args.loss_log)
     if rank == 0:
         per_iter_max = [max(ts[i] for ts in all_times) for i in range(len(measured))]
         med = statistics.median(measured) if measured else float("nan")
@@ -465,6 +507,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--deft-defer", default="", metavar="all|K,...",
                    help="DeFT delayed updates: synchronise these DDP buckets (indices after DDP's rebuild, or all) "
                         "one iteration late (dpro_torch.deft.DeferredBuckets; docs/deft.md); ignored with --plan")
+    p.add_argument("--deft-link1", default="", metavar="all|K,...",
+                   help="with --deft-defer: all-reduce these deferred buckets on a gloo group bound to the second "
+                        "interface $DPRO_LINK1_IFNAME (dpro cluster --second-rate-mbit; dpro_torch.deft.link_group)")
+    p.add_argument("--data", choices=("random", "teacher"), default="random",
+                   help="random: random labels (nothing to learn; the default, as every recorded trace); teacher: "
+                        "labels of a fixed random teacher network (seeded by --seed), so the loss falls "
+                        "(mlp and cnn; for loss curves, --loss-log)")
+    p.add_argument("--loss-log", default="", metavar="FILE",
+                   help="write every iteration's loss, per rank and their mean, here (rank 0; JSON)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--iters", type=int, default=20, help="measured iterations (after warm-up)")
     p.add_argument("--warmup", type=int, default=5)
@@ -492,6 +543,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.deft_link1 and not os.environ.get("DPRO_LINK1_IFNAME"):
+        print("train.py: error: --deft-link1 needs a second link: DPRO_LINK1_IFNAME is not set; run on an emulated "
+              "cluster with `dpro cluster --second-rate-mbit R` (or set DPRO_LINK1_IFNAME to the interface)",
+              file=sys.stderr)
+        sys.exit(2)
+    if args.deft_link1 and not args.deft_defer:
+        print("train.py: error: --deft-link1 only applies to deferred buckets: add --deft-defer", file=sys.stderr)
+        sys.exit(2)
     if args.plan:
         check_plan(args)
     if args.nproc and "LOCAL_RANK" not in os.environ:

@@ -22,6 +22,11 @@ This is the fixed-delay form (``dpro_kit.optimize.deft.delayed_syncs``); the
 merged updates of a full DeFT schedule (several iterations summed, updates
 skipped) need the training loop to skip optimizer steps and are not applied
 here (docs/deft.md §9).
+
+A second link (DeFT §III-C): :func:`link_group` makes a gloo process group whose
+device is bound to another network interface (the emulated cluster's ``eth1``,
+``DPRO_LINK1_IFNAME``); ``DeferredBuckets(links={k: group})`` sends bucket *k*'s
+deferred all-reduce over it.
 """
 from __future__ import annotations
 
@@ -30,7 +35,52 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-__all__ = ["DeferredBuckets"]
+__all__ = ["DeferredBuckets", "link_group"]
+
+_LINK_GROUPS = 0
+
+
+def link_group(interface: str | None = None, *, timeout_s: float = 1800.0) -> Any:
+    """A gloo process group of every rank whose traffic goes over ``interface`` (a second link).
+
+    ``interface`` default: ``$DPRO_LINK1_IFNAME`` (set on every host of an emulated cluster with
+    ``second_rate_mbit``).  torch 2.13's ``dist.new_group(backend="gloo", pg_options=...)`` ignores
+    gloo options, so the backend is built directly: ``ProcessGroupGloo(PrefixStore(..., default
+    store), rank, world, options)`` with ``options._devices = [create_device(interface=...)]``
+    (gloo binds its listening socket to that interface's address and publishes it through the
+    store, so every peer connects to the second-link addresses).  Call it on every rank, in the
+    same order, after ``init_process_group``.  The result is a gloo backend: the hook calls its
+    ``allreduce([t])`` and ``size()``.
+    """
+    import datetime
+    import os
+
+    global _LINK_GROUPS
+    iface = interface or os.environ.get("DPRO_LINK1_IFNAME", "")
+    if not iface:
+        raise RuntimeError("link_group: no interface given and DPRO_LINK1_IFNAME is not set; run on an emulated "
+                           "cluster with a second link (dpro cluster --second-rate-mbit R) or pass interface=")
+    Gloo = dist.ProcessGroupGloo
+    opts = Gloo._Options()
+    opts._devices = [Gloo.create_device(interface=iface)]
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    opts._threads = 2
+    _LINK_GROUPS += 1
+    store = dist.PrefixStore(f"dpro_deft_link/{_LINK_GROUPS}", dist.distributed_c10d._get_default_store())
+    return Gloo(store, dist.get_rank(), dist.get_world_size(), opts)
+
+
+def _allreduce(t: torch.Tensor, group: Any) -> Any:
+    """Start a sum all-reduce of ``t`` on ``group`` (a ProcessGroup, a raw gloo backend, or None); its Work."""
+    if group is None or isinstance(group, dist.ProcessGroup):
+        return dist.all_reduce(t, group=group, async_op=True)
+    return group.allreduce([t])
+
+
+def _size(group: Any) -> int:
+    if group is None or isinstance(group, dist.ProcessGroup):
+        return dist.get_world_size(group)
+    return int(group.size())
 
 
 class DeferredBuckets:
@@ -46,6 +96,9 @@ class DeferredBuckets:
         The group the deferred buckets are all-reduced on (None: ``process_group``).
     record : bool, default False
         Keep ``launches``: ``(iteration, bucket index, deferred)`` per hook call.
+    links : dict of int to group, optional
+        Per deferred bucket, the group its all-reduce goes on instead of ``delayed_group``
+        (e.g. a :func:`link_group` on the second interface).
 
     References
     ----------
@@ -55,17 +108,18 @@ class DeferredBuckets:
     """
 
     def __init__(self, defer: Iterable[int] = (), process_group: Any = None, delayed_group: Any = None,
-                 record: bool = False) -> None:
+                 record: bool = False, links: dict[int, Any] | None = None) -> None:
         self.defer = {int(k) for k in defer}
+        self.links = {int(k): g for k, g in (links or {}).items()}
         self.process_group = process_group
         self.delayed_group = delayed_group if delayed_group is not None else process_group
         self.record = record
         self.launches: list[tuple[int, int, bool]] = []
         self.calls = 0
-        self._pending: dict[int, tuple[tuple[int, ...], Any, torch.Tensor]] = {}
+        self._pending: dict[int, tuple[tuple[int, ...], Any, torch.Tensor, Any]] = {}
 
     def _world(self, group: Any) -> int:
-        return dist.get_world_size(group)
+        return _size(group)
 
     def hook(self, state, bucket):  # noqa: ANN001, ANN201  (DDP checks the annotations it finds: none)
         """The comm hook (``ddp.register_comm_hook(None, deferred.hook)``): a future of the bucket's gradient."""
@@ -77,22 +131,23 @@ class DeferredBuckets:
             self.launches.append((self.calls, idx, deferred))
         if not deferred:
             world = self._world(self.process_group)
-            fut = dist.all_reduce(buf, group=self.process_group, async_op=True).get_future()
+            fut = _allreduce(buf, self.process_group).get_future()
             return fut.then(lambda f: f.value()[0].div_(world))
         key = tuple(p.data_ptr() for p in bucket.parameters())
         prev = self._pending.pop(idx, None)
         mine = buf.detach().clone()
-        work = dist.all_reduce(mine, group=self.delayed_group, async_op=True)
-        self._pending[idx] = (key, work, mine)
+        group = self.links.get(idx, self.delayed_group)
+        work = _allreduce(mine, group)
+        self._pending[idx] = (key, work, mine, group)
         out: torch.futures.Future = torch.futures.Future()
         if prev is not None and prev[0] == key:
             prev[1].wait()
-            out.set_result(prev[2].div_(self._world(self.delayed_group)))
+            out.set_result(prev[2].div_(self._world(prev[3])))
         else:
             out.set_result(torch.zeros_like(buf))
         return out
 
     def flush(self) -> None:
         """Wait for the deferred all-reduces still in flight (call before destroying the process groups)."""
-        for _, work, _ in self._pending.values():
-            work.wait()
+        for entry in self._pending.values():
+            entry[1].wait()
