@@ -123,6 +123,31 @@ def _ev_push(ev_t, ev_k, ne, t, k):
     ev_k[j] = k
 
 
+@njit(inline="always")
+def _ev_pop(ev_t, ev_k, ne):
+    """Remove the root of the event heap holding ne entries (it then holds ne - 1): the last entry
+    sifts down from the root."""
+    ne -= 1
+    if ne > 0:
+        lt = ev_t[ne]
+        lk = ev_k[ne]
+        j = 0
+        while True:
+            c = 2 * j + 1
+            if c >= ne:
+                break
+            if c + 1 < ne and _before(ev_t[c + 1], ev_k[c + 1], ev_t[c], ev_k[c]):
+                c += 1
+            if _before(ev_t[c], ev_k[c], lt, lk):
+                ev_t[j] = ev_t[c]
+                ev_k[j] = ev_k[c]
+                j = c
+            else:
+                break
+        ev_t[j] = lt
+        ev_k[j] = lk
+
+
 @njit(cache=True)
 def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak):  # pragma: no cover - compiled
     """Replay a DAG given as CSR successor arrays.
@@ -192,25 +217,8 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
     while ne > 0:
         t = ev_t[0]
         x = ev_k[0]
+        _ev_pop(ev_t, ev_k, ne)
         ne -= 1
-        if ne > 0:                       # sift the last entry down from the root
-            lt = ev_t[ne]
-            lk = ev_k[ne]
-            j = 0
-            while True:
-                c = 2 * j + 1
-                if c >= ne:
-                    break
-                if c + 1 < ne and _before(ev_t[c + 1], ev_k[c + 1], ev_t[c], ev_k[c]):
-                    c += 1
-                if _before(ev_t[c], ev_k[c], lt, lk):
-                    ev_t[j] = ev_t[c]
-                    ev_k[j] = ev_k[c]
-                    j = c
-                else:
-                    break
-            ev_t[j] = lt
-            ev_k[j] = lk
         if x < W1:                                   # release of op x
             d = I[x, 0]
             if d >= 0:

@@ -47,7 +47,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import GraphError
-from ._kernel import _q_pop, _q_push, njit
+from ._kernel import _ev_pop, _ev_push, _q_pop, _q_push, njit
 
 #: per-transfer rate and saturation tolerance (relative)
 _EPS = 1e-12
@@ -155,46 +155,6 @@ def topology(devices: Sequence[str], hosts: Mapping[str, str] | None = None, *,
 
 
 @njit(cache=True)
-def _hpush(ht, hk, nh, t, k):  # pragma: no cover - compiled
-    """Push (t, k) on the min-heap of (time, key) holding nh entries."""
-    j = nh
-    while j > 0:
-        pj = (j - 1) >> 1
-        if t < ht[pj] or (t == ht[pj] and k < hk[pj]):
-            ht[j] = ht[pj]
-            hk[j] = hk[pj]
-            j = pj
-        else:
-            break
-    ht[j] = t
-    hk[j] = k
-
-
-@njit(cache=True)
-def _hpop(ht, hk, nh):  # pragma: no cover - compiled
-    """Remove the root of the heap holding nh entries (it then holds nh - 1)."""
-    nh -= 1
-    if nh > 0:
-        lt = ht[nh]
-        lk = hk[nh]
-        j = 0
-        while True:
-            c = 2 * j + 1
-            if c >= nh:
-                break
-            if c + 1 < nh and (ht[c + 1] < ht[c] or (ht[c + 1] == ht[c] and hk[c + 1] < hk[c])):
-                c += 1
-            if ht[c] < lt or (ht[c] == lt and hk[c] < lk):
-                ht[j] = ht[c]
-                hk[j] = hk[c]
-                j = c
-            else:
-                break
-        ht[j] = lt
-        hk[j] = lk
-
-
-@njit(cache=True)
 def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak,  # pragma: no cover - compiled
               share, is_link, is_comm, res_ptr, res_idx, res_cap, rd_ptr, rd_idx, comp_grp, grp_ptr, grp_idx,
               ngrp, gc_ptr, gc_idx, gamma):
@@ -276,14 +236,14 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
 
     for i in range(n):
         if indeg[i] == 0:
-            _hpush(h_t, h_k, nh, ready[i], i)
+            _ev_push(h_t, h_k, nh, ready[i], i)
             nh += 1
     n_done = 0
     t = 0.0
     while True:
         # drop stale projected ends from the top
         while ne > 0 and (not running[e_k[0]] or e_t[0] != te[e_k[0]]):
-            _hpop(e_t, e_k, ne)
+            _ev_pop(e_t, e_k, ne)
             ne -= 1
         tn = np.inf
         if nh > 0:
@@ -300,7 +260,7 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
             while ne > 0 and e_t[0] <= t:    # completions
                 o = e_k[0]
                 valid = running[o] and e_t[0] == te[o]
-                _hpop(e_t, e_k, ne)
+                _ev_pop(e_t, e_k, ne)
                 ne -= 1
                 if not valid:
                     continue
@@ -347,12 +307,12 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                         rpred[v] = o
                     indeg[v] -= 1
                     if indeg[v] == 0:
-                        _hpush(h_t, h_k, nh, ready[v], v)
+                        _ev_push(h_t, h_k, nh, ready[v], v)
                         nh += 1
             while nh > 0 and h_t[0] <= t:   # releases
                 progress = True
                 x = h_k[0]
-                _hpop(h_t, h_k, nh)
+                _ev_pop(h_t, h_k, nh)
                 nh -= 1
                 d = device[x]
                 if d < 0 or (share and is_link[d]):      # starts now, no queue
@@ -363,7 +323,7 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                     running[x] = True
                     if ne == cap:
                         ne = _compact(e_t, e_k, running, te, n)
-                    _hpush(e_t, e_k, ne, te[x], x)
+                    _ev_push(e_t, e_k, ne, te[x], x)
                     ne += 1
                     if d >= 0 and dur[x] > 0.0:
                         comm_changed = True
@@ -430,7 +390,7 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                     running[o] = True
                     if ne == cap:
                         ne = _compact(e_t, e_k, running, te, n)
-                    _hpush(e_t, e_k, ne, te[o], o)
+                    _ev_push(e_t, e_k, ne, te[o], o)
                     ne += 1
                     progress = True
                     if is_comm[d] and dur[o] > 0.0:
@@ -462,7 +422,7 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                         rate[o] = nr
                         if ne == cap:
                             ne = _compact(e_t, e_k, running, te, n)
-                        _hpush(e_t, e_k, ne, te[o], o)
+                        _ev_push(e_t, e_k, ne, te[o], o)
                         ne += 1
         ngdirty = 0
         if not comm_changed or not share or nddirty == 0:
@@ -565,7 +525,7 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                         rate[o] = nr
                         if ne == cap:
                             ne = _compact(e_t, e_k, running, te, n)
-                        _hpush(e_t, e_k, ne, te[o], o)
+                        _ev_push(e_t, e_k, ne, te[o], o)
                         ne += 1
             for a in range(ntr):          # recount the transfers still growing
                 d = device[trn[a]]
@@ -590,7 +550,7 @@ def _compact(e_t, e_k, running, te, n):  # pragma: no cover - compiled
     m = 0
     for o in range(n):
         if running[o]:
-            _hpush(e_t, e_k, m, te[o], o)
+            _ev_push(e_t, e_k, m, te[o], o)
             m += 1
     return m
 
