@@ -27,7 +27,7 @@ what is read and what is assumed; in short:
   inferred from the times: within :data:`WAIT_TOLERANCE_US`); a CPU op after a
   gap waits for the op of another thread that ended last in the gap (the
   training thread blocked in ``backward()``), and the rest of a thread's gaps
-  is host time charged to the op after it (:func:`_fold_host_gaps`);
+  is host time charged to the op after it (all of these: :mod:`dpro_kit.readers.kineto_gpu`);
 * **collectives**: every NCCL kernel is one collective instance (its op is
   ``nccl<j>:<collective>#<k>``: the ``k``-th such collective of the iteration on the
   ``j``-th NCCL stream, which matches the same collective on every rank: NCCL runs a
@@ -63,14 +63,13 @@ from typing import Any
 from ..errors import DproError, TraceFormatError
 from ..trace import Collective, Manifest, NodeInfo, NodeTrace, OpKind, make_events
 from . import kineto as K
+from . import kineto_gpu as G
+from .kineto_gpu import WAIT_TOLERANCE_US
 
 __all__ = ["FORMAT", "discover", "read_node", "WAIT_TOLERANCE_US", "LIMITATION", "parse_rank",
            "nccl_barrier"]
 
 FORMAT = "kineto"
-#: a GPU op that starts within this of another op's end (and no earlier than its launch and
-#: stream allowed) is taken to have waited for it; also the slack of synchronising calls
-WAIT_TOLERANCE_US = 20.0
 #: the one line the replay prints about what a plain torch.profiler trace cannot tell
 LIMITATION = ("plain torch.profiler input: bucket composition, gradient-ready times and a calibrated comm model "
               "need dpro's collector (`dpro profile`), so --bucket-mb and --bandwidth-mbps are refused; NCCL kernels "
@@ -355,26 +354,18 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
                   if st in nccl_streams}
     nccl_streams.sort(key=lambda st: (first_nccl[st], str(st)))
 
-    # ---- synchronising runtime calls: split the CPU op where it blocked ----------------------
-    all_gpu = sorted((o for lst in gpu_ops.values() for o in lst), key=lambda o: o.start + o.dur)
-    gpu_ends = [o.start + o.dur for o in all_gpu]
+    # ---- synchronising runtime calls: split the CPU op where it blocked (kineto_gpu) ---------
+    gpu_ends = G.GpuEnds((o for lst in gpu_ops.values() for o in lst), lambda c: launch_ts[id(c)])
     waits: list[tuple[_Op, _Op]] = []   # (gpu op, cpu op that waited for it)
     for o in [o for o in ops if o.lane.startswith("cpu")]:
-        syncs = _sync_calls(o.ev)
+        syncs = G.sync_calls(o.ev)
         if not syncs:
             continue
         s = syncs[-1]              # the last blocking call of the op: what it waited for before going on
-        i = bisect.bisect_right(gpu_ends, s.end + WAIT_TOLERANCE_US) - 1
-        g = None
-        while i >= 0:
-            c = all_gpu[i]
-            if launch_ts[id(c)] <= s.ts and c.iteration == o.iteration:
-                g = c
-                break
-            i -= 1
-        if g is None or gpu_ends[i] <= s.ts:
+        found = G.awaited(gpu_ends, s.ts, s.end, WAIT_TOLERANCE_US, accept=lambda c: c.iteration == o.iteration)
+        if found is None:
             continue               # nothing was running: the call did not wait
-        cut = min(s.end, gpu_ends[i])
+        g, cut = found
         after = _Op(ev=o.ev, lane=o.lane, iteration=o.iteration, start=cut, dur=max(0.0, o.start + o.dur - cut),
                     kind=o.kind, after_sync=True)
         o.dur = max(0.0, s.ts - o.start)
@@ -418,16 +409,20 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
         for o in lst:
             src = launched_by.get(id(o))
             if src is not None and src.iteration == it:
-                e.append((_piece(src, launch_ts[id(o)], ops_after=lanes[src.lane]).op, o.op))
+                e.append((G.piece(src, launch_ts[id(o)], lanes[src.lane]).op, o.op))
         e.extend((g.op, c.op) for g, c in waits if c.iteration == it)
-        e.extend((u, v) for u, v, _ in _lane_waits([s for s in lanes if s.startswith("gpu:")], lanes, launch_ts,
-                                                     window=WAIT_TOLERANCE_US))
-        cpu_waits = _lane_waits([s for s in lanes if s.startswith("cpu")], lanes, {}, window=None)
+        e.extend((u, v) for u, v, _ in G.lane_waits([s for s in lanes if s.startswith("gpu:")], lanes, launch_ts,
+                                                      window=WAIT_TOLERANCE_US, tol=WAIT_TOLERANCE_US))
+        cpu_waits = G.lane_waits([s for s in lanes if s.startswith("cpu")], lanes, {}, window=None,
+                                 tol=WAIT_TOLERANCE_US)
         e.extend((u, v) for u, v, _ in cpu_waits)
         waited = {v: t for _, v, t in cpu_waits}
         waited.update({c.op: c.start for _, c in waits})
-        _fold_host_gaps(lanes, waited, next(w[0] for w in windows if w[2] == it))
-        edges_of[it] = _acyclic(list(dict.fromkeys(e)), inferred={(g.op, c.op) for g, c in waits}
+        step_start = next(w[0] for w in windows if w[2] == it)
+        for lane, seq in lanes.items():   # host time: from the step's start on cpu0, the first op elsewhere
+            if lane.startswith("cpu"):
+                G.fold_host_gaps(seq, waited, step_start if lane == "cpu0" else None)
+        edges_of[it] = G.acyclic(list(dict.fromkeys(e)), inferred={(g.op, c.op) for g, c in waits}
                                 | {(u, v) for u, v, _ in cpu_waits})
     # representative iteration: the most common op set; its edges stand for every iteration
     sig = {it: frozenset(o.op for o in lst) for it, lst in by_it.items()}
@@ -454,100 +449,6 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
              "tensor": o.op if o.nccl else "", "phase": o.nccl["collective"] if o.nccl else ""}
             for o in ops]
     return NodeTrace(events=make_events(rows, path=str(path)), edges=edges, collectives=collectives)
-
-
-def _sync_calls(e: K.KEvent) -> list[K.KEvent]:
-    out, todo = [], [e]
-    while todo:
-        x = todo.pop()
-        if x.cat == "cuda_runtime" and x.name in K.SYNC_CALLS:
-            out.append(x)
-        todo.extend(x.children)
-    return sorted(out, key=lambda x: x.ts)
-
-
-def _piece(src: _Op, t: float, ops_after: list[_Op]) -> _Op:
-    """The part of a (possibly split) CPU op that was running at time ``t``."""
-    best = src
-    for o in ops_after:
-        if o.ev is src.ev and o.start <= t and o is not src:
-            best = o
-    return best
-
-
-def _lane_waits(lanes_: list[str], lanes: dict[str, list[_Op]], launch_ts: dict[int, float],
-                window: float | None) -> list[tuple[str, str, float]]:
-    """Waits between lanes (threads, or streams) inferred from the times: ``(op waited for, op, its end)``.
-
-    An op that started more than :data:`WAIT_TOLERANCE_US` after it could have (its lane's
-    previous op ended, and for a GPU op its launch call started) waited for something: the
-    op of another lane of ``lanes_`` that ended last before it started (within the
-    tolerance) and after it could have started; with ``window``, only one that ended at
-    most ``window`` us before it (GPU: ``cudaStreamWaitEvent`` releases the stream at
-    once; CPU: the training thread blocked in ``backward()`` while the autograd thread
-    ran returns through Python first, so any end inside the gap counts).
-    """
-    ends = {s: [o.start + o.dur for o in lanes[s]] for s in lanes_}
-    out = []
-    for s in lanes_:
-        prev_end = float("-inf")
-        for o in lanes[s]:
-            ready = max(prev_end, launch_ts.get(id(o), float("-inf")))
-            prev_end = max(prev_end, o.start + o.dur)
-            if o.start - ready <= WAIT_TOLERANCE_US:
-                continue
-            best, best_end = None, float("-inf")
-            for s2 in lanes_:
-                if s2 == s:
-                    continue
-                i = bisect.bisect_right(ends[s2], o.start + WAIT_TOLERANCE_US) - 1
-                if i >= 0 and ends[s2][i] > ready and ends[s2][i] > best_end:
-                    best, best_end = lanes[s2][i], ends[s2][i]
-            if best is not None and (window is None or best_end >= o.start - window):
-                out.append((best.op, o.op, best_end))
-    return out
-
-
-def _acyclic(edges: list[tuple[str, str]], inferred: set[tuple[str, str]]) -> list[tuple[str, str]]:
-    """``edges`` without cycles: waits inferred from times within the tolerance could close one
-    (ties); such an inferred edge is dropped (any edge of the cycle if none is inferred)."""
-    import networkx as nx
-    g = nx.DiGraph(edges)
-    if nx.is_directed_acyclic_graph(g):
-        return edges
-    while True:
-        try:
-            cyc = nx.find_cycle(g)
-        except nx.NetworkXNoCycle:
-            break
-        drop = next(((u, v) for u, v, *_ in cyc if (u, v) in inferred), cyc[0][:2])
-        g.remove_edge(*drop)
-    return [e for e in edges if g.has_edge(*e)]
-
-
-def _fold_host_gaps(lanes: dict[str, list[_Op]], waited: dict[str, float], step_start: float) -> None:
-    """Charge idle time of a CPU thread that no wait explains to the op after it (host time).
-
-    Between two top-level ops a thread runs Python (the interpreter, the training loop) that
-    Kineto does not record as an op (or, in a sampled trace, work whose events were left
-    out); without this the replay would leave it out.  Every thread folds the gaps that no
-    wait explains after its first op of the step (``cpu0``, the thread holding the steps,
-    from the step's start); for an op that waited (``waited[op]``: when what it waited for
-    ended) only the time after that end is folded (returning from the wait).
-    """
-    for lane, seq in lanes.items():
-        if not lane.startswith("cpu"):
-            continue
-        prev_end = step_start if lane == "cpu0" else None
-        for o in seq:
-            if o.op in waited:
-                frm = max(waited[o.op], prev_end if prev_end is not None else waited[o.op])
-            else:
-                frm = prev_end
-            if frm is not None and o.start > frm:
-                o.dur += o.start - frm
-                o.start = frm
-            prev_end = o.start + o.dur if prev_end is None else max(prev_end, o.start + o.dur)
 
 
 # --------------------------------------------------------------------------- the nccl scheme

@@ -89,6 +89,7 @@ durations are exact (computed in integer nanoseconds).
 """
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,7 @@ from ..errors import TraceFormatError
 from ..trace import Manifest, NodeTrace, OpKind, make_events, read_json
 from .. import schema as S
 from . import kineto as K
+from . import kineto_gpu as G
 
 # the collector's meta.json format and markers: one definition (dpro_kit/schema.py), shared with the collector
 META_FORMAT = S.TORCH_META_FORMAT
@@ -143,6 +145,11 @@ class _Op:
     op: str = ""
     start: int = 0        # ns
     dur: int = 0          # ns
+    after_sync: bool = False   # the part of a CPU op after the synchronising call it blocked in
+
+    @property
+    def name(self) -> str:
+        return self.ev.name + (" (after sync)" if self.after_sync else "")
 
 
 # --------------------------------------------------------------------------- reading files
@@ -386,7 +393,8 @@ def _threads(kt: K.KinetoTrace, main_key: tuple[Any, Any],
     work ranges of the communication library's worker threads (gloo), sorted by start.
 
     Whatever runs inside a collective on its worker thread is part of the collective; a
-    thread is a compute thread when anything else on it falls in a profiled iteration.
+    thread is a compute thread when anything else on it falls in a profiled iteration and it
+    records more than CUDA runtime calls.
     """
     def plain(e: K.KEvent) -> bool:
         return not _is_marker(e)
@@ -406,7 +414,10 @@ def _threads(kt: K.KinetoTrace, main_key: tuple[Any, Any],
             def counted(e: K.KEvent, busy=busy) -> bool:
                 return plain(e) and e.name not in GLOO_WORKER and not _contains(busy, e.start_ns)
         kept = [e for e in es if counted(e)]
-        if kept and any(win.iteration_of(e.start_ns) is not None for e in kept):
+        # a thread with operators in a profiled iteration (CUDA runtime calls alone: the NCCL watchdog
+        # polling events, a runtime helper thread, not the job's computation)
+        if kept and any(win.iteration_of(e.start_ns) is not None for e in kept) and \
+                any(e.cat not in ("cuda_runtime", "cuda_driver") for e in kept):
             threads.append(_Thread(key, f"t{len(threads)}/", kept, counted))
     return threads, sorted(comm_work, key=lambda e: e.start_ns)
 
@@ -437,36 +448,153 @@ def _top_level_ops(kt: K.KinetoTrace, threads: list[_Thread], win: _Window
     return ops, sizes, op_spans
 
 
-def _gpu_ops(kt: K.KinetoTrace, win: _Window) -> tuple[list[_Op], list[K.KEvent]]:
-    """CUDA kernels / copies (untested here): one op per GPU event on its stream; NCCL kernels apart."""
+def _gpu_ops(kt: K.KinetoTrace, win: _Window, cpu_ops: list[_Op]
+             ) -> tuple[list[_Op], list[K.KEvent], dict[int, _Op], dict[int, int]]:
+    """One op per CUDA kernel / copy / memset on its stream (``gpu:<stream>``), in the iteration and
+    phase of the top-level CPU op that launched it (Kineto correlation id; its own start when the
+    launch was not recorded); the NCCL kernels apart (collectives), in their launch's iteration.
+    Returns the ops, the NCCL kernels, id(GPU op) -> launching CPU op, id(GPU op or kernel) ->
+    launch time (ns)."""
+    top_of = {id(o.ev): o for o in cpu_ops}
     ops, nccl = [], []
+    launched_by: dict[int, _Op] = {}
+    launch_ns: dict[int, int] = {}
     for e in sorted((e for evs in kt.gpu.values() for e in evs), key=lambda e: (e.start_ns, e.index)):
-        it = win.iteration_of(e.start_ns)
+        src = kt.launch.get(id(e))
+        cpu = top_of.get(id(_root_of(src, top_of))) if src is not None else None
+        t = src.start_ns if src is not None else e.start_ns
+        it = cpu.iteration if cpu is not None else win.iteration_of(t)
         if it is None:
             continue
-        if e.name.lower().startswith("nccl"):
+        launch_ns[id(e)] = t
+        if K.is_nccl_kernel(e):
             nccl.append(e)
             continue
-        ops.append(_Op(ev=e, thread=f"gpu{e.tid}/", stream=f"gpu:{e.tid}", kind=win.kind_at(e.start_ns),
-                       iteration=it, start=e.start_ns, dur=e.dur_ns))
-    return ops, nccl
+        o = _Op(ev=e, thread=f"gpu{e.tid}/", stream=f"gpu:{e.tid}", kind=cpu.kind if cpu is not None
+                else win.kind_at(t), iteration=it, start=e.start_ns, dur=e.dur_ns)
+        ops.append(o)
+        launch_ns[id(o)] = t
+        if cpu is not None:
+            launched_by[id(o)] = cpu
+    return ops, nccl, launched_by, launch_ns
+
+
+def _split_at_syncs(cpu_ops: list[_Op], gpu_ops: list[_Op], launch_ns: dict[int, int]
+                    ) -> tuple[list[_Op], list[tuple[_Op, _Op]]]:
+    """A CPU op holding a synchronising CUDA call (:func:`kineto_gpu.sync_calls`) is cut at its last
+    one: the op keeps the time before the call, a new op ``<name> (after sync)`` starts when the
+    GPU op it waited for (:func:`kineto_gpu.awaited`) ended.  Returns the new ops and the (GPU op,
+    op after sync) waits inside one iteration; a wait for the previous iteration's GPU work (the
+    training loop's ``torch.cuda.synchronize()`` after ``optimizer.step()``) is the iteration
+    boundary of the replay, so it gets no edge."""
+    gpu = G.GpuEnds(gpu_ops, lambda c: launch_ns[id(c)])
+    new, waits = [], []
+    for o in cpu_ops:
+        syncs = G.sync_calls(o.ev)
+        if not syncs:
+            continue
+        s = syncs[-1]
+        found = G.awaited(gpu, s.start_ns, s.end_ns, G.WAIT_TOLERANCE_US * 1e3)
+        if found is None:
+            continue
+        g, cut = found
+        cut = int(cut)
+        after = _Op(ev=o.ev, thread=o.thread, stream=o.stream, kind=o.kind, iteration=o.iteration, start=cut,
+                    dur=max(0, o.start + o.dur - cut), after_sync=True)
+        o.dur = max(0, s.start_ns - o.start)
+        new.append(after)
+        if g.iteration == o.iteration:
+            waits.append((g, after))
+    return new, waits
+
+
+def _gpu_dependencies(ops: list[_Op], launched_by: dict[int, _Op], launch_ns: dict[int, int],
+                      sync_waits: list[tuple[_Op, _Op]]
+                      ) -> tuple[dict[int, tuple[list[tuple[str, str]], set[tuple[str, str]]]], dict[int, dict[str, float]]]:
+    """Per iteration, the edges a CUDA trace implies beyond program order (:mod:`kineto_gpu`): the
+    part of the CPU op running at a launch -> the GPU op; the GPU op a synchronising call waited
+    for -> the op after the call; waits between streams (``cudaStreamWaitEvent``) and between CPU
+    threads (the training thread blocked in ``backward()`` while the autograd thread ran),
+    inferred from the times.  Also, per iteration, op -> when what it waited for ended (host-gap
+    folding starts there)."""
+    tol = G.WAIT_TOLERANCE_US * 1e3
+    by_it: dict[int, dict[str, list[_Op]]] = defaultdict(lambda: defaultdict(list))
+    for o in ops:
+        by_it[o.iteration][o.thread].append(o)
+    out: dict[int, tuple[list[tuple[str, str]], set[tuple[str, str]]]] = {}
+    waited: dict[int, dict[str, float]] = {}
+    for it, lanes in by_it.items():
+        for seq in lanes.values():
+            seq.sort(key=lambda o: (o.start, o.after_sync))
+        edges: list[tuple[str, str]] = []
+        for th, seq in lanes.items():
+            for o in seq:
+                src = launched_by.get(id(o))
+                if src is not None and src.iteration == it:
+                    edges.append((G.piece(src, launch_ns[id(o)], lanes[src.thread]).op, o.op))
+        syncs = [(g.op, c.op) for g, c in sync_waits if c.iteration == it]
+        gpu = G.lane_waits([t for t in lanes if t.startswith("gpu")], lanes, launch_ns, window=tol, tol=tol)
+        cpu = G.lane_waits([t for t in lanes if not t.startswith("gpu")], lanes, {}, window=None, tol=tol)
+        edges.extend(syncs)
+        edges.extend((u, v) for u, v, _ in gpu + cpu)
+        out[it] = (edges, set(syncs) | {(u, v) for u, v, _ in cpu})
+        waited[it] = {v: t for _, v, t in cpu}
+        waited[it].update({c.op: c.start for _, c in sync_waits if c.iteration == it})
+        waited[it].update({o.op: o.start for seq in lanes.values() for o in seq if o.after_sync})
+    return out, waited
+
+
+def _on_gpu_streams(collectives: list[dict[str, Any]], per_bucket: dict[int, list[dict[str, Any]]],
+                    gpu_ops: list[_Op], launch_ns: dict[int, int]) -> None:
+    """NCCL: a bucket's collective also waits for the GPU op launched last before it (its stream waits
+    for the compute stream's event: the gradients are computed there), and DDP's wait for the buckets
+    is on the GPU: the first GPU op launched after the last bucket's collective (``copy_bucket_to_grad``
+    or the optimizer's first kernel) waits for them, not a CPU op (the CPU thread goes on)."""
+    by_it: dict[int, list[_Op]] = defaultdict(list)
+    for o in gpu_ops:
+        by_it[o.iteration].append(o)
+    times: dict[int, list[int]] = {}
+    for it, lst in by_it.items():
+        lst.sort(key=lambda o: launch_ns[id(o)])
+        times[it] = [launch_ns[id(o)] for o in lst]
+    last: dict[int, int] = {}
+    for j, lst in per_bucket.items():
+        before = []
+        for x in lst:
+            t = launch_ns.get(id(x["work"])) if x["work"] is not None else None
+            if t is None or x["iteration"] not in by_it:
+                continue
+            last[x["iteration"]] = max(last.get(x["iteration"], t), t)
+            i = bisect.bisect_left(times[x["iteration"]], t) - 1
+            before.append(by_it[x["iteration"]][i].op if i >= 0 else None)
+        gin = _mode(before)
+        if gin is not None and j < len(collectives):
+            collectives[j]["inputs"] = [*collectives[j]["inputs"], gin]
+    after = []
+    for it, t in last.items():
+        i = bisect.bisect_right(times[it], t)
+        after.append(by_it[it][i].op if i < len(by_it[it]) else None)
+    gout = _mode(after)
+    if gout is not None:
+        for c in collectives:
+            c["outputs"] = [gout]
 
 
 def _number_ops(ops: list[_Op]) -> dict[tuple[int, str], list[_Op]]:
     """Stable op ids ``<thread>name#k`` (the k-th op of that name in the iteration on that thread);
     returns the CPU ops per (iteration, thread) in start order."""
-    ops.sort(key=lambda o: (o.iteration, o.thread, o.start))
+    ops.sort(key=lambda o: (o.iteration, o.thread, o.start, o.after_sync))
     counter: dict[tuple[int, str, str], int] = defaultdict(int)
     for o in ops:
-        key = (o.iteration, o.thread, o.ev.name)
-        o.op = f"{o.thread}{o.ev.name}#{counter[key]}"
+        key = (o.iteration, o.thread, o.name)
+        o.op = f"{o.thread}{o.name}#{counter[key]}"
         counter[key] += 1
     seqs: dict[tuple[int, str], list[_Op]] = defaultdict(list)
     for o in ops:
         if not o.thread.startswith("gpu"):
             seqs[(o.iteration, o.thread)].append(o)
     for seq in seqs.values():
-        seq.sort(key=lambda o: o.start)
+        seq.sort(key=lambda o: (o.start, o.after_sync))
     return seqs
 
 
@@ -633,7 +761,7 @@ def _subtract_profiler_cost(ops: list[_Op], sizes: dict[int, int], meta: dict[st
     per_event = profiler_overhead_ns(meta, main, markers)  # the collector's micro-calibration
     warning = None
     if overhead == "window":
-        cpu_ops = [o for o in ops if not o.thread.startswith("gpu")]
+        cpu_ops = [o for o in ops if not o.thread.startswith("gpu") and not o.after_sync]
         n_iter = len({o.iteration for o in cpu_ops}) or 1
         w = window_overhead_ns(meta, sum(sizes.get(id(o.ev), 1) for o in cpu_ops) / n_iter)
         per_event = max(per_event, w) if w is not None else per_event
@@ -641,8 +769,8 @@ def _subtract_profiler_cost(ops: list[_Op], sizes: dict[int, int], meta: dict[st
             warning = ("meta.json has no step times ('steps', 'measured'): the profiler's cost is the calibration "
                        "loop's only, not measured on the job's own iterations (re-collect for the usual correction)")
     if per_event > 0:
-        for o in ops:
-            if not o.thread.startswith("gpu"):
+        for o in ops:   # the part of a split op after its synchronising call waited: it is not charged
+            if not o.thread.startswith("gpu") and not o.after_sync:
                 o.dur = max(0, o.dur - round(per_event * sizes.get(id(o.ev), 1)))
     return warning
 
@@ -699,18 +827,24 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
 
     ops, sizes, op_spans = _top_level_ops(kt, threads, win)
     ready = _grad_ready(kt, op_spans, mk)
-    gpu_ops, nccl = _gpu_ops(kt, win)
+    gpu_ops, nccl, launched_by, launch_ns = _gpu_ops(kt, win, ops)
+    cuda = bool(gpu_ops or nccl)     # a CUDA trace: launches, streams and synchronising calls are modelled
+    after_sync, sync_waits = _split_at_syncs(ops, gpu_ops, launch_ns) if cuda else ([], [])
+    ops.extend(after_sync)
     ops.extend(gpu_ops)
     seqs = _number_ops(ops)
     if op_args is not None:
-        op_args.update({o.op: dict(o.ev.args, kind=o.kind) for o in ops if o.thread == ""})
-    top_ids = {id(o.ev): o for seq in seqs.values() for o in seq}
+        op_args.update({o.op: dict(o.ev.args, kind=o.kind) for o in ops if o.thread == "" and not o.after_sync})
+    top_ids = {id(o.ev): o for seq in seqs.values() for o in seq if not o.after_sync}
+    dep_edges, waited = _gpu_dependencies(ops, launched_by, launch_ns, sync_waits) if cuda else ({}, {})
 
     bucket_info, pbytes = _ddp_buckets(meta, path)
     comm_rows, per_bucket = _comm_events(_pair_collectives(threads, comm_work, nccl), win, bucket_info,
                                          top_ids, path)
     _bucket_ready(bucket_info, ready, pbytes)
     collectives, wait_op = _collectives(bucket_info, per_bucket, seqs)
+    if cuda and collectives:
+        _on_gpu_streams(collectives, per_bucket, gpu_ops, launch_ns)
     waits = sorted((e.start_ns, e.end_ns) for e in markers if e.name == mk.get("comm_wait"))
     if wait_op is None and waits:  # no DDP bucket wait: the first op inside/after a comm_wait range
         wait_op = _first_op_after_wait(seqs, win, waits)
@@ -720,11 +854,15 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
                                for i, lst in ready.items()}
         extra["iterations"] = [((a + offset_ns) / 1e3, (b + offset_ns) / 1e3, it) for a, b, it in win.spans]
 
-    if fold_gaps:
+    if fold_gaps and cuda:  # every CPU thread, except where it waited (for a thread or the GPU)
+        for (it, thread), seq in seqs.items():
+            G.fold_host_gaps(seq, waited.get(it, {}), next(s[0] for s in win.spans if s[2] == it)
+                             if thread == "" else None)
+    elif fold_gaps:
         _fold_host_gaps(seqs, win, wait_op, waits)
     cost_warning = _subtract_profiler_cost(ops, sizes, meta, overhead, main, markers)
 
-    rows = [{"op": o.op, "name": o.ev.name, "kind": o.kind, "iteration": o.iteration,
+    rows = [{"op": o.op, "name": o.name, "kind": o.kind, "iteration": o.iteration,
              "start": (o.start + offset_ns) / 1e3, "dur": o.dur / 1e3, "stream": o.stream} for o in ops]
     for r in comm_rows:
         r["start"] = (r["start"] + offset_ns) / 1e3
@@ -734,7 +872,7 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
         rows.extend(_ring_rows(ring[1], ring[0], win.iteration_of, offset_ns, node_of_rank or {},
                                {b["tensor"] for b in bucket_info}))
     events = make_events(rows, path=str(path))
-    edges = _edges(ops, win.steps)
+    edges = _edges(ops, win.steps, dep_edges)
     return NodeTrace(events=events, edges=edges, collectives=collectives, memory=_memory(doc, win, offset_ns),
                      warnings=[cost_warning] if cost_warning else [])
 
@@ -863,8 +1001,11 @@ def _exclusive_ns(intervals: list[tuple[int, int]]) -> list[float]:
     return share
 
 
-def _edges(ops: list[_Op], steps: list[int]) -> list[tuple[str, str]]:
-    """Per-thread program order, plus backward-after-forward and optimizer-after-backward across threads."""
+def _edges(ops: list[_Op], steps: list[int],
+           deps: dict[int, tuple[list[tuple[str, str]], set[tuple[str, str]]]] | None = None) -> list[tuple[str, str]]:
+    """Per-thread program order, plus backward-after-forward and optimizer-after-backward across threads;
+    a CUDA trace's launches and waits (``deps``: iteration -> (edges, those inferred from times),
+    :func:`_gpu_dependencies`)."""
     seqs: dict[int, dict[str, list[_Op]]] = defaultdict(lambda: defaultdict(list))
     for o in ops:
         seqs[o.iteration][o.thread].append(o)
@@ -886,19 +1027,10 @@ def _edges(ops: list[_Op], steps: list[int]) -> list[tuple[str, str]]:
              for k in (OpKind.BW.value, OpKind.UPDATE.value)}
     edges.extend((a, b) for a in last[OpKind.FW.value] for b in first[OpKind.BW.value])
     edges.extend((a, b) for a in last[OpKind.BW.value] for b in first[OpKind.UPDATE.value])
-    # GPU kernels after the CPU op that launched them (Kineto correlation / External id)
-    ext = {}
-    for lst in cpu:
-        for o in lst:
-            x = o.ev.args.get("External id")
-            if x is not None:
-                ext[x] = o.op
-    for th, lst in threads.items():
-        if th.startswith("gpu"):
-            for o in lst:
-                src = ext.get(o.ev.args.get("External id"))
-                if src:
-                    edges.append((src, o.op))
+    if deps and rep in deps:
+        dep, inferred = deps[rep]
+        edges.extend(dep)
+        return G.acyclic(list(dict.fromkeys(edges)), inferred)
     return list(dict.fromkeys(edges))
 
 
