@@ -459,14 +459,14 @@ def _gpu_ops(kt: K.KinetoTrace, win: _Window, cpu_ops: list[_Op]
     ops, nccl = [], []
     launched_by: dict[int, _Op] = {}
     launch_ns: dict[int, int] = {}
-    for e in sorted((e for evs in kt.gpu.values() for e in evs), key=lambda e: (e.start_ns, e.index)):
+    for e in _all_gpu(kt):
         src = kt.launch.get(id(e))
         cpu = top_of.get(id(_root_of(src, top_of))) if src is not None else None
         t = src.start_ns if src is not None else e.start_ns
+        launch_ns[id(e)] = t
         it = cpu.iteration if cpu is not None else win.iteration_of(t)
         if it is None:
             continue
-        launch_ns[id(e)] = t
         if K.is_nccl_kernel(e):
             nccl.append(e)
             continue
@@ -479,7 +479,11 @@ def _gpu_ops(kt: K.KinetoTrace, win: _Window, cpu_ops: list[_Op]
     return ops, nccl, launched_by, launch_ns
 
 
-def _split_at_syncs(cpu_ops: list[_Op], gpu_ops: list[_Op], launch_ns: dict[int, int]
+def _all_gpu(kt: K.KinetoTrace) -> list[K.KEvent]:
+    return sorted((e for evs in kt.gpu.values() for e in evs), key=lambda e: (e.start_ns, e.index))
+
+
+def _split_at_syncs(cpu_ops: list[_Op], gpu_ops: list[_Op], launch_ns: dict[int, int], all_gpu: list[K.KEvent]
                     ) -> tuple[list[_Op], list[tuple[_Op, _Op]]]:
     """A CPU op holding a synchronising CUDA call (:func:`kineto_gpu.sync_calls`) is cut at its last
     one: the op keeps the time before the call, a new op ``<name> (after sync)`` starts when the
@@ -487,7 +491,12 @@ def _split_at_syncs(cpu_ops: list[_Op], gpu_ops: list[_Op], launch_ns: dict[int,
     op after sync) waits inside one iteration; a wait for the previous iteration's GPU work (the
     training loop's ``torch.cuda.synchronize()`` after ``optimizer.step()``) is the iteration
     boundary of the replay, so it gets no edge."""
-    gpu = G.GpuEnds(gpu_ops, lambda c: launch_ns[id(c)])
+    # what a call can wait for: every GPU op, also NCCL kernels and work launched before the window
+    # (the first profiled iteration's synchronize waits for it), which are not ops of the graph
+    ops_of = {id(o.ev): o for o in gpu_ops}
+    every = [ops_of.get(id(e)) or _Op(ev=e, thread="", stream="", kind="", iteration=-1, start=e.start_ns,
+                                       dur=e.dur_ns) for e in all_gpu]
+    gpu = G.GpuEnds(every, lambda c: launch_ns.get(id(c), launch_ns.get(id(c.ev), c.start)))
     new, waits = [], []
     for o in cpu_ops:
         syncs = G.sync_calls(o.ev)
@@ -503,7 +512,7 @@ def _split_at_syncs(cpu_ops: list[_Op], gpu_ops: list[_Op], launch_ns: dict[int,
                     dur=max(0, o.start + o.dur - cut), after_sync=True)
         o.dur = max(0, s.start_ns - o.start)
         new.append(after)
-        if g.iteration == o.iteration:
+        if g.iteration == o.iteration and id(g.ev) in ops_of:
             waits.append((g, after))
     return new, waits
 
@@ -829,7 +838,7 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
     ready = _grad_ready(kt, op_spans, mk)
     gpu_ops, nccl, launched_by, launch_ns = _gpu_ops(kt, win, ops)
     cuda = bool(gpu_ops or nccl)     # a CUDA trace: launches, streams and synchronising calls are modelled
-    after_sync, sync_waits = _split_at_syncs(ops, gpu_ops, launch_ns) if cuda else ([], [])
+    after_sync, sync_waits = _split_at_syncs(ops, gpu_ops, launch_ns, _all_gpu(kt)) if cuda else ([], [])
     ops.extend(after_sync)
     ops.extend(gpu_ops)
     seqs = _number_ops(ops)
