@@ -9,8 +9,14 @@
 #    Ring/Simple, Ring/LL and Tree/Simple;
 # 2. 2-rank DDP jobs (examples/ddp/train.py, NCCL on CUDA; DDP_CONFIGS="model:batch ...") measured without the profiler, then
 #    profiled with `dpro profile` (one launcher per "host") and the NCCL plugin at once;
-# 3. (PARTS=overhead) the plugin's cost on a DDP job's iteration time, with / without, alternating.
-# PARTS="nccl ddp overhead" picks the steps (default "nccl ddp").
+# 3. (PARTS=overhead) the plugin's cost on a DDP job's iteration time, with / without, alternating;
+# 4. (PARTS=mps) the 2-rank DDP jobs of MPS_CONFIGS with the CUDA MPS daemon running, so the two
+#    processes' kernels share the GPU's SMs at once instead of time-slicing it (without MPS each NCCL
+#    all-reduce of the ddp part cost ~2 time slices, ~4.5 ms whatever its size: docs/accuracy.md, "On a
+#    GPU"); skipped with a line in the log when nvidia-cuda-mps-control is missing or does not start;
+# 5. (PARTS=single) one rank alone (no peer, nothing time-slices the GPU): SINGLE_CONFIGS.
+# PARTS="nccl ddp overhead mps single" picks the steps (default "nccl ddp"); the second run:
+#   PARTS="mps single" OUT=/tmp/gpu bash bench/gpu_check.sh
 # Everything lands in $OUT as tarballs; `dpro replay` runs on them on the dpro machine.
 set -u
 OUT=${OUT:-/tmp/gpu-check}
@@ -41,8 +47,24 @@ ranks() {
     return $rc
 }
 
-PARTS=${PARTS:-nccl ddp}                  # any of: nccl ddp overhead
+PARTS=${PARTS:-nccl ddp}                  # any of: nccl ddp overhead mps single
 DDP_CONFIGS=${DDP_CONFIGS:-cnn:64 mlp:64}  # model:batch per rank (examples/ddp/train.py)
+MPS_CONFIGS=${MPS_CONFIGS:-cnn:64 mlp:64 transformer:64}
+SINGLE_CONFIGS=${SINGLE_CONFIGS:-cnn:64 transformer:64}
+
+# ddp_job PREFIX NPROC MODEL:BATCH: measured without the profiler, profiled (collector + NCCL plugin),
+# measured again; the trace in $W/PREFIX-MODEL-bBATCH
+ddp_job() {
+    local prefix=$1 n=$2 model batch name
+    IFS=: read -r model batch <<< "$3"
+    name=$prefix-$model-b$batch
+    local args=(examples/ddp/train.py --backend nccl --model "$model" --batch-size "$batch" --warmup 10 --iters 40 --quiet)
+    ranks "$name-measured" "$n" $PY "${args[@]}" --json-out "$W/$name-measured.json"
+    NCCL_PROFILER_PLUGIN=$PLUG DPRO_NCCL_TRACE=$W/$name-nccl \
+        ranks "$name-profiled" "$n" $PY -m dpro_kit profile --steps 10:15 --out "$W/$name" -- "$PY" "${args[@]}"
+    ranks "$name-measured2" "$n" $PY "${args[@]}" --json-out "$W/$name-measured2.json"
+    gzip -q "$W/$name"/host*/*/kineto_trace.json 2>/dev/null
+}
 
 if [[ " $PARTS " == *" nccl "* ]]; then
     for cfg in Ring:Simple:ring-simple Ring:LL:ring-ll Tree:Simple:tree-simple; do
@@ -59,16 +81,7 @@ fi
 
 if [[ " $PARTS " == *" ddp "* ]]; then
     # per configuration: measured without the profiler, profiled (collector + NCCL plugin), measured again
-    for cfg in $DDP_CONFIGS; do
-        IFS=: read -r model batch <<< "$cfg"
-        name=ddp-$model-b$batch
-        args=(examples/ddp/train.py --backend nccl --model "$model" --batch-size "$batch" --warmup 10 --iters 40 --quiet)
-        ranks "$name-measured" 2 $PY "${args[@]}" --json-out "$W/$name-measured.json"
-        NCCL_PROFILER_PLUGIN=$PLUG DPRO_NCCL_TRACE=$W/$name-nccl \
-            ranks "$name-profiled" 2 $PY -m dpro_kit profile --steps 10:15 --out "$W/$name" -- "$PY" "${args[@]}"
-        ranks "$name-measured2" 2 $PY "${args[@]}" --json-out "$W/$name-measured2.json"
-        gzip -q "$W/$name"/host*/*/kineto_trace.json 2>/dev/null
-    done
+    for cfg in $DDP_CONFIGS; do ddp_job ddp 2 "$cfg"; done
     (cd "$W" && tar -czf "$OUT/ddp.tgz" ddp-*) 2>/dev/null
 fi
 
@@ -83,6 +96,32 @@ if [[ " $PARTS " == *" overhead "* ]]; then
     done
     (cd "$W" && tar -czf "$OUT/overhead.tgz" overhead-*.json) 2>/dev/null
 fi
+if [[ " $PARTS " == *" single "* ]]; then
+    for cfg in $SINGLE_CONFIGS; do ddp_job single 1 "$cfg"; done
+    (cd "$W" && tar -czf "$OUT/single.tgz" single-*) 2>/dev/null
+fi
+
+if [[ " $PARTS " == *" mps "* ]]; then
+    export CUDA_MPS_PIPE_DIRECTORY=$W/mps-pipe CUDA_MPS_LOG_DIRECTORY=$W/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+        trap 'echo quit | nvidia-cuda-mps-control' EXIT
+        sleep 1
+        if timeout 60 $PY -c 'import torch; torch.zeros(1, device="cuda"); print("MPS client ok")'; then
+            echo "MPS servers: $(echo get_server_list | nvidia-cuda-mps-control)"
+            for cfg in $MPS_CONFIGS; do ddp_job mps 2 "$cfg"; done
+        else
+            echo "MPS client failed: part mps skipped"
+        fi
+        tail -5 "$CUDA_MPS_LOG_DIRECTORY"/control.log 2>/dev/null
+        echo quit | nvidia-cuda-mps-control; trap - EXIT
+        (cd "$W" && tar -czf "$OUT/mps.tgz" mps-*-b*) 2>/dev/null
+    else
+        echo "MPS not available here (nvidia-cuda-mps-control missing or did not start): part mps skipped"
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
+
 mkdir -p "$W/logs"; mv "$W"/*.log "$W/logs/" 2>/dev/null
 tar -C "$W" -czf "$OUT/logs.tgz" logs
 ls -la "$OUT"
