@@ -27,15 +27,32 @@ gaps, profiler cost).  What the reader takes from where:
 * **stream** - ``compute`` for the training thread and any autograd thread: on
   CPU both run on the same cores and the training thread blocks inside
   ``backward()`` while an autograd thread works, so one device per node is the
-  faithful model; ``comm`` for collectives; ``gpu:<stream>`` for CUDA kernels;
+  faithful model; ``comm`` for collectives; ``gpu:<stream>`` for CUDA kernels,
+  copies and memsets.  Threads that record only CUDA runtime calls (NCCL's
+  watchdog polling events) are not compute threads;
 * **communication** - gloo: the launch ``c10d::<collective>`` (the c10d
   operator namespace) on a compute thread and the ``gloo:<collective>`` range
   on a gloo worker thread, paired per collective type in launch order; the
-  worker range is the COMM event (stream ``comm``).  NCCL (*untested: only
-  CPU traces could be recorded here*): the launches paired in order with the
-  ``nccl*`` kernels on CUDA streams; other CUDA kernels become ops on stream
-  ``gpu:<stream>`` after the top-level CPU op that launched them (Kineto
-  ``External id``);
+  worker range is the COMM event (stream ``comm``).  NCCL: the launches paired
+  in order with the ``nccl*`` kernels launched in the profiled iterations; the
+  kernel is the COMM event (validated on real H100 traces,
+  ``examples/traces/ddp-h100-2rank-nccl-*``, tests/test_gpu_traces.py);
+* **GPU** (a trace with CUDA kernels; docs/accuracy.md, "On a GPU") - as dPRO
+  models it, with the dependencies of :mod:`dpro_kit.readers.kineto_gpu` (shared
+  with the plain torch.profiler reader): a GPU op belongs to the iteration and
+  phase of the top-level CPU op that launched it (Kineto correlation id) and
+  follows the part of that op running at the launch; each stream runs in order
+  and waits inferred from the times join streams (``cudaStreamWaitEvent``); a
+  CPU op holding a synchronising call is cut at its last one, the second part
+  (``<name> (after sync)``) starting when the GPU op it waited for ended (a
+  wait for the previous iteration's GPU work, the training loop's
+  ``torch.cuda.synchronize()``, is the replay's iteration boundary, no edge);
+  a CPU thread that idled until another thread's op ended (the training thread
+  blocked in ``backward()`` while the autograd thread ran) waits for that op.
+  A DDP bucket's collective also waits for the GPU op launched last before its
+  NCCL kernel (the gradients), and DDP's wait for the buckets is the first GPU
+  op launched after the last bucket (``copy_bucket_to_grad``): the GPU waits,
+  the CPU goes on launching the optimizer;
 * **per-chunk transfers** (``dpro profile --ring``): the collector's timed ring comm hook
   (``dpro_torch.ringhook``) records per ring step SEND/RECV posted..completed times in
   ``ring_chunks.json``; they become SEND/RECV events with the graph builder's transaction
@@ -59,12 +76,14 @@ gaps, profiler cost).  What the reader takes from where:
   top-level ops is charged to the op that follows (``start`` moves back to the
   previous op's end; ``dur`` grows), except from the bucket-wait op to the end
   of the backward phase, where the gaps are waiting for the allreduces, not
-  work.  Eager PyTorch spends a large share of a small model's iteration in the
+  work.  On a GPU trace every compute thread's gaps are folded except the time
+  before an inferred wait ended (:func:`dpro_kit.readers.kineto_gpu.fold_host_gaps`).  Eager PyTorch spends a large share of a small model's iteration in the
   interpreter; without this the replay would miss it.
   ``manifest.extra["torch_kineto"]["host_gaps"] = "keep"`` turns it off;
 * **profiler overhead** - every top-level op's ``dur`` (after host-gap
   folding) loses a per-event cost times the number of events the profiler
-  recorded inside it (itself included), floored at 0.  The per-event cost
+  recorded inside it (itself included), floored at 0 (the part of a split op
+  after its synchronising call is not charged).  The per-event cost
   (``manifest.extra["torch_kineto"]["profiler_overhead"]``):
   ``"calibrated"`` - the collector times a C++ loop of small ops just before
   the profiler starts and again inside a ``dpro::calibrate`` range right after
