@@ -21,7 +21,8 @@ what is read and what is assumed; in short:
 * **dependencies**: program order per thread and per stream; the CPU op that
   launched a GPU op precedes it (Kineto ``correlation`` / ``ac2g`` flows); a CPU op
   that blocks in a synchronising runtime call (:data:`~dpro_kit.readers.kineto.SYNC_CALLS`)
-  is split there and its second part waits for the GPU op it waited for; a GPU
+  is split there and its second part waits for the GPU op it waited for (one of an
+  earlier step: the step boundary, no edge); a GPU
   op that started later than both its launch and its stream allowed waits for
   the op of another stream that ended just before it (``cudaStreamWaitEvent``,
   inferred from the times: within :data:`WAIT_TOLERANCE_US`); a CPU op after a
@@ -362,7 +363,7 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
         if not syncs:
             continue
         s = syncs[-1]              # the last blocking call of the op: what it waited for before going on
-        found = G.awaited(gpu_ends, s.ts, s.end, WAIT_TOLERANCE_US, accept=lambda c: c.iteration == o.iteration)
+        found = G.awaited(gpu_ends, s.ts, s.end, WAIT_TOLERANCE_US)
         if found is None:
             continue               # nothing was running: the call did not wait
         g, cut = found
@@ -370,7 +371,8 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
                     kind=o.kind, after_sync=True)
         o.dur = max(0.0, s.ts - o.start)
         ops.append(after)
-        waits.append((g, after))
+        if g.iteration == o.iteration:   # a wait for an earlier step's GPU work: the iteration boundary
+            waits.append((g, after))
 
     # ---- op ids: name#k per (iteration, lane, name) ------------------------------------------
     ops.sort(key=lambda o: (o.iteration, o.lane, o.start, o.after_sync))
