@@ -18,7 +18,9 @@ time-share cores from what the collector recorded
 (``manifest.extra.cpu_placement``: each rank's CPU set, the machine's boot id -
 shared by network namespaces and containers of one machine - and torch's
 thread count), and :func:`placement_warnings` words it for ``dpro replay`` and
-``dpro report``.
+``dpro report``.  Likewise ranks that shared one GPU (:func:`shared_gpu_groups`, from the CUDA
+device the collector recorded): without MPS the GPU time-slices between their processes, so
+every NCCL collective also waits for the other ranks' slices (docs/accuracy.md, "On a GPU").
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import networkx as nx
 
 from .schema import Facts
 
-__all__ = ["shared_core_groups", "placement_warnings", "world_size_warnings"]
+__all__ = ["shared_core_groups", "shared_gpu_groups", "placement_warnings", "world_size_warnings"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,22 @@ def shared_core_groups(extra: dict[str, Any] | None) -> list[dict[str, Any]]:
     return sorted(groups, key=lambda d: d["nodes"])
 
 
+def shared_gpu_groups(extra: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Groups of ranks of one machine that used the same GPU (the collector's ``cpu_placement[node].gpu``:
+    the device's uuid; ranks without one are skipped).  Returns ``[{"nodes", "gpu", "mps"}]``,
+    ``mps`` true when every rank of the group ran with the CUDA MPS daemon."""
+    placement = Facts.from_extra(extra if isinstance(extra, dict) else {}).cpu_placement
+    by_gpu: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = defaultdict(list)
+    for node, p in placement.items():
+        gpu = p.get("gpu")
+        if isinstance(gpu, dict) and gpu.get("uuid"):
+            machine = str(p.get("machine") or str(node).split("/", 1)[0])
+            by_gpu[(machine, str(gpu["uuid"]))].append((str(node), gpu))
+    return sorted(({"nodes": sorted(n for n, _ in members), "gpu": str(members[0][1].get("name") or key[1]),
+                    "mps": all(bool(g.get("mps")) for _, g in members)}
+                   for key, members in by_gpu.items() if len(members) > 1), key=lambda d: d["nodes"])
+
+
 def _cpus(cpus: list[int]) -> str:
     return ",".join(str(c) for c in cpus) if len(cpus) <= 8 else f"{len(cpus)} CPUs"
 
@@ -93,7 +111,14 @@ def placement_warnings(extra: dict[str, Any] | None) -> list[str]:
             f"({grp['threads']} torch threads on {len(grp['cpus'])} CPU(s) of one machine): their op "
             "times include that contention, which the replay does not model; predictions hold for this "
             "placement, not for what-ifs that change how many ranks share a core "
-            "(docs/accuracy.md, 'Ranks sharing cores')" for grp in shared_core_groups(extra)]
+            "(docs/accuracy.md, 'Ranks sharing cores')" for grp in shared_core_groups(extra)] + [
+        f"ranks {', '.join(grp['nodes'])} share one GPU ({grp['gpu']}) "
+        + ("under MPS: their kernels share its SMs at once, which the replay (a GPU per rank) does not model"
+           if grp["mps"] else
+           "without MPS: the GPU runs one process's kernels at a time, so a collective also waits for the other "
+           "ranks' time slices (~2.3 ms each on an H100), which the replay (a GPU per rank) does not model; it "
+           "predicts too fast")
+        + " (docs/accuracy.md, 'On a GPU')" for grp in shared_gpu_groups(extra)]
 
 
 def world_size_warnings(extra: dict[str, Any] | None, world_size: int) -> list[str]:

@@ -141,6 +141,7 @@ collector           str   optional  always "dpro_torch"
 argv                list  optional  the job's command line
 threads             int   optional  torch.get_num_threads() of the rank
 cpu                 dict  optional  CPU affinity, machine id, CPU count (manifest extra.cpu_placement)
+gpu                 dict  optional  CUDA device: index, uuid, name, visible_devices, mps (extra.cpu_placement[node].gpu)
 grad_ready_markers  bool  optional  whether dpro::grad_ready/<i> markers were recorded
 optimizer           dict  optional  optimizer class and state_bytes (manifest extra.optimizer)
 comm_calibration    dict  optional  one-element allreduce times (manifest extra.comm_calibration)
@@ -193,7 +194,7 @@ ddp                             dict    optional  DDP settings (bucket_cap_bytes
 optimizer                       dict    optional  optimizer class and state_bytes (rank 0)
 comm_calibration                dict    optional  median_us of a one-element allreduce (slowest rank)
 clock_probe                     dict    optional  node -> its own ping-pong clock readings (dpro_torch.clockprobe)
-cpu_placement                   dict    optional  node -> affinity, machine, count, threads
+cpu_placement                   dict    optional  node -> affinity, machine, count, threads, gpu
 layers                          dict    optional  parameter name -> its layer (the unit activation checkpointing takes)
 torch_kineto                    dict    optional  reader options: host_gaps (fold|keep), profiler_overhead
 peak_memory_bytes               dict    optional  node -> peak bytes measured another way

@@ -1,7 +1,7 @@
 """Ranks that time-share CPU cores (dpro_kit.placement): found from the recorded CPU sets, worded for the user."""
 from __future__ import annotations
 
-from dpro_kit.placement import placement_warnings, shared_core_groups, world_size_warnings
+from dpro_kit.placement import placement_warnings, shared_core_groups, shared_gpu_groups, world_size_warnings
 
 
 def _extra(**ranks) -> dict:
@@ -55,3 +55,26 @@ def test_world_size_what_if_that_would_not_fit_the_profiled_machine():
     # ranks on two machines: a bigger world means more machines, nothing to say
     assert world_size_warnings(_extra(a_0=([0], 1, "m1"), b_1=([0], 1, "m2")), 8) == []
     assert world_size_warnings({}, 8) == [] and world_size_warnings(None, 8) == []
+
+
+def test_ranks_sharing_one_gpu():
+    # the H100 run of bench/gpu_check.sh: two ranks on one machine, one GPU (same uuid), no MPS
+    ex = _extra(host0_0=([0, 1], 1, "m"), host1_1=([0, 1], 1, "m"), other_2=([0], 1, "m2"))
+    gpu = {"index": 0, "uuid": "GPU-1234", "name": "NVIDIA H100 80GB HBM3", "visible_devices": None, "mps": False}
+    for n in ("host0/0", "host1/1", "other/2"):
+        ex["cpu_placement"][n]["gpu"] = dict(gpu)
+    assert shared_gpu_groups(ex) == [{"nodes": ["host0/0", "host1/1"], "gpu": "NVIDIA H100 80GB HBM3", "mps": False}]
+    w = placement_warnings(ex)
+    assert len(w) == 1 and w[0].startswith("ranks host0/0, host1/1 share one GPU (NVIDIA H100 80GB HBM3) without MPS")
+    for n in ("host0/0", "host1/1"):
+        ex["cpu_placement"][n]["gpu"]["mps"] = True
+    assert "under MPS" in placement_warnings(ex)[0]
+    ex["cpu_placement"]["host1/1"]["gpu"]["uuid"] = "GPU-5678"     # a GPU each: nothing to say
+    assert shared_gpu_groups(ex) == [] and placement_warnings(ex) == []
+    # traces recorded before the collector wrote the GPU (or on CPU) have none
+    assert shared_gpu_groups(_extra(h_0=([0], 1, "m"), h_1=([1], 1, "m"))) == [] and shared_gpu_groups(None) == []
+
+
+def test_collector_gpu_placement_without_cuda_is_none():
+    from dpro_torch.recorder import gpu_placement
+    assert gpu_placement() is None       # this machine has no CUDA: nothing recorded, never an error

@@ -96,7 +96,9 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
                   "comm_calibration": _slowest_calibration([by_rank[r][1] for r in range(world)]),
                   # CPU set, machine and torch threads of every rank (dpro_kit.placement)
                   "cpu_placement": {f"{by_rank[r][1]['host']}/{r}": {**(by_rank[r][1].get("cpu") or {}),
-                                                                     "threads": by_rank[r][1].get("threads")}
+                                                                     "threads": by_rank[r][1].get("threads"),
+                                                                     **({"gpu": by_rank[r][1]["gpu"]}
+                                                                        if by_rank[r][1].get("gpu") else {})}
                                     for r in range(world)},
                   # each probed rank's own clock-probe readings (dpro_torch.clockprobe; dpro_kit.align)
                   **({"clock_probe": probes} if (probes := _clock_probes(by_rank, world)) else {}),

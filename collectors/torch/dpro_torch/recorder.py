@@ -95,6 +95,27 @@ def cpu_placement() -> dict[str, Any]:
     return {"affinity": cpus, "count": os.cpu_count(), "machine": machine}
 
 
+def gpu_placement() -> dict[str, Any] | None:
+    """The CUDA device this rank used, or None (no CUDA, or CUDA never initialised by the job).
+
+    ``uuid`` names the physical GPU (ranks of one machine with the same uuid share it);
+    ``mps``: the CUDA MPS daemon's control pipe exists (the ranks' kernels then share the
+    GPU's SMs at once instead of time-slicing it; dpro_kit.placement).  Never raises.
+    """
+    try:
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return None
+        i = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(i)
+        uuid = getattr(props, "uuid", None)
+        pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+        return {"index": int(i), "uuid": str(uuid) if uuid is not None else None, "name": str(props.name),
+                "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "mps": Path(pipe, "control").exists()}
+    except Exception:  # noqa: BLE001 - a placement note must never stop the job
+        return None
+
+
 def _log(msg: str) -> None:
     if os.environ.get("DPRO_QUIET") != "1":
         print(f"[dpro_torch pid {os.getpid()}] {msg}", file=sys.stderr, flush=True)
@@ -851,6 +872,7 @@ class Recorder:
             "measured": self._summary(recs),
             "threads": torch.get_num_threads(),
             "cpu": cpu_placement(),
+            **({"gpu": gpu} if (gpu := gpu_placement()) else {}),
             "profiler_overhead": self._overhead,
             "grad_ready_markers": self.grad_ready,
             "optimizer": self._optimizer_meta or self._optimizer_info(),
