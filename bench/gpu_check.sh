@@ -53,13 +53,14 @@ MPS_CONFIGS=${MPS_CONFIGS:-cnn:64 mlp:64 transformer:64}
 SINGLE_CONFIGS=${SINGLE_CONFIGS:-cnn:64 transformer:64}
 
 # ddp_job PREFIX NPROC MODEL:BATCH: measured without the profiler, profiled (collector + NCCL plugin),
-# measured again; the trace in $W/PREFIX-MODEL-bBATCH
+# measured again; the trace in $W/PREFIX-MODEL-bBATCH. Fails (and runs nothing more) when the first
+# run fails, so a broken setup (MPS) costs one run, not three per configuration.
 ddp_job() {
     local prefix=$1 n=$2 model batch name
     IFS=: read -r model batch <<< "$3"
     name=$prefix-$model-b$batch
     local args=(examples/ddp/train.py --backend nccl --model "$model" --batch-size "$batch" --warmup 10 --iters 40 --quiet)
-    ranks "$name-measured" "$n" $PY "${args[@]}" --json-out "$W/$name-measured.json"
+    ranks "$name-measured" "$n" $PY "${args[@]}" --json-out "$W/$name-measured.json" || return 1
     NCCL_PROFILER_PLUGIN=$PLUG DPRO_NCCL_TRACE=$W/$name-nccl \
         ranks "$name-profiled" "$n" $PY -m dpro_kit profile --steps 10:15 --out "$W/$name" -- "$PY" "${args[@]}"
     ranks "$name-measured2" "$n" $PY "${args[@]}" --json-out "$W/$name-measured2.json"
@@ -97,7 +98,7 @@ if [[ " $PARTS " == *" overhead "* ]]; then
     (cd "$W" && tar -czf "$OUT/overhead.tgz" overhead-*.json) 2>/dev/null
 fi
 if [[ " $PARTS " == *" single "* ]]; then
-    for cfg in $SINGLE_CONFIGS; do ddp_job single 1 "$cfg"; done
+    for cfg in $SINGLE_CONFIGS; do ddp_job single 1 "$cfg" || break; done
     (cd "$W" && tar -czf "$OUT/single.tgz" single-*) 2>/dev/null
 fi
 
@@ -109,7 +110,7 @@ if [[ " $PARTS " == *" mps "* ]]; then
         sleep 1
         if timeout 60 $PY -c 'import torch; torch.zeros(1, device="cuda"); print("MPS client ok")'; then
             echo "MPS servers: $(echo get_server_list | nvidia-cuda-mps-control)"
-            for cfg in $MPS_CONFIGS; do ddp_job mps 2 "$cfg"; done
+            for cfg in $MPS_CONFIGS; do ddp_job mps 2 "$cfg" || { echo "MPS: $cfg failed, part mps stopped"; break; }; done
         else
             echo "MPS client failed: part mps skipped"
         fi
