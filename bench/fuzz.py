@@ -130,17 +130,22 @@ HOSTILE: tuple[Any, ...] = (None, "", "x", "12", [], {}, [1, "a", None], True, F
                             2**64 + 1, 10**30, -(2**63), float("nan"), float("inf"), float("-inf"), 1e308, -1e308,
                             HUGE_STRING)
 TIME_KEYS = ("ts", "dur", "start", "end", "time", "t", "start_us", "end_us", "dur_us", "time_ns", "start_ns",
-             "end_ns", "send", "recv", "process")
+             "end_ns", "send", "recv", "process", "t0", "t1")
 
 
 def _load(path: Path) -> Any:
     raw = path.read_bytes()
     if path.suffix == ".gz":
         raw = gzip.decompress(raw)
+    if path.suffix == ".jsonl":   # the dpro NCCL plugin's files: one JSON document a line, mutated as a list
+        return [json.loads(line) for line in raw.splitlines() if line.strip()]
     return json.loads(raw)
 
 
 def _dump(path: Path, doc: Any) -> None:
+    if path.suffix == ".jsonl":
+        path.write_bytes("".join(json.dumps(d) + "\n" for d in doc).encode())
+        return
     raw = json.dumps(doc).encode()
     path.write_bytes(gzip.compress(raw, mtime=0) if path.suffix == ".gz" else raw)
 
