@@ -91,6 +91,12 @@ def shared_traces() -> Path:
     return st()
 
 
+#: examples/traces folders left out of the short run (``large=False``, ``--small``): a dpro_torch
+#: folder with CUDA kernels costs ~0.9 s of CPU per case, and its twin ddp-h100-2rank-nccl-cnn
+#: (same format, same readers) stays in
+LARGE_EXAMPLES = frozenset({"ddp-h100-2rank-nccl-mlp"})
+
+
 def seed_folders(stage: Path, *, large: bool = True) -> dict[str, Path]:
     """The real trace folders the cases start from, by name.
 
@@ -103,9 +109,11 @@ def seed_folders(stage: Path, *, large: bool = True) -> dict[str, Path]:
     stage : Path
         A folder for the plain-Kineto seed folders.
     large : bool
-        Also the larger HTA traces (40 k and 109 k events; several seconds per case).
+        Also the larger seeds: the HTA NCCL trace (109 k events; several seconds per case) and
+        :data:`LARGE_EXAMPLES` (about 1 s per case, 10x the others).
     """
-    seeds = {p.name: p for p in sorted((REPO / "examples" / "traces").iterdir()) if p.is_dir()}
+    seeds = {p.name: p for p in sorted((REPO / "examples" / "traces").iterdir())
+             if p.is_dir() and (large or p.name not in LARGE_EXAMPLES)}
     seeds["byteps-2w1s"] = REPO / "tests" / "fixtures" / "byteps-2w1s"
     hta = shared_traces() / "hta"
     groups = {"kineto-128rank-sampled": ["sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz"]}
@@ -606,7 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case before it counts as a hang")
     ap.add_argument("--memory-mb", type=int, default=8192, help="address-space limit per worker (0: none; 4096 made healthy pslite replays abort or raise MemoryError now and then: the limit counts reserved virtual memory, not RSS)")
-    ap.add_argument("--small", action="store_true", help="leave out the large HTA seeds")
+    ap.add_argument("--small", action="store_true", help="leave out the large seeds (the HTA NCCL trace and "
+                    "ddp-h100-2rank-nccl-mlp), as the short run in tests/test_fuzz.py does")
     ap.add_argument("--json", type=Path, help="write every case (mutations, outcome, detail) here")
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--base", help=argparse.SUPPRESS)

@@ -45,9 +45,10 @@ def world(tmp_path_factory):
 
 def test_seeds_cover_every_format(world):
     seeds, _, _ = world
-    # dpro_torch (one and two hosts), MXNet PS, ps-lite, BytePS; plain Kineto when ../shared is there
-    for name in ("ddp-2rank-gloo", "ddp-2host-1000mbit", "mxnet-ps-2w1s-loopback", "pslite-2w1s-200mbit",
-                 "byteps-2w1s"):
+    # dpro_torch (one and two hosts; CPU and, from a real H100 run, CUDA kernels + NCCL plugin files),
+    # MXNet PS, ps-lite, BytePS, the NCCL plugin's files alone; plain Kineto when ../shared is there
+    for name in ("ddp-2rank-gloo", "ddp-2host-1000mbit", "ddp-h100-2rank-nccl-cnn", "mxnet-ps-2w1s-loopback",
+                 "pslite-2w1s-200mbit", "byteps-2w1s", "nccl-h100-ring-4rank", "nccl-h100-tree-4rank"):
         assert name in seeds
     # every seed is drawn by some case of the short run (make_case's first draw picks the seed)
     assert {random.Random(n).choice(sorted(seeds)) for n in CASES} == set(seeds)
