@@ -27,6 +27,11 @@ def _copy(tmp_path: Path, name: str) -> Path:
 def _edit(path: Path, fn) -> None:
     raw = path.read_bytes()
     gz = path.suffix == ".gz"
+    if path.suffix == ".jsonl":   # the NCCL plugin's files: one document a line, edited as a list
+        doc = [json.loads(line) for line in raw.splitlines() if line.strip()]
+        fn(doc)
+        path.write_text("".join(json.dumps(d) + "\n" for d in doc))
+        return
     doc = json.loads(gzip.decompress(raw) if gz else raw)
     fn(doc)
     out = json.dumps(doc).encode()
@@ -43,6 +48,30 @@ def _replay(trace: Path, capsys, monkeypatch, tmp_path) -> tuple[int, str, str]:
 def _first_x(doc, **where):
     return next(e for e in doc["traceEvents"] if e.get("ph") == "X" and all(e.get(k) == v for k, v in where.items()))
 
+
+def _mx_swap_2653(doc):
+    """Fuzz case 2653: a push-pull's begin (B) and a DeleteVariable's async end (e) swap ``ts``; every
+    begin still precedes its end, and before the twin check this replayed +60.7 % without a word."""
+    ev = doc["traceEvents"]
+    i = next(i for i, e in enumerate(ev) if e.get("ph") == "B" and e["ts"] == 1795553606964309)
+    j = next(j for j, e in enumerate(ev) if e.get("ph") == "e" and e["ts"] == 1795553606950649)
+    ev[i]["ts"], ev[j]["ts"] = ev[j]["ts"], ev[i]["ts"]
+
+
+def _mx_overlap_without_twins(doc):
+    """No operator-domain twins (a dump that has none is not twin-checked) and the compute thread's
+    third operator begun 1 ms earlier, inside the ones before it: the thread check refuses it."""
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") not in ("b", "e")]
+    begins = [e for e in doc["traceEvents"] if e.get("ph") == "B" and e.get("pid") == 0]
+    begins[2]["ts"] -= 1000
+
+
+def _mx_drop_twin_end(doc):
+    ev = doc["traceEvents"]
+    del ev[next(i for i, e in enumerate(ev) if e.get("ph") == "e" and e.get("name") == "log_softmax")]
+
+
+NCCL_RING, NCCL_R0 = "nccl-h100-ring-4rank", "nccl-c316d26534568395-r0.503.jsonl"
 
 CASES = {
     # (seed, file, edit, words the one-line refusal must contain)
@@ -108,6 +137,26 @@ CASES = {
         "byteps-2w1s", "worker0/0/comm.json",
         lambda d: next(e for e in d["traceEvents"] if e.get("tid") == "total").update(dur=float("nan")),
         ["dur nan"]),
+    "mxnet two ts swapped (case 2653: +60.7 % silently)": ("mxnet-ps-2w1s-loopback", "host2/worker0/profile.json",
+                                                           _mx_swap_2653, ["[traceEvents[", "operator-domain twin"]),
+    "mxnet compute ops overlap, no twins": ("mxnet-ps-2w1s-loopback", "host1/worker1/profile.json",
+                                            _mx_overlap_without_twins, ["one thread runs one operator at a time"]),
+    "mxnet twin lost": ("mxnet-ps-2w1s-loopback", "host1/worker1/profile.json", _mx_drop_twin_end,
+                        ["'log_softmax'", "operator-domain twins"]),
+    # the NCCL plugin's .jsonl files, mutated since 9def6d7 (lines: 1 header, 2 a coll, 3 its op, 7 a step of it)
+    "nccl op parent a list": (NCCL_RING, NCCL_R0, lambda d: d[2].update(parent=[0]), ["[line 3]", "'parent'"]),
+    "nccl event kind a list": (NCCL_RING, NCCL_R0, lambda d: d[6].update(ev=[]),
+                                            ["[line 7]", "unknown event kind"]),
+    "nccl step before its op": (NCCL_RING, NCCL_R0, lambda d: d[6].update(t0=d[2]["t0"] - 1000),
+                                ["[line 7]", "outside its op"]),
+    "nccl states out of order": (NCCL_RING, NCCL_R0, lambda d: d[6]["states"].reverse(),
+                                 ["[line 7]", "state times are not in order"]),
+    "nccl op before its collective": (NCCL_RING, NCCL_R0, lambda d: d[2].update(t0=d[1]["t0"] - 1000),
+                                      ["[line 3]", "before its collective"]),
+    "kineto cat a list (case 5592)": ("ddp-2rank-gloo", "host0/1/kineto_trace.json",
+                                      lambda d: _first_x(d, cat="cpu_op").update(cat=[]), ["cat must be a string"]),
+    "nccl event kind an object (case 5439)": (NCCL_RING, NCCL_R0, lambda d: d[6].update(ev={}),
+                                              ["[line 7]", "unknown event kind"]),
     "manifest dir a 1 MB name (case 3557)": ("ddp-2host-1000mbit", "manifest.json",
                                              lambda d: next(iter(d["nodes"].values())).update(dir="A" * 10**6),
                                              ["dir must be a relative path"]),
@@ -157,3 +206,23 @@ def test_byteps_without_worker_count_warns(tmp_path, capsys, monkeypatch):
     rc, out, err = _replay(trace, capsys, monkeypatch, tmp_path)
     assert rc == 0, err
     assert any("does not say how many workers" in w for w in json.loads(out)["warnings"])
+
+
+def test_mxnet_span_wider_than_its_twin_warns(tmp_path, capsys, monkeypatch):
+    """A push-pull begun 1 ms before its operator-domain twin: an honest dump has them <= 3 us apart
+    (docs/reliability.md), a preempted thread could make more, so it replays with a warning naming the
+    record, never silently (the unmutated dump gives no warning)."""
+    trace = _copy(tmp_path, "mxnet-ps-2w1s-loopback")
+    rc, out, err = _replay(trace, capsys, monkeypatch, tmp_path)
+    assert rc == 0 and json.loads(out)["warnings"] == [], err
+    f = trace / "host2/worker0/profile.json"
+    def earlier(doc):
+        next(e for e in doc["traceEvents"] if e.get("ph") == "B" and e["name"] == "KVStoreDistDefaultStoragePushPull")[
+            "ts"] -= 1000
+    _edit(f, earlier)
+    rc, out, err = _replay(trace, capsys, monkeypatch, tmp_path)
+    assert rc == 0, err
+    warns = json.loads(out)["warnings"]
+    assert len(warns) == 1 and warns[0].startswith("host2/worker0: profile.json [traceEvents["), warns
+    assert "begins 1000 us before" in warns[0] and "operator-domain twin" in warns[0], warns
+

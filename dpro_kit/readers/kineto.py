@@ -538,6 +538,9 @@ def _parse(events: Any, header: dict[str, Any], path: Path) -> KinetoTrace:
         if ph != "X":
             continue
         cat = e.get("cat", "")
+        if isinstance(cat, (list, dict)):
+            raise TraceFormatError("an event's cat must be a string", path=path, record=f"traceEvents[{i}]",
+                                   hint="the file is corrupt; export it again")
         if cat not in CPU_CATS and cat not in GPU_CATS:
             continue
         try:

@@ -109,16 +109,80 @@ def partitions(key: int, size: int, itemsize: int, servers: list[str], bound: in
     return out
 
 
-def _spans(doc: Any, path: Path) -> tuple[list[dict], list[dict]]:
-    """(compute ops, push-pull spans) as ``{"name", "start", "dur"}`` sorted by start."""
+#: how far an operator's duration event (``B``/``E``) may start before / end after its twin in MXNet's
+#: ``operator`` domain (``b``/``e``) before the replay says so (us).  ``ProfileOperator`` reads the clock
+#: for B then b, and for e then E: at the begin two reads in a row (largest honest gap measured: 3 us), at
+#: the end with the task's record written between them (707 us).  Measured on 8 worker dumps of 4 real
+#: jobs, 1,952 twins (docs/reliability.md, "MXNet operator twins").  A thread preempted between the two
+#: reads makes a longer honest gap, so a longer one is said, not refused.
+TWIN_GAP_US = (100.0, 2000.0)
+
+
+def _twin_check(sync: dict[tuple, list], asy: dict[tuple, list], path: Path) -> list[str]:
+    """Check the operator spans against their ``operator``-domain twins; the warnings to print.
+
+    MXNet 1.9.1 records every operator twice: ``ProfileOperator::start`` reads the clock for the
+    duration event (``B``) and then for the async task (``b``), ``stop`` for ``e`` and then ``E``,
+    so ``B <= b <= e <= E`` always.  A time moved or swapped with another (fuzz case 2653: two
+    ``ts`` swapped, every begin still before its end, the replay +60.7 %) breaks that order (refused)
+    or widens a gap beyond :data:`TWIN_GAP_US` (said, with the record).  Spans pair up per (thread,
+    name) in the order MXNet wrote them; a dump without twins is not checked."""
+    if not asy:
+        return []
+    wide: list[str] = []
+    for k in sorted(sync.keys() | asy.keys(), key=repr):
+        s, a = sync.get(k, []), asy.get(k, [])
+        if len(s) != len(a):
+            i = (s if len(s) > len(a) else a)[min(len(s), len(a))][2]
+            raise TraceFormatError(f"{k[1]!r:.60} on thread {k[0]!r:.30} has {len(s)} duration spans (B/E) but "
+                                   f"{len(a)} operator-domain twins (b/e); MXNet writes both for every operator",
+                                   path=path, record=f"traceEvents[{i}]",
+                                   hint="events were lost or added; the dump is damaged, profile again")
+        for (b0, e0, i), (b1, e1, j) in zip(s, a):
+            if not (b0 <= b1 <= e1 <= e0):
+                raise TraceFormatError(
+                    f"{k[1]!r:.60} and its operator-domain twin (traceEvents[{j}]) disagree: the twin begins "
+                    f"{b1 - b0:+.0f} us and ends {e1 - e0:+.0f} us from it, MXNet records it inside the span",
+                    path=path, record=f"traceEvents[{i}]",
+                    hint="a time was changed or swapped; the dump is damaged, profile again")
+            if b1 - b0 > TWIN_GAP_US[0] or e0 - e1 > TWIN_GAP_US[1]:
+                wide.append(f"{path.name} [traceEvents[{i}]]: {k[1]!r:.60} begins {b1 - b0:.0f} us before and ends "
+                            f"{e0 - e1:.0f} us after its operator-domain twin (traceEvents[{j}]; MXNet's two clock "
+                            f"reads are at most {TWIN_GAP_US[0]:g} / {TWIN_GAP_US[1]:g} us apart unless the thread was "
+                            f"paused between them): taken as written; if the dump was edited, its times are wrong")
+    if len(wide) > 1:
+        wide = [f"{wide[0]} (and {len(wide) - 1} more such operator(s))"]
+    return wide
+
+
+def _sequential_check(spans: list[tuple[float, float, int, str]], path: Path) -> None:
+    """Refuse two operators of one compute thread that overlap at all: an engine worker thread
+    runs one operator at a time, and its next ``B`` is read after the last ``E`` (1,480 adjacent
+    pairs of the dumps of :data:`TWIN_GAP_US`: none overlaps, none is inside another)."""
+    spans = sorted(spans, key=lambda x: (x[0], -x[1], x[2]))
+    for o, sp in zip(spans, spans[1:]):
+        if sp[0] < o[1]:
+            raise TraceFormatError(f"{sp[3]!r:.60} starts {sp[0] - o[0]:.0f} us into {o[3]!r:.60} "
+                                   f"(traceEvents[{o[2]}], {o[1] - o[0]:.0f} us long) on the same compute thread: "
+                                   "one thread runs one operator at a time", path=path, record=f"traceEvents[{sp[2]}]",
+                                   hint="a time was changed or swapped; the dump is damaged, profile again")
+
+
+def _spans(doc: Any, path: Path) -> tuple[list[dict], list[dict], list[str]]:
+    """(compute ops, push-pull spans, warnings): spans as ``{"name", "start", "dur"}`` sorted by start;
+    the times checked against their twins (:func:`_twin_check`) and per compute thread
+    (:func:`_sequential_check`)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise TraceFormatError("not an MXNet profiler dump (no traceEvents list)", path=path)
     dev = {e.get("pid"): (e.get("args") or {}).get("name", "") for e in doc["traceEvents"]
            if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name"}
     open_: dict[tuple, list] = {}
     compute, comm = [], []
+    sync: dict[tuple, list] = {}     # (tid, name) -> [(begin, end, index of the end)], B/E spans
+    asy: dict[tuple, list] = {}      # the same of the b/e twins
+    threads: dict[tuple, list] = {}  # (pid, tid) of a compute device -> its spans
     for i, e in enumerate(doc["traceEvents"]):
-        if not isinstance(e, dict) or e.get("ph") not in ("B", "E") or e.get("cat") != "operator":
+        if not isinstance(e, dict) or e.get("ph") not in ("B", "E", "b", "e") or e.get("cat") != "operator":
             continue
         try:
             ts = float(e["ts"])
@@ -127,11 +191,12 @@ def _spans(doc: Any, path: Path) -> tuple[list[dict], list[dict]]:
         if not (math.isfinite(ts) and 0 <= ts < 1e17):
             raise TraceFormatError(f"ts {ts!r} is not a time in us since the epoch", path=path,
                                    record=f"traceEvents[{i}]", hint="the dump is corrupt; profile again")
-        k = (e.get("pid"), e.get("tid"), e.get("name"))
+        ph = e["ph"]
+        k = (ph in "be", e.get("pid"), e.get("tid"), e.get("name"))
         if any(isinstance(x, (list, dict)) for x in k):
             raise TraceFormatError("pid, tid and name must be numbers or strings", path=path,
                                    record=f"traceEvents[{i}]", hint="the dump is corrupt; profile again")
-        if e["ph"] == "B":
+        if ph in "Bb":
             open_.setdefault(k, []).append(ts)
             continue
         if not open_.get(k):
@@ -141,12 +206,20 @@ def _spans(doc: Any, path: Path) -> tuple[list[dict], list[dict]]:
         if ts < t0:
             raise TraceFormatError(f"{e.get('name')!r:.60} ends {t0 - ts:.3f} us before it begins", path=path,
                                    record=f"traceEvents[{i}]", hint="the dump is corrupt; profile again")
+        (asy if ph == "e" else sync).setdefault((k[2], k[3]), []).append((t0, ts, i))
+        if ph == "e":
+            continue
         rec = {"name": str(e.get("name")), "start": t0, "dur": ts - t0}
+        if str(dev.get(e.get("pid"), "")).startswith("cpu/"):
+            threads.setdefault(k[1:3], []).append((t0, ts, i, rec["name"]))
         if rec["name"] == PUSHPULL:
             comm.append(rec)
         elif rec["name"] not in DROP and str(dev.get(e.get("pid"), "")).startswith("cpu/"):
             compute.append(rec)
-    return sorted(compute, key=lambda r: r["start"]), sorted(comm, key=lambda r: r["start"])
+    for spans in threads.values():
+        _sequential_check(spans, path)
+    warnings = _twin_check(sync, asy, path)
+    return sorted(compute, key=lambda r: r["start"]), sorted(comm, key=lambda r: r["start"]), warnings
 
 
 def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
@@ -155,7 +228,7 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     if meta.get("role") != "worker":
         return NodeTrace(events=empty_events(), edges=[], collectives=[])
     ppath = node_dir / "profile.json"
-    compute, comm = _spans(read_json(ppath, what="MXNet profiler dump"), ppath)
+    compute, comm, warnings = _spans(read_json(ppath, what="MXNet profiler dump"), ppath)
     a, b = (int(x) for x in meta["steps"][:2])
     n_it = b - a
     params = meta["params"]
@@ -213,4 +286,4 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
                       "inputs": [last_bw or ids[-1]], "outputs": [],
                       "params": [p["name"]], "param_bytes": [int(p["bytes"])],
                       "partitions": partitions(int(p.get("key", j)), size, itemsize, servers, bound)})
-    return NodeTrace(events=make_events(recs, path=str(ppath)), edges=edges, collectives=colls)
+    return NodeTrace(events=make_events(recs, path=str(ppath)), edges=edges, collectives=colls, warnings=warnings)
