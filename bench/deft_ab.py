@@ -1,80 +1,187 @@
 #!/usr/bin/env python3
-"""DeFT's delayed updates on a real job: stock DDP vs every bucket one iteration late (root, emulated cluster).
+"""DeFT on a real job: DDP default vs the `dpro optimize` plan vs delayed updates on one and on two links (root).
 
-    sudo /work/main/.venv/bin/python bench/deft_ab.py                  # mlp, 2 hosts at 1000 Mbit/s, 3 rounds
-    sudo /work/main/.venv/bin/python bench/deft_ab.py --rate 300 --rounds 5
+    sudo /work/main/.venv/bin/python bench/deft_ab.py                          # mlp, 2 hosts, 500 + 500 Mbit/s
+    sudo /work/main/.venv/bin/python bench/deft_ab.py --rate 1000 --rate1 300 --rounds 5 --json out.json
 
-The configuration of the committed trace ``examples/traces/ddp-2host-1000mbit`` (``examples/ddp/train.py
---model mlp --batch-size 64 --bucket-mb 25``, 2 hosts x 1 rank, gloo, CPU, one emulated link per host)
-run alternately, one fresh job per variant and round (``dpro_kit.jobs.alternate``):
+One session, everything measured and predicted here (``examples/ddp/train.py --model mlp --batch-size 64
+--bucket-mb B``, 2 emulated hosts x 1 gloo rank, each host with two shaped links: ``eth0`` at ``--rate``
+and ``eth1`` at ``--rate1``, ``dpro_kit.cluster.EmulatedCluster(second_rate_mbit=)``):
 
-* ``default``: stock DDP;
-* ``defer-all``: ``--deft-defer all`` (``dpro_torch.deft.DeferredBuckets``: every bucket all-reduced
-  during the next iteration, its update one iteration late).
+1. **profile** the stock job (``dpro profile`` on every host) -> a trace of this session;
+2. **predict**: ``dpro replay TRACE --deft --links RATE,RATE1 --json`` (stock DDP, every bucket one
+   iteration late on link 0, and spread over both links by ``link_assignment``) and
+   ``dpro optimize TRACE`` (the plan and its predicted before/after);
+3. **measure**, alternating fresh unprofiled jobs per round (``dpro_kit.jobs.alternate``):
+   ``default`` (stock DDP), ``plan`` (``--plan``), ``deft-1link`` (``--deft-defer all``: every bucket
+   all-reduced during the next iteration on the default group, eth0) and ``deft-2links``
+   (``--deft-defer all --deft-link1 K,..``: the buckets the replay put on link 1 go over a gloo group
+   bound to eth1, ``dpro_torch.deft.link_group``).  Per job: the median over iterations of the slowest
+   rank; per variant: the median over rounds; speed-up: the paired ratio (median over rounds of
+   default / variant in the same round);
+4. **Preserver** (docs/deft.md §8): stock DDP and ``--deft-defer all`` with the same seed and data
+   (``--data teacher``: a learnable task) for ``--loss-steps`` steps at each ``--loss-lrs``, on
+   loopback (the fixed delay's arithmetic does not depend on the link); the measured ratio
+   ``L_sync / L_deft`` of the final loss (mean of the last 10 steps) against ``[1 - eps, 1 + eps]``;
+   and the Gaussian-walk ratio (``loss_ratio``) of the DeFT schedule's batch sequence with ``s0``,
+   ``mu``, ``sigma`` estimated from the synchronous run's first 20 steps.
 
-Per variant the median over rounds of the job's median iteration (slowest rank), the paired ratio, and
-``dpro replay TRACE --deft``'s prediction for the same pair (``synchronous`` and ``delay_one``) from the
-committed trace (recorded at 1000 Mbit/s; another ``--rate`` is predicted with ``--links RATE``).
-This measures the fixed-delay hook only: DeFT's merged updates (fewer optimizer steps) are not
-applied to real jobs yet (docs/deft.md §9).
+The prediction is compared honestly: predicted speed-up = replay(stock) / replay(variant) from the
+trace of this session, and each replay's error against the measured time of the same job.
+Run ``python /work/notes/quiet.py $$ &`` (or any way to keep other load off) in the shell first.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from dpro_kit.jobs import alternate, paired_ratio, paired_table  # noqa: E402
-from optimize_ab import Cluster  # noqa: E402
+from optimize_ab import Cluster, dpro_json  # noqa: E402
 
-TRACE = ROOT / "examples" / "traces" / "ddp-2host-1000mbit"
+PY = sys.executable
+TRAIN = ROOT / "examples" / "ddp" / "train.py"
+
+
+def loss_run(lr: float, steps: int, seed: int, extra: list[str], out: Path) -> list[float]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", DPRO_QUIET="1", PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "collectors" / "torch"), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([PY, str(TRAIN), "--nproc", "2", "--model", "mlp", "--batch-size", "64", "--data", "teacher",
+                    "--lr", f"{lr:g}", "--seed", str(seed), "--iters", str(steps), "--warmup", "0", "--quiet",
+                    "--loss-log", str(out), *extra], env=env, check=True, timeout=1800, capture_output=True)
+    return json.loads(out.read_text())["loss_mean"]
+
+
+def preserver(args: argparse.Namespace, work: Path, batch_sequence: list[int]) -> list[dict[str, Any]]:
+    from dpro_kit.optimize.deft import loss_ratio
+
+    rows = []
+    for lr in args.loss_lrs:
+        sync = loss_run(lr, args.loss_steps, args.seed, [], work / f"loss-sync-{lr:g}.json")
+        late = loss_run(lr, args.loss_steps, args.seed, ["--deft-defer", "all"], work / f"loss-deft-{lr:g}.json")
+        k = 10
+        fs, fd = statistics.fmean(sync[-k:]), statistics.fmean(late[-k:])
+        ratio = fs / fd if fd else math.inf
+        w = 20   # the Preserver's statistics from the synchronous run's first steps (docs/deft.md §8)
+        d = [(sync[i] - sync[i + 1]) / lr for i in range(w)]
+        gb = 64 * 2
+        mu, sigma = statistics.fmean(d), statistics.stdev(d) * math.sqrt(gb)
+        model_ratio = loss_ratio(batch_sequence or [1], sync[0], mu, sigma, gb, lr)
+        ok = abs(ratio - 1.0) <= args.eps and math.isfinite(fd)
+        rows.append({"lr": lr, "steps": args.loss_steps, "first_loss": sync[0], "final_sync": fs, "final_deft": fd,
+                     "ratio_sync_over_deft": ratio, "within_eps": ok, "eps": args.eps,
+                     "preserver_action": "keep delay one" if ok else "lower the delay to 0 (stock DDP)",
+                     "s0": sync[0], "mu": mu, "sigma": sigma, "global_batch": gb,
+                     "deft_schedule_batch_sequence": batch_sequence, "model_ratio_deft_schedule": model_ratio,
+                     "model_ratio_delay_one": 1.0, "sync_curve": sync, "deft_curve": late})
+        print(f"preserver lr {lr:g}: final loss (mean of last {k} of {args.loss_steps}) sync {fs:.4f}, delay-one "
+              f"{fd:.4f}, ratio {ratio:.4f} ({'within' if ok else 'OUTSIDE'} 1 +- {args.eps}); model "
+              f"(s0 {sync[0]:.3f}, mu {mu:.3f}, sigma {sigma:.3f}): DeFT schedule {batch_sequence} -> "
+              f"{model_ratio:.4f}", file=sys.stderr, flush=True)
+    return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rate", type=float, default=1000.0, help="per-host link rate, Mbit/s")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=30)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--rate", type=float, default=500.0, help="link 0 (eth0) rate per host, Mbit/s")
+    ap.add_argument("--rate1", type=float, default=500.0, help="link 1 (eth1) rate per host, Mbit/s")
+    ap.add_argument("--bucket-mb", type=float, default=1.0, help="DDP bucket cap (1: 3 buckets of the mlp)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--prof-steps", type=int, default=5)
+    ap.add_argument("--budget", type=float, default=60.0, help="dpro optimize --budget, seconds")
+    ap.add_argument("--cpus-per-host", type=float, default=None, help="CpuBudget per host (cgroup quota)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loss-steps", type=int, default=300)
+    ap.add_argument("--loss-lrs", type=lambda s: [float(x) for x in s.split(",")], default=[0.1, 0.3])
+    ap.add_argument("--eps", type=float, default=0.01, help="the Preserver's threshold (paper: 0.01)")
+    ap.add_argument("--no-preserver", action="store_true")
+    ap.add_argument("--keep", default="", help="keep the work folder (trace, plan, logs) here")
     ap.add_argument("--json", default="", help="write everything here")
     args = ap.parse_args()
-    base = ["--model", "mlp", "--batch-size", "64", "--bucket-mb", "25", "--warmup", str(args.warmup),
-            "--iters", str(args.iters)]
-    variants = {"default": [], "defer-all": ["--deft-defer", "all"]}
-    with tempfile.TemporaryDirectory(prefix="deft-ab-") as tmp:
-        cl = Cluster(Path(tmp), prefix="deft")
-        n = {v: 0 for v in variants}
+    base = ["--model", "mlp", "--batch-size", "64", "--bucket-mb", f"{args.bucket_mb:g}", "--warmup", str(args.warmup)]
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="deft-ab-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cl = Cluster(work, prefix="dft", cpus_per_host=args.cpus_per_host)
+    t0 = time.time()
 
-        def measure(v: str) -> float:
-            n[v] += 1
-            return cl.run(args.rate, base + variants[v], f"{v}-r{n[v]}")["ms"]
+    # 1. profile the stock job in this session
+    trace = work / "trace"
+    steps = f"{args.warmup + 2}:{args.warmup + 2 + args.prof_steps}"
+    prof = cl.run(args.rate, base + ["--iters", str(args.prof_steps + 12)], "profile", profile=trace, steps=steps,
+                  second_rate=args.rate1)
+    # 2. predictions
+    rep = dpro_json(["replay", str(trace), "--deft", "--links", f"{args.rate:g},{args.rate1:g}", "--json", "-q"])["deft"]
+    plan_file = work / "plan.json"
+    dpro_json(["optimize", str(trace), "-o", str(plan_file), "--budget", f"{args.budget:g}", "--json", "--quiet"])
+    plan = json.loads(plan_file.read_text())
+    assign = rep["delay_one_links"]["assignment"]
+    on1 = sorted(int(n.removeprefix("bucket")) for n, j in assign.items() if j == 1)
+    variants: dict[str, list[str]] = {"default": [], "plan": ["--plan", str(plan_file)],
+                                      "deft-1link": ["--deft-defer", "all"]}
+    if on1:
+        variants["deft-2links"] = ["--deft-defer", "all", "--deft-link1", ",".join(map(str, on1))]
+    sync_ms = rep["synchronous"]["iteration_ms"]
+    predicted = {"default": sync_ms, "plan": sync_ms * plan["predicted"]["after_ms"] / plan["predicted"]["before_ms"],
+                 "deft-1link": rep["delay_one"]["iteration_ms"], "deft-2links": rep["delay_one_links"]["iteration_ms"]}
+    print(f"profiled (unprofiled time of that job {prof['ms']:.2f} ms); predicted: " + ", ".join(
+        f"{v} {predicted[v]:.2f} ms" for v in variants) + f"; link-1 buckets {on1}", file=sys.stderr, flush=True)
 
-        rounds = alternate({v: (lambda v=v: measure(v)) for v in variants}, args.rounds, shuffle_seed=args.seed,
-                           on_round=lambda r, rs: print(f"round {r + 1}: " + ", ".join(
-                               f"{v} {rs[v][-1]:.2f} ms" for v in variants), file=sys.stderr, flush=True))
+    # 3. measure, alternating
+    n = {v: 0 for v in variants}
+
+    def measure(v: str) -> float:
+        n[v] += 1
+        return cl.run(args.rate, base + ["--iters", str(args.iters)] + variants[v], f"{v}-r{n[v]}",
+                      second_rate=args.rate1)["ms"]
+
+    rounds = alternate({v: (lambda v=v: measure(v)) for v in variants}, args.rounds, shuffle_seed=args.seed,
+                       on_round=lambda r, rs: print(f"round {r + 1}: " + ", ".join(
+                           f"{v} {rs[v][-1]:.2f} ms" for v in variants), file=sys.stderr, flush=True))
     paired_table(rounds, "default", file=sys.stderr)
     meas = {v: statistics.median(xs) for v, xs in rounds.items()}
-    cmd = [sys.executable, "-m", "dpro_kit.cli", "replay", str(TRACE), "--deft", "--json", "-q"]
-    if args.rate != 1000.0:
-        cmd += ["--links", f"{args.rate:g}"]
-    pred = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600).stdout)["deft"]
-    p_sync, p_late = pred["synchronous"]["iteration_ms"], pred["delay_one"]["iteration_ms"]
-    out = {"rate_mbit": args.rate, "rounds": rounds, "median_ms": meas,
-           "paired_ratio": paired_ratio(rounds, "default", "defer-all"),
-           "predicted_ms": {"default": p_sync, "defer-all": p_late}, "command": " ".join(sys.argv)}
-    print(f"measured (median of {args.rounds} rounds): default {meas['default']:.2f} ms, defer-all "
-          f"{meas['defer-all']:.2f} ms, speed-up x{meas['default'] / meas['defer-all']:.2f}")
-    print(f"predicted (dpro replay --deft): default {p_sync:.2f} ms, defer-all {p_late:.2f} ms, "
-          f"speed-up x{p_sync / p_late:.2f}")
+    rows = []
+    for v in variants:
+        sp_m = paired_ratio(rounds, "default", v)   # median over rounds of default / variant
+        sp_p = predicted["default"] / predicted[v]
+        rows.append({"variant": v, "args": " ".join(variants[v]), "measured_ms": meas[v],
+                     "measured_range_ms": [min(rounds[v]), max(rounds[v])], "measured_speedup": sp_m,
+                     "predicted_ms": predicted[v], "predicted_speedup": sp_p,
+                     "ms_error": predicted[v] / meas[v] - 1.0, "speedup_error": sp_p / sp_m - 1.0})
+    print(f"\n{'variant':<12} {'measured ms':>22} {'speed-up':>9} {'predicted ms':>13} {'pred. speed-up':>15} "
+          f"{'ms error':>9} {'speed-up error':>15}")
+    for r in rows:
+        lo, hi = r["measured_range_ms"]
+        print(f"{r['variant']:<12} {r['measured_ms']:>8.2f} ({lo:6.2f}..{hi:6.2f}) {r['measured_speedup']:>8.2f}x "
+              f"{r['predicted_ms']:>13.2f} {r['predicted_speedup']:>14.2f}x {r['ms_error']:>+8.1%} "
+              f"{r['speedup_error']:>+14.1%}")
+    out: dict[str, Any] = {
+        "command": " ".join(sys.argv), "rate_mbit": args.rate, "rate1_mbit": args.rate1, "bucket_mb": args.bucket_mb,
+        "cpus_per_host": args.cpus_per_host, "profiled_job_unprofiled_ms": prof["ms"], "trace": str(trace),
+        "replay_deft": {k: rep[k] for k in ("coverage_rate", "forward_ms", "backward_ms", "buckets", "batch_sequence",
+                                            "update_frequency")},
+        "deft_schedule_ms": rep["deft"]["iteration_ms"], "link1_buckets": on1,
+        "plan_predicted": plan["predicted"], "rounds": rounds, "rows": rows}
+    # 4. the Preserver on real training
+    if not args.no_preserver:
+        out["preserver"] = preserver(args, work, rep["batch_sequence"])
+    out["wall_s"] = round(time.time() - t0, 1)
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        tmp = Path(args.json + ".tmp")
+        tmp.write_text(json.dumps(out, indent=1))
+        os.replace(tmp, args.json)
 
 
 if __name__ == "__main__":

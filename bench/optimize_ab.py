@@ -67,7 +67,7 @@ class Cluster:
         self.log = open(work / "jobs.log", "a")
 
     def run(self, rate: float, train_args: list[str], tag: str, profile: Path | None = None,
-            steps: str = "") -> dict[str, Any]:
+            steps: str = "", second_rate: float | None = None) -> dict[str, Any]:
         self.n += 1
         times = self.work / f"{self.n:03d}-{tag}.json"
         env = dict(DPRO_QUIET="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
@@ -75,7 +75,7 @@ class Cluster:
         print(f"[{time.strftime('%H:%M:%S')}] job {self.n:03d} {tag}", file=self.log, flush=True)
         cmd = [PY, str(TRAIN), *train_args, "--threads", "1", "--pin", "rank", "--backend", "gloo",
                "--quiet", "--json-out", str(times)]
-        job = run_job(cmd, hosts=self.hosts, rate_mbit=rate, profile=profile, steps=steps, env=env, log=self.log,
+        job = run_job(cmd, hosts=self.hosts, rate_mbit=rate, second_rate_mbit=second_rate, profile=profile, steps=steps, env=env, log=self.log,
                       timeout=self.timeout, prefix=self.prefix, cpus_per_host=self.cpus)
         if not times.exists():
             raise RuntimeError(f"job {tag} failed (exit codes {job.codes}); see {self.work / 'jobs.log'}")

@@ -291,6 +291,19 @@ def test_deft_on_recorded_trace_bounds():
         # delaying (and merging) only removes waits here: never slower than synchronous DDP
         assert late["iteration_ms"] <= sync["iteration_ms"] and pred["iteration_ms"] <= sync["iteration_ms"]
         assert d["update_frequency"] < 1.0      # CR ~2: DeFT merges iterations (accuracy: the Preserver's job)
+        if len(rates) > 1:   # one bucket: the assignment keeps it on the faster link, as delay_one
+            dl = d["delay_one_links"]
+            assert dl["assignment"] == {"bucket0": 0}
+            assert dl["iteration_ms"] == pytest.approx(late["iteration_ms"], rel=1e-9)
+
+
+def test_link_assignment_hand():
+    # c = 4, 3, 3, 2 on two equal links: 4 -> L0; 3 -> L1; 3 -> L1 (6 < 7); 2 -> L0 (6 < 8): loads 6 | 6
+    t = times([4, 3, 3, 2], [1, 1, 1, 1], 5)
+    assert deft.link_assignment(t, [1, 1]) == {"b0": 0, "b1": 1, "b2": 1, "b3": 0}
+    # link 1 at half speed (c / 0.5): 4 -> L0 (4 < 8); 3 -> L1 (6 < 7); 3 -> L0 (7 < 12); 2 -> L0 (9 < 10)
+    assert deft.link_assignment(t, [1000, 500]) == {"b0": 0, "b1": 1, "b2": 0, "b3": 0}
+    assert deft.link_assignment(t, [1]) == {"b0": 0, "b1": 0, "b2": 0, "b3": 0}
 
 
 def test_cli_replay_deft_json_and_refusals():

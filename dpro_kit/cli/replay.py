@@ -225,6 +225,11 @@ def print_deft(d: dict[str, Any]) -> None:
     echo(f"steady iteration (replayed): synchronous DDP {sy['iteration_ms']:.3f} ms, every bucket delayed one "
          f"iteration {late['iteration_ms']:.3f} ms, DeFT {de['iteration_ms']:.3f} ms "
          f"(x{d['speedup']:.2f}; lower bound {de['lower_bound_ms']:.3f} ms, {de['busiest_device']})")
+    if "delay_one_links" in d:
+        dl = d["delay_one_links"]
+        on = ", ".join(f"{n}@{j}" for n, j in sorted(dl["assignment"].items()))
+        echo(f"every bucket delayed one iteration over the links ({on}): {dl['iteration_ms']:.3f} ms "
+             f"(lower bound {dl['lower_bound_ms']:.3f} ms, {dl['busiest_device']})")
 
 
 def print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Bucket", "BucketTimes", "bucket_times", "knapsack", "recursive_knapsack", "greedy_multi_knapsack",
            "exact_multi_knapsack", "multi_knapsack", "partition_counts", "partitioned", "Item", "Stage", "Step", "Schedule",
-           "schedule", "link_speeds", "Sync", "synchronous_syncs", "delayed_syncs", "schedule_syncs",
+           "schedule", "link_speeds", "link_assignment", "Sync", "synchronous_syncs", "delayed_syncs", "schedule_syncs",
            "DeftReplay", "period_graph", "replay_syncs", "predict", "expected_next_loss", "loss_ratio",
            "preserve"]
 
@@ -754,6 +754,25 @@ def delayed_syncs(g: "nx.DiGraph", delays: dict[str, int], links: dict[str, int]
     return out
 
 
+def link_assignment(times: BucketTimes, rates: Sequence[float] = (1.0,)) -> dict[str, int]:
+    """Buckets over links for the fixed delay: longest-processing-time first, each bucket to the link where it ends first.
+
+    Bucket ``k`` takes ``c_k / s_j`` on link ``j`` (:func:`link_speeds`); buckets by ``c_k`` descending
+    (ties: backward-ready order), each to the link minimising ``load_j + c_k / s_j`` (ties: the lower
+    link).  Minimises the busiest link's load per iteration (the delay-one iteration's bound when the
+    links bound it) greedily, as DeFT's multi-knapsack (§III-C) does for its capacities.  Returns
+    ``{bucket name: link}``.
+    """
+    speeds = link_speeds(rates)
+    load = [0.0] * len(speeds)
+    out: dict[str, int] = {}
+    for b in sorted(times.buckets, key=lambda b: -b.comm_us):
+        j = min(range(len(speeds)), key=lambda j: (load[j] + b.comm_us / speeds[j], j))
+        load[j] += b.comm_us / speeds[j]
+        out[b.name] = j
+    return out
+
+
 def schedule_syncs(sched: Schedule) -> tuple[list[Sync], int]:
     """The steady state of a :func:`schedule` as syncs, and its period.
 
@@ -970,7 +989,9 @@ def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "
     Three replays with the same steady-state measure (:func:`replay_syncs`):
     stock DDP (:func:`synchronous_syncs`), every bucket delayed by one iteration
     on link 0 (:func:`delayed_syncs`) and the DeFT schedule (:func:`schedule`
-    over ``rates``, :func:`schedule_syncs`).
+    over ``rates``, :func:`schedule_syncs`); with several links a fourth,
+    ``delay_one_links``: every bucket delayed by one on the link of
+    :func:`link_assignment` (what ``train.py --deft-defer all --deft-link1 K,...`` runs).
 
     Parameters
     ----------
@@ -995,6 +1016,13 @@ def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "
     late = replay_syncs(g, delayed_syncs(g, {t: 1 for t in tensors}), 1, iterations=iterations)
     pred = replay_syncs(g, syncs, period, rates, iterations=iterations)
     steady = sched.steady()
+    links: dict[str, Any] = {}
+    if len(rates) > 1:   # the fixed delay with the buckets spread over the links (dpro_torch.deft links=)
+        assign = link_assignment(times, rates)
+        late_l = replay_syncs(g, delayed_syncs(g, {t: 1 for t in tensors},
+                                               {b.graph_tensor: assign[b.name] for b in times.buckets}),
+                              1, rates, iterations=iterations)
+        links = {"delay_one_links": {**late_l.to_json(), "assignment": assign}}
     return {
         "rates": list(map(float, rates)), "coverage_rate": times.coverage_rate,
         "forward_ms": times.forward_us / 1e3, "backward_ms": times.backward_us / 1e3,
@@ -1010,7 +1038,7 @@ def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "
                           "backward": [(sched.times.buckets[i.bucket].name, list(i.iterations), j)
                                        for i, j in s.backward.placed],
                           "updates": [list(u) for u in s.updates]} for s in steady],
-        "synchronous": base.to_json(), "delay_one": late.to_json(), "deft": pred.to_json(),
+        "synchronous": base.to_json(), "delay_one": late.to_json(), "deft": pred.to_json(), **links,
         "speedup": base.iteration_us / pred.iteration_us if pred.iteration_us > 0 else math.inf,
     }
 
