@@ -16,13 +16,15 @@ and ``eth1`` at ``--rate1``, ``dpro_kit.cluster.EmulatedCluster(second_rate_mbit
    ``default`` (stock DDP), ``plan`` (``--plan``), ``deft-1link`` (``--deft-defer all``: every bucket
    all-reduced during the next iteration on the default group, eth0) and ``deft-2links``
    (``--deft-defer all --deft-link1 K,..``: the buckets the replay put on link 1 go over a gloo group
-   bound to eth1, ``dpro_torch.deft.link_group``).  Per job: the median over iterations of the slowest
+   bound to eth1, ``dpro_torch.deft.link_group``) and ``sync-2links`` (``--deft-link1 K,..`` alone: no
+   delay, stock DDP's gradients, the same buckets on eth1: what the Preserver falls back to when the
+   delay costs accuracy, delay 0, keeping the second link).  Per job: the median over iterations of the slowest
    rank; per variant: the median over rounds; speed-up: the paired ratio (median over rounds of
    default / variant in the same round);
-4. **Preserver** (docs/deft.md §8): stock DDP and ``--deft-defer all`` with the same seed and data
+4. **Preserver** (docs/deft.md §8): stock DDP, ``--deft-defer all`` and ``sync-2links`` with the same seed and data
    (``--data teacher``: a learnable task) for ``--loss-steps`` steps at each ``--loss-lrs``, on
    loopback (the fixed delay's arithmetic does not depend on the link); the measured ratio
-   ``L_sync / L_deft`` of the final loss (mean of the last 10 steps) against ``[1 - eps, 1 + eps]``;
+   ``L_sync / L_variant`` of the final loss (mean of the last 10 steps) against ``[1 - eps, 1 + eps]``;
    and the Gaussian-walk ratio (``loss_ratio``) of the DeFT schedule's batch sequence with ``s0``,
    ``mu``, ``sigma`` estimated from the synchronous run's first 20 steps.
 
@@ -53,25 +55,31 @@ PY = sys.executable
 TRAIN = ROOT / "examples" / "ddp" / "train.py"
 
 
-def loss_run(lr: float, steps: int, seed: int, extra: list[str], out: Path) -> list[float]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", DPRO_QUIET="1", PYTHONPATH=os.pathsep.join(
+def loss_run(lr: float, steps: int, seed: int, bucket_mb: float, extra: list[str], out: Path) -> list[float]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", DPRO_QUIET="1", DPRO_LINK1_IFNAME="lo", PYTHONPATH=os.pathsep.join(
         [str(ROOT / "collectors" / "torch"), os.environ.get("PYTHONPATH", "")]))
     subprocess.run([PY, str(TRAIN), "--nproc", "2", "--model", "mlp", "--batch-size", "64", "--data", "teacher",
+                    "--bucket-mb", f"{bucket_mb:g}",
                     "--lr", f"{lr:g}", "--seed", str(seed), "--iters", str(steps), "--warmup", "0", "--quiet",
                     "--loss-log", str(out), *extra], env=env, check=True, timeout=1800, capture_output=True)
     return json.loads(out.read_text())["loss_mean"]
 
 
-def preserver(args: argparse.Namespace, work: Path, batch_sequence: list[int]) -> list[dict[str, Any]]:
+def preserver(args: argparse.Namespace, work: Path, batch_sequence: list[int], link1: str) -> list[dict[str, Any]]:
     from dpro_kit.optimize.deft import loss_ratio
 
     rows = []
     for lr in args.loss_lrs:
-        sync = loss_run(lr, args.loss_steps, args.seed, [], work / f"loss-sync-{lr:g}.json")
-        late = loss_run(lr, args.loss_steps, args.seed, ["--deft-defer", "all"], work / f"loss-deft-{lr:g}.json")
+        sync = loss_run(lr, args.loss_steps, args.seed, args.bucket_mb, [], work / f"loss-sync-{lr:g}.json")
+        late = loss_run(lr, args.loss_steps, args.seed, args.bucket_mb, ["--deft-defer", "all"],
+                        work / f"loss-deft-{lr:g}.json")
+        # the Preserver's fallback, delay 0 with the second link kept (loopback: its group on lo)
+        two = loss_run(lr, args.loss_steps, args.seed, args.bucket_mb, ["--deft-link1", link1],
+                       work / f"loss-sync2-{lr:g}.json") if link1 else sync
         k = 10
-        fs, fd = statistics.fmean(sync[-k:]), statistics.fmean(late[-k:])
+        fs, fd, f2 = statistics.fmean(sync[-k:]), statistics.fmean(late[-k:]), statistics.fmean(two[-k:])
         ratio = fs / fd if fd else math.inf
+        ratio2 = fs / f2 if f2 else math.inf
         w = 20   # the Preserver's statistics from the synchronous run's first steps (docs/deft.md §8)
         d = [(sync[i] - sync[i + 1]) / lr for i in range(w)]
         gb = 64 * 2
@@ -79,13 +87,15 @@ def preserver(args: argparse.Namespace, work: Path, batch_sequence: list[int]) -
         model_ratio = loss_ratio(batch_sequence or [1], sync[0], mu, sigma, gb, lr)
         ok = abs(ratio - 1.0) <= args.eps and math.isfinite(fd)
         rows.append({"lr": lr, "steps": args.loss_steps, "first_loss": sync[0], "final_sync": fs, "final_deft": fd,
-                     "ratio_sync_over_deft": ratio, "within_eps": ok, "eps": args.eps,
+                     "ratio_sync_over_deft": ratio, "within_eps": ok, "eps": args.eps, "final_sync_2links": f2,
+                     "ratio_sync_over_sync_2links": ratio2, "sync_2links_within_eps": abs(ratio2 - 1.0) <= args.eps,
                      "preserver_action": "keep delay one" if ok else "lower the delay to 0 (stock DDP)",
                      "s0": sync[0], "mu": mu, "sigma": sigma, "global_batch": gb,
                      "deft_schedule_batch_sequence": batch_sequence, "model_ratio_deft_schedule": model_ratio,
                      "model_ratio_delay_one": 1.0, "sync_curve": sync, "deft_curve": late})
         print(f"preserver lr {lr:g}: final loss (mean of last {k} of {args.loss_steps}) sync {fs:.4f}, delay-one "
-              f"{fd:.4f}, ratio {ratio:.4f} ({'within' if ok else 'OUTSIDE'} 1 +- {args.eps}); model "
+              f"{fd:.4f}, ratio {ratio:.4f} ({'within' if ok else 'OUTSIDE'} 1 +- {args.eps}); sync on two links "
+              f"{f2:.4f} (ratio {ratio2:.4f}); model "
               f"(s0 {sync[0]:.3f}, mu {mu:.3f}, sigma {sigma:.3f}): DeFT schedule {batch_sequence} -> "
               f"{model_ratio:.4f}", file=sys.stderr, flush=True)
     return rows
@@ -131,11 +141,14 @@ def main() -> None:
     on1 = sorted(int(n.removeprefix("bucket")) for n, j in assign.items() if j == 1)
     variants: dict[str, list[str]] = {"default": [], "plan": ["--plan", str(plan_file)],
                                       "deft-1link": ["--deft-defer", "all"]}
+    link1 = ",".join(map(str, on1))
     if on1:
-        variants["deft-2links"] = ["--deft-defer", "all", "--deft-link1", ",".join(map(str, on1))]
+        variants["deft-2links"] = ["--deft-defer", "all", "--deft-link1", link1]
+        variants["sync-2links"] = ["--deft-link1", link1]
     sync_ms = rep["synchronous"]["iteration_ms"]
     predicted = {"default": sync_ms, "plan": sync_ms * plan["predicted"]["after_ms"] / plan["predicted"]["before_ms"],
-                 "deft-1link": rep["delay_one"]["iteration_ms"], "deft-2links": rep["delay_one_links"]["iteration_ms"]}
+                 "deft-1link": rep["delay_one"]["iteration_ms"], "deft-2links": rep["delay_one_links"]["iteration_ms"],
+                 "sync-2links": rep["synchronous_links"]["iteration_ms"]}
     print(f"profiled (unprofiled time of that job {prof['ms']:.2f} ms); predicted: " + ", ".join(
         f"{v} {predicted[v]:.2f} ms" for v in variants) + f"; link-1 buckets {on1}", file=sys.stderr, flush=True)
 
@@ -176,7 +189,7 @@ def main() -> None:
         "plan_predicted": plan["predicted"], "rounds": rounds, "rows": rows}
     # 4. the Preserver on real training
     if not args.no_preserver:
-        out["preserver"] = preserver(args, work, rep["batch_sequence"])
+        out["preserver"] = preserver(args, work, rep["batch_sequence"], link1)
     out["wall_s"] = round(time.time() - t0, 1)
     if args.json:
         tmp = Path(args.json + ".tmp")

@@ -295,6 +295,7 @@ def test_deft_on_recorded_trace_bounds():
             dl = d["delay_one_links"]
             assert dl["assignment"] == {"bucket0": 0}
             assert dl["iteration_ms"] == pytest.approx(late["iteration_ms"], rel=1e-9)
+            assert d["synchronous_links"]["iteration_ms"] == pytest.approx(sync["iteration_ms"], rel=1e-9)
 
 
 def test_link_assignment_hand():

@@ -92,20 +92,23 @@ def test_deferred_buckets_hook_real_ddp(tmp_path):
 
 
 def test_train_loss_log_same_seed_same_data(tmp_path):
-    """examples/ddp/train.py --data teacher --loss-log: stock DDP and --deft-defer all with one seed see the same
+    """examples/ddp/train.py --data teacher --loss-log: stock DDP, --deft-link1 1,2 (no delay, two groups) and
+    --deft-defer all with one seed see the same
     data (identical loss in iterations 0 and 1: same weights, the deferred update gives zeros in iteration 0), and
     the teacher's labels are learnable (the loss falls)."""
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "collectors" / "torch"), os.environ.get("PYTHONPATH", "")]))
     curves = {}
-    for name, extra in (("sync", []), ("deft", ["--deft-defer", "all"])):
+    env["DPRO_LINK1_IFNAME"] = "lo"   # the "second link" of a loopback job: a second gloo group on lo
+    for name, extra in (("sync", []), ("deft", ["--deft-defer", "all"]), ("sync2", ["--deft-link1", "1,2"])):
         log = tmp_path / f"{name}.json"
         subprocess.run([sys.executable, str(ROOT / "examples" / "ddp" / "train.py"), "--nproc", "2", "--model", "mlp",
-                        "--batch-size", "32", "--data", "teacher", "--lr", "0.1", "--iters", "40", "--warmup", "0",
+                        "--batch-size", "32", "--bucket-mb", "1", "--data", "teacher", "--lr", "0.1", "--iters", "40", "--warmup", "0",
                         "--quiet", "--loss-log", str(log), *extra], env=env, check=True, timeout=300,
                        capture_output=True)
         doc = json.loads(log.read_text())
         assert doc["deft_defer"] == ("all" if name == "deft" else "") and len(doc["loss_per_rank"]) == 2
+        assert doc["deft_link1"] == ("1,2" if name == "sync2" else "")
         curves[name] = doc["loss_mean"]
     s, d = curves["sync"], curves["deft"]
     assert len(s) == len(d) == 40
@@ -113,3 +116,5 @@ def test_train_loss_log_same_seed_same_data(tmp_path):
     assert s[1] != d[1]                      # stock DDP applied iteration 0's gradient, the deferred job zeros
     for c in (s, d):
         assert sum(c[-10:]) < sum(c[:10]) - 0.03 * 10
+    # buckets 1 and 2 synchronised now on the second group: stock DDP's gradients, the same training
+    assert curves["sync2"] == pytest.approx(s, rel=1e-6, abs=1e-6)

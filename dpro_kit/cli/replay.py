@@ -230,6 +230,9 @@ def print_deft(d: dict[str, Any]) -> None:
         on = ", ".join(f"{n}@{j}" for n, j in sorted(dl["assignment"].items()))
         echo(f"every bucket delayed one iteration over the links ({on}): {dl['iteration_ms']:.3f} ms "
              f"(lower bound {dl['lower_bound_ms']:.3f} ms, {dl['busiest_device']})")
+        sl = d["synchronous_links"]
+        echo(f"synchronous DDP over the same links (no delay): {sl['iteration_ms']:.3f} ms "
+             f"(lower bound {sl['lower_bound_ms']:.3f} ms, {sl['busiest_device']})")
 
 
 def print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:

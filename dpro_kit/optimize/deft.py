@@ -989,9 +989,11 @@ def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "
     Three replays with the same steady-state measure (:func:`replay_syncs`):
     stock DDP (:func:`synchronous_syncs`), every bucket delayed by one iteration
     on link 0 (:func:`delayed_syncs`) and the DeFT schedule (:func:`schedule`
-    over ``rates``, :func:`schedule_syncs`); with several links a fourth,
-    ``delay_one_links``: every bucket delayed by one on the link of
-    :func:`link_assignment` (what ``train.py --deft-defer all --deft-link1 K,...`` runs).
+    over ``rates``, :func:`schedule_syncs`); with several links two more on the
+    links of :func:`link_assignment`: ``delay_one_links``, every bucket delayed by
+    one (``train.py --deft-defer all --deft-link1 K,...``), and
+    ``synchronous_links``, no delay (``train.py --deft-link1 K,...``: stock DDP's
+    gradients, the Preserver's delay 0, only the second link added).
 
     Parameters
     ----------
@@ -1019,10 +1021,11 @@ def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "
     links: dict[str, Any] = {}
     if len(rates) > 1:   # the fixed delay with the buckets spread over the links (dpro_torch.deft links=)
         assign = link_assignment(times, rates)
-        late_l = replay_syncs(g, delayed_syncs(g, {t: 1 for t in tensors},
-                                               {b.graph_tensor: assign[b.name] for b in times.buckets}),
-                              1, rates, iterations=iterations)
-        links = {"delay_one_links": {**late_l.to_json(), "assignment": assign}}
+        on = {b.graph_tensor: assign[b.name] for b in times.buckets}
+        late_l = replay_syncs(g, delayed_syncs(g, {t: 1 for t in tensors}, on), 1, rates, iterations=iterations)
+        sync_l = replay_syncs(g, delayed_syncs(g, {}, on), 1, rates, iterations=iterations)
+        links = {"delay_one_links": {**late_l.to_json(), "assignment": assign},
+                 "synchronous_links": {**sync_l.to_json(), "assignment": assign}}
     return {
         "rates": list(map(float, rates)), "coverage_rate": times.coverage_rate,
         "forward_ms": times.forward_us / 1e3, "backward_ms": times.backward_us / 1e3,

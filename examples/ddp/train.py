@@ -202,7 +202,7 @@ def train(args: argparse.Namespace) -> None:
     else:
         model = DDP(net, bucket_cap_mb=args.bucket_mb, **opts)
     deferred = None
-    if args.deft_defer and not args.plan:  # DeFT's delayed updates: these buckets synchronised one iteration late
+    if (args.deft_defer or args.deft_link1) and not args.plan:  # DeFT: delayed updates and/or a second link
         api = _deft_api()
         links = {}
         if args.deft_link1:  # these deferred buckets go over the second link ($DPRO_LINK1_IFNAME)
@@ -210,8 +210,8 @@ def train(args: argparse.Namespace) -> None:
             links = {k: second for k in (range(1 << 16) if args.deft_link1 == "all"
                                          else [int(k) for k in args.deft_link1.split(",")])}
         deferred = api.DeferredBuckets(
-            defer=range(1 << 16) if args.deft_defer == "all" else [int(k) for k in args.deft_defer.split(",")],
-            links=links)
+            defer=range(1 << 16) if args.deft_defer == "all" else
+            [int(k) for k in args.deft_defer.split(",") if k.strip()], links=links)
         model.register_comm_hook(None, deferred.hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     n_params = sum(p.numel() for p in net.parameters())
@@ -508,8 +508,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DeFT delayed updates: synchronise these DDP buckets (indices after DDP's rebuild, or all) "
                         "one iteration late (dpro_torch.deft.DeferredBuckets; docs/deft.md); ignored with --plan")
     p.add_argument("--deft-link1", default="", metavar="all|K,...",
-                   help="with --deft-defer: all-reduce these deferred buckets on a gloo group bound to the second "
-                        "interface $DPRO_LINK1_IFNAME (dpro cluster --second-rate-mbit; dpro_torch.deft.link_group)")
+                   help="all-reduce these DDP buckets on a gloo group bound to the second interface "
+                        "$DPRO_LINK1_IFNAME (dpro cluster --second-rate-mbit; dpro_torch.deft.link_group): one "
+                        "iteration late with --deft-defer, else synchronously (stock DDP's gradients on two links)")
     p.add_argument("--data", choices=("random", "teacher"), default="random",
                    help="random: random labels (nothing to learn; the default, as every recorded trace); teacher: "
                         "labels of a fixed random teacher network (seeded by --seed), so the loss falls "
@@ -547,9 +548,6 @@ def main(argv: list[str] | None = None) -> None:
         print("train.py: error: --deft-link1 needs a second link: DPRO_LINK1_IFNAME is not set; run on an emulated "
               "cluster with `dpro cluster --second-rate-mbit R` (or set DPRO_LINK1_IFNAME to the interface)",
               file=sys.stderr)
-        sys.exit(2)
-    if args.deft_link1 and not args.deft_defer:
-        print("train.py: error: --deft-link1 only applies to deferred buckets: add --deft-defer", file=sys.stderr)
         sys.exit(2)
     if args.plan:
         check_plan(args)

@@ -97,8 +97,9 @@ class DeferredBuckets:
     record : bool, default False
         Keep ``launches``: ``(iteration, bucket index, deferred)`` per hook call.
     links : dict of int to group, optional
-        Per deferred bucket, the group its all-reduce goes on instead of ``delayed_group``
-        (e.g. a :func:`link_group` on the second interface).
+        Per bucket, the group its all-reduce goes on instead of ``delayed_group`` (deferred) or
+        ``process_group`` (not deferred), e.g. a :func:`link_group` on the second interface.  With
+        ``defer`` empty: stock DDP's gradients, the buckets spread over two links.
 
     References
     ----------
@@ -129,9 +130,10 @@ class DeferredBuckets:
         deferred = idx in self.defer
         if self.record:
             self.launches.append((self.calls, idx, deferred))
-        if not deferred:
-            world = self._world(self.process_group)
-            fut = _allreduce(buf, self.process_group).get_future()
+        if not deferred:   # synchronised now, on its link's group if it has one (delay 0 over two links)
+            group = self.links.get(idx, self.process_group)
+            world = self._world(group)
+            fut = _allreduce(buf, group).get_future()
             return fut.then(lambda f: f.value()[0].div_(world))
         key = tuple(p.data_ptr() for p in bucket.parameters())
         prev = self._pending.pop(idx, None)
