@@ -86,17 +86,6 @@ if [[ " $PARTS " == *" ddp "* ]]; then
     (cd "$W" && tar -czf "$OUT/ddp.tgz" ddp-*) 2>/dev/null
 fi
 
-if [[ " $PARTS " == *" overhead "* ]]; then
-    # the plugin's cost on a real job's iteration time: DDP cnn with and without it, alternating
-    for k in 1 2 3; do
-        for with in 0 1; do
-            env $([ $with = 1 ] && echo NCCL_PROFILER_PLUGIN=$PLUG DPRO_NCCL_TRACE=$W/ovh-nccl-$k) \
-                ranks "overhead-$k-plugin$with" 2 $PY examples/ddp/train.py --backend nccl --model cnn --batch-size 64 \
-                --warmup 10 --iters 60 --quiet --json-out "$W/overhead-$k-plugin$with.json"
-        done
-    done
-    (cd "$W" && tar -czf "$OUT/overhead.tgz" overhead-*.json) 2>/dev/null
-fi
 if [[ " $PARTS " == *" single "* ]]; then
     for cfg in $SINGLE_CONFIGS; do ddp_job single 1 "$cfg" || break; done
     (cd "$W" && tar -czf "$OUT/single.tgz" single-*) 2>/dev/null
@@ -123,6 +112,17 @@ if [[ " $PARTS " == *" mps "* ]]; then
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
 
+if [[ " $PARTS " == *" overhead "* ]]; then
+    # the plugin's cost on a real job's iteration time: DDP cnn with and without it, alternating
+    for k in 1 2 3; do
+        for with in 0 1; do
+            env $([ $with = 1 ] && echo NCCL_PROFILER_PLUGIN=$PLUG DPRO_NCCL_TRACE=$W/ovh-nccl-$k) \
+                ranks "overhead-$k-plugin$with" 2 $PY examples/ddp/train.py --backend nccl --model cnn --batch-size 64 \
+                --warmup 10 --iters 60 --quiet --json-out "$W/overhead-$k-plugin$with.json"
+        done
+    done
+    (cd "$W" && tar -czf "$OUT/overhead.tgz" overhead-*.json) 2>/dev/null
+fi
 mkdir -p "$W/logs"; mv "$W"/*.log "$W/logs/" 2>/dev/null
 tar -C "$W" -czf "$OUT/logs.tgz" logs
 ls -la "$OUT"
