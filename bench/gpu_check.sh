@@ -116,9 +116,10 @@ if [[ " $PARTS " == *" overhead "* ]]; then
     # the plugin's cost on a real job's iteration time: DDP cnn with and without it, alternating
     for k in 1 2 3; do
         for with in 0 1; do
-            env $([ $with = 1 ] && echo NCCL_PROFILER_PLUGIN=$PLUG DPRO_NCCL_TRACE=$W/ovh-nccl-$k) \
-                ranks "overhead-$k-plugin$with" 2 $PY examples/ddp/train.py --backend nccl --model cnn --batch-size 64 \
+            if [ $with = 1 ]; then export NCCL_PROFILER_PLUGIN=$PLUG DPRO_NCCL_TRACE=$W/ovh-nccl-$k; fi
+            ranks "overhead-$k-plugin$with" 2 $PY examples/ddp/train.py --backend nccl --model cnn --batch-size 64 \
                 --warmup 10 --iters 60 --quiet --json-out "$W/overhead-$k-plugin$with.json"
+            unset NCCL_PROFILER_PLUGIN DPRO_NCCL_TRACE
         done
     done
     (cd "$W" && tar -czf "$OUT/overhead.tgz" overhead-*.json) 2>/dev/null
