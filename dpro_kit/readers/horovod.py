@@ -407,7 +407,7 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
                              "start": r.allreduce[0], "dur": r.allreduce[1] - r.allreduce[0]})
     hvd_events = make_events(rows, path=str(tl_path))
     events = pd.concat([nt.events, hvd_events], ignore_index=True)
-    return NodeTrace(events=events, edges=edges, collectives=collectives, memory=nt.memory)
+    return NodeTrace(events=events, edges=edges, collectives=collectives, memory=nt.memory, warnings=nt.warnings)
 
 
 def finish(ts: Any) -> Any:

@@ -450,7 +450,8 @@ def parse_rank(tr: K.KinetoTrace, iterations: list[int] | None = None) -> NodeTr
              "dur": o.dur, "stream": o.lane, "bytes": int(o.nccl["bytes"]) if o.nccl else 0,
              "tensor": o.op if o.nccl else "", "phase": o.nccl["collective"] if o.nccl else ""}
             for o in ops]
-    return NodeTrace(events=make_events(rows, path=str(path)), edges=edges, collectives=collectives)
+    return NodeTrace(events=make_events(rows, path=str(path)), edges=edges, collectives=collectives,
+                     warnings=list(tr.warnings))
 
 
 # --------------------------------------------------------------------------- the nccl scheme

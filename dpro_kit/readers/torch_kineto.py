@@ -902,7 +902,7 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
     events = make_events(rows, path=str(path))
     edges = _edges(ops, win.steps, dep_edges)
     return NodeTrace(events=events, edges=edges, collectives=collectives, memory=_memory(doc, win, offset_ns),
-                     warnings=[cost_warning] if cost_warning else [])
+                     warnings=kt.warnings + ([cost_warning] if cost_warning else []))
 
 
 def _ring_rows(doc: Any, path: Path, iteration_of: Any, offset_ns: int, node_of_rank: dict[int, str],
