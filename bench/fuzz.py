@@ -717,7 +717,7 @@ def _summary(args: argparse.Namespace, results: list[dict[str, Any]], wall: floa
     groups = Counter((r["outcome"], r.get("detail", "")) for r in defects)
     for (kind, detail), n in groups.most_common(40):
         first = min(r["case"] for r in defects if (r["outcome"], r.get("detail", "")) == (kind, detail))
-        print(f"  {n:>5} x {kind}: {detail}   (e.g. --case {first})")
+        print(f"  {n:>5} x {kind}: {detail[:300]}   (e.g. --case {first})")
     if args.json:
         args.json.write_text(json.dumps({"counts": dict(counts), "wall_s": wall,
                                          "cases": sorted(results, key=lambda r: r["case"])}, indent=1))

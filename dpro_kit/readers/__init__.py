@@ -88,6 +88,7 @@ from . import native, torch_kineto  # noqa: E402  (the built-in readers; neither
 
 register_reader("dpro-events", native.read_node)
 register_reader("torch-kineto", torch_kineto.read_node)
+register_finisher("torch-kineto", torch_kineto.finish)
 
 from . import horovod  # noqa: E402  (Horovod + PyTorch: Kineto + per-rank Horovod timelines)
 

@@ -298,13 +298,14 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
         raise TraceFormatError("meta.json has no horovod section (parameters of hvd.DistributedOptimizer)",
                                path=node_dir / "meta.json",
                                hint="profile the job with `dpro profile` and Horovod's DistributedOptimizer")
-    tpath = node_dir / str(meta["trace_file"])
+    tpath = TK._file_of(node_dir, meta, "trace_file", "trace_file", "the file was damaged; profile again")
     doc = K.load_doc(tpath)
     facts = manifest.facts
     extra: dict[str, Any] = {}
     nt = TK.parse_node(meta, doc, path=tpath, fold_gaps=facts.host_gaps != "keep",
                        overhead=facts.profiler_overhead, extra=extra)
-    tl_path = node_dir / str(hv.get("timeline_file") or TIMELINE_FILE)
+    tl_path = TK._file_of(node_dir, {"timeline_file": hv.get("timeline_file") or TIMELINE_FILE}, "timeline_file",
+                          "horovod.timeline_file", "the file was damaged; profile again")
     resp = responses(load_timeline(tl_path))
     pinfo = _bytes_of(meta)
     unknown = sorted({t for r in resp for t in r.tensors if t not in pinfo})

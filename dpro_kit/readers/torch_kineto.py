@@ -201,10 +201,20 @@ def _root_of(e: K.KEvent | None, tops: dict[int, Any]) -> K.KEvent | None:
 
 # --------------------------------------------------------------------------- the reader
 
+def _file_of(node_dir: Path, doc: dict[str, Any], key: str, record: str, hint: str) -> Path:
+    """``node_dir / doc[key]``: a file name the collector wrote into the node's folder (one-line error
+    for anything else: a path, '..', a name the filesystem refuses, fuzz case 6615's 1 MB string)."""
+    v = doc.get(key)
+    if not (isinstance(v, str) and 0 < len(v) <= 255 and "/" not in v and "\0" not in v and v not in (".", "..")):
+        raise TraceFormatError(f"{key!r} must name a file in the node's folder; got {v!r}"[:300],
+                               path=node_dir / "meta.json", record=record, hint=hint)
+    return node_dir / v
+
+
 def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     node_dir = Path(node_dir)
     meta = _load_meta(node_dir)
-    tpath = node_dir / str(meta["trace_file"])
+    tpath = _file_of(node_dir, meta, "trace_file", "trace_file", "the file was damaged; profile again")
     doc = K.load_doc(tpath)
     facts = manifest.facts
     fold_gaps = facts.host_gaps != "keep"
@@ -214,12 +224,8 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
                                hint="use one of " + ", ".join(OVERHEAD_MODES))
     ring = None
     if meta.get("ring_file"):
-        rf = meta["ring_file"]
-        if not (isinstance(rf, str) and 0 < len(rf) <= 255 and "/" not in rf and rf not in (".", "..")):
-            raise TraceFormatError(f"'ring_file' must name a file in the node's folder; got {rf!r}"[:300],
-                                   path=node_dir / "meta.json", record="ring_file",
-                                   hint="the file was damaged; profile again (dpro profile --ring)")
-        rpath = node_dir / rf
+        rpath = _file_of(node_dir, meta, "ring_file", "ring_file",
+                         "the file was damaged; profile again (dpro profile --ring)")
         ring = (rpath, read_json(rpath))
     ranks = {int(i.rank): n for n, i in manifest.nodes.items() if i.role == "worker"}
     return parse_node(meta, doc, path=tpath, fold_gaps=fold_gaps, overhead=overhead, ring=ring,
@@ -239,7 +245,8 @@ def read_op_shapes(node_dir: Path) -> dict[str, dict[str, Any]]:
     sh = meta.get("shapes") or {}
     if not sh.get("trace_file"):
         return {}
-    path = node_dir / str(sh["trace_file"])
+    path = _file_of(node_dir, sh, "trace_file", "shapes.trace_file",
+                    "the file was damaged; profile again (dpro profile --shapes)")
     doc = K.load_doc(path)
     m = dict(meta, window=dict(meta["window"], profiled_steps=[int(sh["step"])]),
              clock={"sync": []}, steps=[], measured={})
@@ -1063,5 +1070,29 @@ def _edges(ops: list[_Op], steps: list[int],
 
 
 __all__ = ["C10D_COLLECTIVES", "C10D_NS", "GLOO_WORKER", "MARKER_NS", "MARKERS", "MAX_EVENT_OVERHEAD_NS",
-           "META_FORMAT", "META_VERSIONS", "OVERHEAD_MODES", "RING_COLUMNS", "RING_FORMAT", "parse_node",
+           "META_FORMAT", "META_VERSIONS", "OVERHEAD_MODES", "RING_COLUMNS", "RING_FORMAT", "finish", "parse_node",
            "profiler_overhead_ns", "read_node", "read_op_shapes", "window_overhead_ns"]
+
+
+def finish(ts: Any) -> Any:
+    """Refuse a job whose ranks disagree on DDP: DDP wraps the same model on every rank, so when
+    some workers' collectives are DDP buckets (their ``meta.json`` describes the module), every
+    worker that communicates takes part in them.  A rank whose ``meta.json`` lost its ``ddp``
+    entry (fuzz case 6838: ``ddp`` emptied on one of two ranks) otherwise replays as a job whose
+    buckets only the other rank all-reduces (+6.0 %).  Registered as this format's finisher."""
+    workers = [n for n, i in ts.manifest.nodes.items() if i.role == "worker"]
+    colls = [c for c in ts.collectives if str(c.tensor).startswith("bucket")]
+    if len(workers) < 2 or not colls:
+        return ts
+    ev = ts.events
+    talking = set(ev.loc[ev["kind"] == OpKind.COMM.value, "node"])
+    inside = set().union(*(set(c.participants) for c in colls))
+    left = [n for n in workers if n in talking and n not in inside]
+    if left:
+        info = ts.manifest.nodes[left[0]]
+        where = Path(ts.path or ".") / (info.dir or left[0]) / "meta.json"
+        raise TraceFormatError(f"{left[0]} communicates but takes part in no DDP bucket, which "
+                               f"{', '.join(sorted(inside))[:200]} all-reduce: its meta.json has no DDP module "
+                               "(ddp) while theirs do; DDP wraps the same model on every rank", path=where,
+                               record="ddp", hint="the file was damaged; profile again")
+    return ts
