@@ -66,7 +66,7 @@ def loss_run(lr: float, steps: int, seed: int, bucket_mb: float, extra: list[str
 
 
 def preserver(args: argparse.Namespace, work: Path, batch_sequence: list[int], link1: str) -> list[dict[str, Any]]:
-    from dpro_kit.optimize.deft import loss_ratio
+    from dpro_kit.optimize.deft import loss_ratio, measured_loss_ratio, walk_statistics
 
     rows = []
     for lr in args.loss_lrs:
@@ -78,12 +78,9 @@ def preserver(args: argparse.Namespace, work: Path, batch_sequence: list[int], l
                        work / f"loss-sync2-{lr:g}.json") if link1 else sync
         k = 10
         fs, fd, f2 = statistics.fmean(sync[-k:]), statistics.fmean(late[-k:]), statistics.fmean(two[-k:])
-        ratio = fs / fd if fd else math.inf
-        ratio2 = fs / f2 if f2 else math.inf
-        w = 20   # the Preserver's statistics from the synchronous run's first steps (docs/deft.md §8)
-        d = [(sync[i] - sync[i + 1]) / lr for i in range(w)]
-        gb = 64 * 2
-        mu, sigma = statistics.fmean(d), statistics.stdev(d) * math.sqrt(gb)
+        ratio, ratio2 = measured_loss_ratio(sync, late, k), measured_loss_ratio(sync, two, k)
+        gb = 64 * 2   # the Preserver's statistics from the synchronous run's first 20 steps (docs/deft.md §8)
+        _, mu, sigma = walk_statistics(sync, lr, gb, 20)
         model_ratio = loss_ratio(batch_sequence or [1], sync[0], mu, sigma, gb, lr)
         ok = abs(ratio - 1.0) <= args.eps and math.isfinite(fd)
         rows.append({"lr": lr, "steps": args.loss_steps, "first_loss": sync[0], "final_sync": fs, "final_deft": fd,

@@ -6,6 +6,7 @@ and check structural identities of the bucket times, not numbers copied from a r
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -355,3 +356,14 @@ def test_loss_ratio_and_preserver_loop():
     assert [x["update_frequency"] for x in log[:-1]] == [pytest.approx(2 / 3)] * 8
     assert log[-1]["update_frequency"] == 1.0 and log[-1]["ratio"] == pytest.approx(1.0)
     assert scale == pytest.approx(1.1 ** 8) and sched.batch_sequence() == [1]
+
+
+def test_walk_statistics_and_measured_ratio_hand():
+    # losses 3, 2.9, 2.7, 2.6 at lr 0.5: D = 0.2, 0.4, 0.2 -> mu 0.8/3, stdev sqrt(((0.2-m)^2*2+(0.4-m)^2)/2)
+    s0, mu, sigma = deft.walk_statistics([3.0, 2.9, 2.7, 2.6, 9.9], lr=0.5, batch=4, steps=3)
+    m = 0.8 / 3
+    assert s0 == 3.0 and mu == pytest.approx(m)
+    assert sigma == pytest.approx(math.sqrt(((0.2 - m) ** 2 * 2 + (0.4 - m) ** 2) / 2) * 2)
+    assert deft.measured_loss_ratio([5, 1, 1.2], [5, 2, 2.4], last=2) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        deft.walk_statistics([1.0, 0.9], lr=0.1, batch=1, steps=3)

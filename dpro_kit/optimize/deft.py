@@ -39,7 +39,7 @@ __all__ = ["Bucket", "BucketTimes", "bucket_times", "knapsack", "recursive_knaps
            "exact_multi_knapsack", "multi_knapsack", "partition_counts", "partitioned", "Item", "Stage", "Step", "Schedule",
            "schedule", "link_speeds", "link_assignment", "Sync", "synchronous_syncs", "delayed_syncs", "schedule_syncs",
            "DeftReplay", "period_graph", "replay_syncs", "predict", "expected_next_loss", "loss_ratio",
-           "preserve"]
+           "walk_statistics", "measured_loss_ratio", "preserve"]
 
 _REF = ("Meng and Sun, \"DeFT: Mitigating Data Dependencies for Flexible Communication Scheduling in "
         "Distributed Training\" (``/work/shared/seeds/002_d6311c65601a268e.txt``)")
@@ -1118,6 +1118,37 @@ def loss_ratio(batch_sequence: Sequence[int], s0: float, mu: float, sigma: float
     for k in batch_sequence:
         sd = expected_next_loss(sd, mu, sigma, batch, lr, target, k=int(k))
     return sb / sd if sd else (1.0 if sb == 0 else math.inf)
+
+
+def walk_statistics(curve: Sequence[float], lr: float, batch: float, steps: int = 20) -> tuple[float, float, float]:
+    """``(s0, mu, sigma)`` of the Gaussian walk (:func:`expected_next_loss`) from a synchronous run's loss curve.
+
+    The walk moves the loss by ``lr * D`` per update with ``D ~ N(mu, sigma^2 / B)``, so over the
+    first ``steps`` updates ``D_t = (s_t - s_{t+1}) / lr``: ``mu = mean(D_t)``, ``sigma =
+    stdev(D_t) * sqrt(B)``, ``s0 = s_0`` (``B``: the global batch of one update).  **choice**: the
+    curve is the per-step training loss, each on a new mini-batch, so ``stdev(D_t)`` also holds the
+    mini-batch loss noise (an over-estimate of the step's own noise).
+    """
+    if steps < 2 or len(curve) < steps + 1:
+        raise ValueError(f"need at least {steps + 1} losses (steps >= 2), got {len(curve)}")
+    d = [(curve[t] - curve[t + 1]) / lr for t in range(steps)]
+    mean = sum(d) / steps
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (steps - 1))
+    return float(curve[0]), mean, sd * math.sqrt(batch)
+
+
+def measured_loss_ratio(sync: Sequence[float], other: Sequence[float], last: int = 10) -> float:
+    """The Preserver's ratio measured on real training: ``mean(sync[-last:]) / mean(other[-last:])``.
+
+    ``E[O_B] / E[O_D]`` of :func:`loss_ratio` with the expectations replaced by the final losses of
+    two runs with the same seed and data (synchronous DDP and the schedule), each the mean of its
+    last ``last`` steps (one step's loss is one mini-batch's).  Within ``[1 - eps, 1 + eps]``: keep
+    the schedule; else lower the delay (DeFT §IV-C3).
+    """
+    if last < 1 or len(sync) < last or len(other) < last:
+        raise ValueError(f"need at least {last} losses in both curves")
+    a, b = sum(sync[-last:]) / last, sum(other[-last:]) / last
+    return a / b if b else math.inf
 
 
 def preserve(times: BucketTimes, rates: Sequence[float] = (1.0,), *, s0: float, mu: float, sigma: float,
