@@ -26,7 +26,7 @@ here (docs/deft.md §9).
 A second link (DeFT §III-C): :func:`link_group` makes a gloo process group whose
 device is bound to another network interface (the emulated cluster's ``eth1``,
 ``DPRO_LINK1_IFNAME``); ``DeferredBuckets(links={k: group})`` sends bucket *k*'s
-deferred all-reduce over it.
+all-reduce over it, deferred or (not in ``defer``) synchronous.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def link_group(interface: str | None = None, *, timeout_s: float = 1800.0) -> An
     opts = Gloo._Options()
     opts._devices = [Gloo.create_device(interface=iface)]
     opts._timeout = datetime.timedelta(seconds=timeout_s)
-    opts._threads = 2
+    opts._threads = 2   # gloo's default: two collectives of the group in flight at once
     _LINK_GROUPS += 1
     store = dist.PrefixStore(f"dpro_deft_link/{_LINK_GROUPS}", dist.distributed_c10d._get_default_store())
     return Gloo(store, dist.get_rank(), dist.get_world_size(), opts)
