@@ -126,3 +126,18 @@ def test_whatifs_run_on_a_gpu_trace():
     assert fast < slow
     one = Session(p, whatif=WhatIf(bucket_mb=100)).iteration_time_ms()
     assert one > 0
+
+
+def test_collector_recorded_the_shared_gpu_on_the_device():
+    """The second H100 run (bench/gpu-traces/h100-2026-11-27) was recorded with meta.gpu: the ranks'
+    GPU uuid and whether MPS ran; the replay's placement warning names the sharing."""
+    from dpro_kit.placement import placement_warnings, shared_gpu_groups
+    base = ROOT / "bench" / "gpu-traces" / "h100-2026-11-27"
+    extra = {t: json.loads((base / t / "manifest.json").read_text())["extra"]
+             for t in ("mps-cnn-b64", "ddp-cnn-b16", "single-cnn-b64")}
+    assert shared_gpu_groups(extra["mps-cnn-b64"]) == [
+        {"nodes": ["host0/0", "host1/1"], "gpu": "NVIDIA H100 80GB HBM3", "mps": True}]
+    assert any("share one GPU (NVIDIA H100 80GB HBM3) under MPS" in w for w in placement_warnings(extra["mps-cnn-b64"]))
+    assert any("share one GPU (NVIDIA H100 80GB HBM3) without MPS" in w
+               for w in placement_warnings(extra["ddp-cnn-b16"]))
+    assert shared_gpu_groups(extra["single-cnn-b64"]) == []        # one rank: nothing shared
