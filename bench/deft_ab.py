@@ -66,6 +66,7 @@ def loss_run(lr: float, steps: int, seed: int, bucket_mb: float, extra: list[str
 
 
 def preserver(args: argparse.Namespace, work: Path, batch_sequence: list[int], link1: str) -> list[dict[str, Any]]:
+    """Phase 4 (module docstring): final-loss ratios of the delayed arms against stock DDP, same seed and data."""
     from dpro_kit.optimize.deft import loss_ratio, measured_loss_ratio, walk_statistics
 
     rows = []
@@ -76,6 +77,8 @@ def preserver(args: argparse.Namespace, work: Path, batch_sequence: list[int], l
         # the Preserver's fallback, delay 0 with the second link kept (loopback: its group on lo)
         two = loss_run(lr, args.loss_steps, args.seed, args.bucket_mb, ["--deft-link1", link1],
                        work / f"loss-sync2-{lr:g}.json") if link1 else sync
+        part = loss_run(lr, args.loss_steps, args.seed, args.bucket_mb, ["--deft-defer", args.partial],
+                        work / f"loss-partial-{lr:g}.json") if args.partial else None
         k = 10
         fs, fd, f2 = statistics.fmean(sync[-k:]), statistics.fmean(late[-k:]), statistics.fmean(two[-k:])
         ratio, ratio2 = measured_loss_ratio(sync, late, k), measured_loss_ratio(sync, two, k)
@@ -86,13 +89,16 @@ def preserver(args: argparse.Namespace, work: Path, batch_sequence: list[int], l
         rows.append({"lr": lr, "steps": args.loss_steps, "first_loss": sync[0], "final_sync": fs, "final_deft": fd,
                      "ratio_sync_over_deft": ratio, "within_eps": ok, "eps": args.eps, "final_sync_2links": f2,
                      "ratio_sync_over_sync_2links": ratio2, "sync_2links_within_eps": abs(ratio2 - 1.0) <= args.eps,
+                     "partial": args.partial, "final_partial": statistics.fmean(part[-k:]) if part else None,
+                     "ratio_sync_over_partial": measured_loss_ratio(sync, part, k) if part else None,
                      "preserver_action": "keep delay one" if ok else "lower the delay to 0 (stock DDP)",
                      "s0": sync[0], "mu": mu, "sigma": sigma, "global_batch": gb,
                      "deft_schedule_batch_sequence": batch_sequence, "model_ratio_deft_schedule": model_ratio,
                      "model_ratio_delay_one": 1.0, "sync_curve": sync, "deft_curve": late})
         print(f"preserver lr {lr:g}: final loss (mean of last {k} of {args.loss_steps}) sync {fs:.4f}, delay-one "
               f"{fd:.4f}, ratio {ratio:.4f} ({'within' if ok else 'OUTSIDE'} 1 +- {args.eps}); sync on two links "
-              f"{f2:.4f} (ratio {ratio2:.4f}); model "
+              f"{f2:.4f} (ratio {ratio2:.4f}); " + (f"only {args.partial} delayed {statistics.fmean(part[-k:]):.4f} "
+              f"(ratio {measured_loss_ratio(sync, part, k):.4f}); " if part else "") + f"model "
               f"(s0 {sync[0]:.3f}, mu {mu:.3f}, sigma {sigma:.3f}): DeFT schedule {batch_sequence} -> "
               f"{model_ratio:.4f}", file=sys.stderr, flush=True)
     return rows
@@ -115,6 +121,9 @@ def main() -> None:
     ap.add_argument("--loss-lrs", type=lambda s: [float(x) for x in s.split(",")], default=[0.1, 0.3])
     ap.add_argument("--eps", type=float, default=0.01, help="the Preserver's threshold (paper: 0.01)")
     ap.add_argument("--no-preserver", action="store_true")
+    ap.add_argument("--partial", default="", metavar="K[,K..]",
+                    help="also the arm partial-2links: only these DDP buckets one iteration late (the Preserver's "
+                         "per-bucket fallback), on the links of the assignment; predicted with dpro replay --defer")
     ap.add_argument("--keep", default="", help="keep the work folder (trace, plan, logs) here")
     ap.add_argument("--json", default="", help="write everything here")
     args = ap.parse_args()
@@ -130,7 +139,9 @@ def main() -> None:
     prof = cl.run(args.rate, base + ["--iters", str(args.prof_steps + 12)], "profile", profile=trace, steps=steps,
                   second_rate=args.rate1)
     # 2. predictions
-    rep = dpro_json(["replay", str(trace), "--deft", "--links", f"{args.rate:g},{args.rate1:g}", "--json", "-q"])["deft"]
+    partial = [int(k) for k in args.partial.split(",") if k.strip()]
+    rep = dpro_json(["replay", str(trace), "--deft", "--links", f"{args.rate:g},{args.rate1:g}", "--json", "-q"]
+                    + (["--defer", ",".join(f"bucket{k}" for k in partial)] if partial else []))["deft"]
     plan_file = work / "plan.json"
     dpro_json(["optimize", str(trace), "-o", str(plan_file), "--budget", f"{args.budget:g}", "--json", "--quiet"])
     plan = json.loads(plan_file.read_text())
@@ -142,10 +153,14 @@ def main() -> None:
     if on1:
         variants["deft-2links"] = ["--deft-defer", "all", "--deft-link1", link1]
         variants["sync-2links"] = ["--deft-link1", link1]
+        if partial:
+            variants["partial-2links"] = ["--deft-defer", args.partial, "--deft-link1", link1]
     sync_ms = rep["synchronous"]["iteration_ms"]
     predicted = {"default": sync_ms, "plan": sync_ms * plan["predicted"]["after_ms"] / plan["predicted"]["before_ms"],
                  "deft-1link": rep["delay_one"]["iteration_ms"], "deft-2links": rep["delay_one_links"]["iteration_ms"],
                  "sync-2links": rep["synchronous_links"]["iteration_ms"]}
+    if partial:
+        predicted["partial-2links"] = rep["partial_delay"]["links"]["iteration_ms"]
     print(f"profiled (unprofiled time of that job {prof['ms']:.2f} ms); predicted: " + ", ".join(
         f"{v} {predicted[v]:.2f} ms" for v in variants) + f"; link-1 buckets {on1}", file=sys.stderr, flush=True)
 

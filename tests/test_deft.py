@@ -282,8 +282,10 @@ def test_deft_on_recorded_trace_bounds():
     from dpro_kit.session import Session
     g = Session(REPO / "examples" / "traces" / "ddp-2host-1000mbit").graph
     for rates in ([1.0], [1000.0, 300.0]):
-        d = deft.predict(g, rates)
+        d = deft.predict(g, rates, defer=["bucket0"])
         sync, late, pred = d["synchronous"], d["delay_one"], d["deft"]
+        # the trace's one bucket deferred alone: the same replay as every bucket delayed
+        assert d["partial_delay"]["one_link"]["iteration_ms"] == pytest.approx(late["iteration_ms"], rel=1e-9)
         # no replay beats its busiest device; the synchronous one is the plain replay's
         for r in (sync, late, pred):
             assert r["iteration_ms"] >= r["lower_bound_ms"] * (1 - 1e-9)
@@ -297,6 +299,9 @@ def test_deft_on_recorded_trace_bounds():
             assert dl["assignment"] == {"bucket0": 0}
             assert dl["iteration_ms"] == pytest.approx(late["iteration_ms"], rel=1e-9)
             assert d["synchronous_links"]["iteration_ms"] == pytest.approx(sync["iteration_ms"], rel=1e-9)
+            assert d["partial_delay"]["links"]["iteration_ms"] == pytest.approx(dl["iteration_ms"], rel=1e-9)
+    with pytest.raises(ValueError, match="no bucket bucket7"):
+        deft.predict(g, [1.0], defer=["bucket7"])
 
 
 def test_link_assignment_hand():
@@ -322,6 +327,9 @@ def test_cli_replay_deft_json_and_refusals():
     assert d["deft"]["iteration_ms"] >= d["deft"]["lower_bound_ms"] * (1 - 1e-9)
     assert CliRunner().invoke(cmd, [tr, "--links", "1000"]).exit_code == 2
     assert CliRunner().invoke(cmd, [tr, "--deft", "--links", "0,x"]).exit_code == 2
+    assert CliRunner().invoke(cmd, [tr, "--defer", "bucket0"]).exit_code == 2          # --defer needs --deft
+    r = CliRunner().invoke(cmd, [tr, "--deft", "--defer", "bucket9", "-q"])
+    assert "no bucket bucket9" in str(r.exception)     # a DproError: the dpro entry point prints it, exit 2
 
 
 # ----------------------------------------------------------------- the Preserver (hand-computed)

@@ -86,6 +86,9 @@ def _overlap_arg(ctx: click.Context, param: click.Parameter, value: str) -> "flo
 @click.option("--deft", "deft", is_flag=True,
               help="What if (DDP): DeFT's knapsack schedule with delayed updates; prints the schedule and its "
                    "replayed steady iteration time vs synchronous DDP (docs/deft.md).")
+@click.option("--defer", "defer_buckets", default=None, metavar="BUCKET[,BUCKET...]",
+              help="With --deft: also replay only these buckets (bucket<k>) one iteration late, the others "
+                   "synchronous, on link 0 and over the --links (train.py --deft-defer K,..).")
 @click.option("--links", default=None, metavar="R0[,R1...]",
               help="With --deft: link rates in Mbit/s, one per link per host (link 0 also sets "
                    "--bandwidth-mbps); default: one link as traced.")
@@ -95,7 +98,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
            world_size: int | None, fusion_threshold_mb: float | None, cycle_time_ms: float | None,
            slow_rank: dict[int, float], like_median: tuple[int, ...], slow_link: dict[str, float],
            servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, device_model: str, overlap_factor: float | str, show_memory: bool, memory_limit: str | None,
-           deft: bool, links: str | None, as_json: bool,
+           deft: bool, defer_buckets: str | None, links: str | None, as_json: bool,
            quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
@@ -111,6 +114,9 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
 
     progress = Progress(not (quiet or as_json))
     rates = _link_rates(links, deft, bandwidth_mbps)
+    if defer_buckets is not None and not deft:
+        raise click.UsageError("--defer needs --deft")
+    defer = [b.strip() for b in (defer_buckets or "").split(",") if b.strip()]
     if rates and links:
         bandwidth_mbps = rates[0]
     wi = make_whatif(bucket_mb, first_bucket_mb, bandwidth_mbps, world_size, fusion_threshold_mb, cycle_time_ms)
@@ -123,7 +129,8 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
         from ..optimize.deft import predict
         progress.note("solving the DeFT schedule and replaying it")
         try:
-            out_d = {"trace": str(trace), **info, "deft": predict(g, rates or [1.0], iterations=max(iterations, 48))}
+            out_d = {"trace": str(trace), **info, "deft": predict(g, rates or [1.0], iterations=max(iterations, 48),
+                                                                  defer=defer)}
         except ValueError as e:
             raise DproError(f"--deft: {e}", path=trace) from None
         if as_json:
@@ -233,6 +240,10 @@ def print_deft(d: dict[str, Any]) -> None:
         sl = d["synchronous_links"]
         echo(f"synchronous DDP over the same links (no delay): {sl['iteration_ms']:.3f} ms "
              f"(lower bound {sl['lower_bound_ms']:.3f} ms, {sl['busiest_device']})")
+    if "partial_delay" in d:
+        p = d["partial_delay"]
+        echo(f"only {', '.join(p['defer'])} delayed one iteration: {p['one_link']['iteration_ms']:.3f} ms on link 0"
+             + (f", {p['links']['iteration_ms']:.3f} ms over the links" if "links" in p else ""))
 
 
 def print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:

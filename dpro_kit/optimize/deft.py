@@ -983,7 +983,7 @@ replay_syncs.__doc__ = replay_syncs.__doc__.replace("{ref}", _REF)
 
 
 def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "greedy",
-            iterations: int = 48) -> dict[str, Any]:
+            iterations: int = 48, defer: Sequence[str] = ()) -> dict[str, Any]:
     """What ``dpro replay --deft`` reports: the DeFT schedule of ``g`` and its replayed steady iteration time.
 
     Three replays with the same steady-state measure (:func:`replay_syncs`):
@@ -1005,6 +1005,11 @@ def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "
         Multi-link placement of :func:`schedule`.
     iterations : int, default 48
         Iterations replayed (at least).
+    defer : sequence of str, default ()
+        Buckets (``bucket<k>``) for a partial delay: ``partial_delay`` replays only these one
+        iteration late, the others synchronous, on link 0 and (several links) over the links of
+        :func:`link_assignment` (``train.py --deft-defer K,.. [--deft-link1 ..]``; the Preserver's
+        per-bucket fallback, docs/deft.md §9).
 
     References
     ----------
@@ -1026,6 +1031,19 @@ def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "
         sync_l = replay_syncs(g, delayed_syncs(g, {}, on), 1, rates, iterations=iterations)
         links = {"delay_one_links": {**late_l.to_json(), "assignment": assign},
                  "synchronous_links": {**sync_l.to_json(), "assignment": assign}}
+    if defer:
+        names = {b.name: b.graph_tensor for b in times.buckets}
+        unknown = sorted(set(defer) - set(names))
+        if unknown:
+            raise ValueError(f"no bucket {', '.join(unknown)} in the trace (it has {', '.join(sorted(names))})")
+        late_p = {names[n]: 1 for n in defer}
+        part: dict[str, Any] = {"defer": sorted(defer),
+                                "one_link": replay_syncs(g, delayed_syncs(g, late_p), 1, iterations=iterations).to_json()}
+        if len(rates) > 1:
+            assign = link_assignment(times, rates)
+            part["links"] = replay_syncs(g, delayed_syncs(g, late_p, {names[n]: j for n, j in assign.items()}), 1,
+                                         rates, iterations=iterations).to_json()
+        links["partial_delay"] = part
     return {
         "rates": list(map(float, rates)), "coverage_rate": times.coverage_rate,
         "forward_ms": times.forward_us / 1e3, "backward_ms": times.backward_us / 1e3,
