@@ -468,3 +468,63 @@ def test_recorder_api_custom_loop(tmp_path):
     ev = ts.events
     assert set(ev["kind"]) == {"FW", "BW", "UPDATE", "OTHER"}
     assert replay(build_global_dfg(ts)).iteration_time_us > 0
+
+
+OUTSIDE_WINDOW_JOB = r"""
+import json, os, sys, tempfile, torch
+sys.path[:0] = sys.argv[3:5]          # collectors/torch and collectors/common
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity
+from dpro_torch import Recorder
+mode = sys.argv[2]
+if mode == "ddp":          # a real (1-rank gloo) DDP job: forward, grad-ready and phase hooks in the window
+    dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+    net = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)))
+    rec = Recorder(sys.argv[1], steps=(2, 4), host="box", calibrate=False, auto_step=True)
+    acts = None
+else:                      # CUDA activity asked for (a CPU build warns and records the CPU)
+    net = torch.nn.Linear(8, 2)
+    rec = Recorder(sys.argv[1], steps=(1, 2), host="box", model=net, calibrate=False, auto_step=True,
+                   activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+seen = {}
+for i in range(6):
+    net(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    if True:               # state once iteration i ended (the window opens at the end of iteration START-1)
+        mods = [net] + list(net.modules())
+        seen[i] = {"fw_hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in mods),
+                   "grad_hooks": sum(len(p._post_accumulate_grad_hooks or {}) for p in net.parameters()),
+                   "profiler": torch.autograd._profiler_enabled(), "recorder_prof": rec._prof is not None,
+                   "teardown": os.environ.get("TEARDOWN_CUPTI")}
+rec.close()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("mode,preset", [("ddp", None), ("cuda", None), ("cuda", "0")])
+def test_nothing_left_outside_the_window(tmp_path, mode, preset):
+    # what the collector leaves in the job after its window (docs/accuracy.md, "Outside the window"):
+    # no module or parameter hook, no profiler; with CUDA, TEARDOWN_CUPTI=1 unless the job set it
+    script = tmp_path / "job.py"
+    script.write_text(OUTSIDE_WINDOW_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPRO_") and k != "TEARDOWN_CUPTI"}
+    env["DPRO_QUIET"] = "1"
+    if preset is not None:
+        env["TEARDOWN_CUPTI"] = preset
+    proc = subprocess.run([PY, str(script), str(tmp_path / "t"), mode, str(COLLECTOR), str(ROOT / "collectors" / "common")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+    before, inside, after = (seen[0], seen[2], seen[5]) if mode == "ddp" else (None, seen[0], seen[5])
+    assert inside["profiler"] and inside["recorder_prof"] and inside["fw_hooks"] >= 2
+    if mode == "ddp":
+        assert inside["grad_hooks"] == 4                   # one per DDP parameter
+    for state in (before, after):
+        if state is not None:
+            assert state["fw_hooks"] == 0 and state["grad_hooks"] == 0
+            assert not state["profiler"] and not state["recorder_prof"]
+    meta = json.loads((tmp_path / "t" / "box" / "0" / "meta.json").read_text())
+    want = None if mode == "ddp" else (preset or "1")
+    assert meta["cupti_teardown"] == want and after["teardown"] == want

@@ -25,9 +25,16 @@ just before and just after the profiler starts, the latter inside a
 ``dpro::calibrate`` range); ``meta.json`` keeps the timings under
 ``profiler_overhead`` and the reader subtracts the cost from the ops it times.
 
-Outside the window only the optimizer post-hook (a Python call per step) and a
-flag test in the ``torch.autograd.backward`` wrapper remain, so unprofiled
-iterations run at full speed.  No shapes, stacks, memory or execution-trace
+Outside the window only the two global optimizer-step hooks (count iterations)
+and a flag test in the ``torch.autograd.backward`` wrapper remain: ~1.2 + ~0.9 us
+per iteration (``bench/overhead_pieces.py``; docs/accuracy.md, "Outside the
+window").  Every per-op / per-parameter piece (forward hooks, grad-ready hooks,
+ranges, step markers) is installed when the window opens and removed when it
+ends, and the profiler is stopped, exported and freed.  With CUDA the recorder
+also sets ``TEARDOWN_CUPTI=1`` (unless the job set it) so that Kineto detaches
+CUPTI at the end of the window: left attached (Kineto's default) it slows every
+later kernel launch; ``meta.json["cupti_teardown"]`` records the value used.
+``dpro profile --ring`` is the exception: its comm hook runs all iterations.  No shapes, stacks, memory or execution-trace
 observer are recorded in the window.  With ``shapes=True`` (``DPRO_SHAPES=1``,
 ``dpro profile --shapes``) the iteration right after the window is profiled
 once more with ``record_shapes=True`` into ``kineto_shapes.json``: op input
@@ -340,6 +347,7 @@ class Recorder:
         self._main_thread = threading.current_thread()
         self._lock = threading.RLock()
         self._export_s = 0.0
+        self._cupti_teardown: str | None = None   # TEARDOWN_CUPTI as the CUDA window ended (None: no CUDA)
         _ACTIVE = self
         patch_ddp()
         patch_backward()
@@ -685,6 +693,13 @@ class Recorder:
             except Exception as exc:  # never break the user's job
                 _log(f"profiler calibration failed: {exc!r}")
                 cal = None
+        if any(a == ProfilerActivity.CUDA for a in acts):
+            # Kineto detaches CUPTI when the window's session ends (cuptiFinalize) only with
+            # TEARDOWN_CUPTI=1; left attached, CUPTI keeps slowing every later kernel launch
+            # (pytorch/pytorch#144455: 10-20 % on launch-bound jobs) - outside the window. A value
+            # the job set wins (torch itself sets 0 for inductor CUDA graphs before CUDA 12.6).
+            os.environ.setdefault("TEARDOWN_CUPTI", "1")
+            self._cupti_teardown = os.environ.get("TEARDOWN_CUPTI")
         self._prof = profile(activities=acts, record_shapes=False, with_stack=False, profile_memory=self.memory,
                              with_flops=False, with_modules=False)
         self._prof.start()
@@ -788,6 +803,8 @@ class Recorder:
         self._remove_phase_hooks()
         t0 = time.perf_counter()
         try:
+            if self._cupti_teardown is not None:
+                self._cupti_teardown = os.environ.get("TEARDOWN_CUPTI")   # what Kineto reads at stop
             self._prof.stop()
             out = self.node_dir / TRACE_FILE
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -874,6 +891,7 @@ class Recorder:
             "cpu": cpu_placement(),
             **({"gpu": gpu} if (gpu := gpu_placement()) else {}),
             "profiler_overhead": self._overhead,
+            "cupti_teardown": self._cupti_teardown,
             "grad_ready_markers": self.grad_ready,
             "optimizer": self._optimizer_meta or self._optimizer_info(),
             "comm_calibration": self._comm_cal,
