@@ -9,6 +9,9 @@ of N calls, alternating with/without)::
   (``opt.step()`` of a one-parameter SGD, Recorder armed with a window far ahead vs none);
 * ``backward wrapper``: the ``torch.autograd.backward`` patch (``loss.backward()`` of a tiny
   graph through the wrapper vs the original function);
+* ``grad-ready hook removed``: a parameter whose post-accumulate-grad hook was registered (in
+  the window) and removed: torch keeps a C++ hook object that enters Python on every gradient
+  accumulation (backward of a 100-parameter model / 100, never hooked vs hooked and removed);
 * ``op dispatch after a window``: one small aten op and a ``torch._foreach_add_`` C++ loop timed
   before any profiler session and after one (``torch.profiler`` started, stopped, exported);
   a leftover RecordFunction callback or observer would show here.  CPU only: what CUPTI costs
@@ -69,6 +72,31 @@ def main(argv=None) -> int:
     without = [per_call_us(bw(orig), args.calls // 4) for _ in range(args.reps)]
     with_ = [per_call_us(bw(torch.autograd.backward), args.calls // 4) for _ in range(args.reps)]
     rows.append(("backward wrapper (per loss.backward)", min(without), min(with_)))
+
+    # grad-ready hooks after the window: their handles are removed, but torch keeps the C++
+    # post-accumulate-grad hook object of every parameter that ever had one (no API clears it),
+    # so each gradient accumulation still enters Python once (an empty dict of hooks)
+    def mlp():
+        return torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(50)])   # 100 parameters
+    never, removed = mlp(), mlp()
+    for h in [q.register_post_accumulate_grad_hook(lambda q: None) for q in removed.parameters()]:
+        h.remove()
+    inp = torch.ones(1, 8)
+
+    def bwd_us(m, n=max(args.calls // 40, 10)):
+        ts = []
+        for _ in range(n):
+            m.zero_grad(set_to_none=True)
+            out = m(inp).sum()
+            t0 = time.perf_counter_ns()
+            out.backward()
+            ts.append(time.perf_counter_ns() - t0)
+        return st.median(ts) / 1e3 / 100
+    a_, b_ = [], []
+    for _ in range(2 * args.reps):
+        a_.append(bwd_us(never))
+        b_.append(bwd_us(removed))
+    rows.append(("grad-ready hook removed after the window (per parameter and backward)", min(a_), min(b_)))
 
     y = torch.zeros(4)
     xs = [torch.zeros(1) for _ in range(400)]
