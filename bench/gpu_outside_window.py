@@ -1,7 +1,9 @@
 """Profiled run vs plain runs, before and after the collector's window, for gpu_check.sh job folders.
 
 Each folder (``bench/gpu_check.sh`` ``ddp_job``: ``train_times.json`` / ``train_times_after.json``
-= the job without the profiler before / after, ``host*/<rank>/meta.json`` = the profiled run with
+= the job without the profiler before / after, as in bench/gpu-traces; straight out of
+gpu_check.sh's tarballs: the folder's siblings ``<job>-measured.json`` / ``<job>-measured2.json``;
+``host*/<rank>/meta.json`` = the profiled run with
 every iteration's wall time) gives one row, rank 0::
 
     python bench/gpu_outside_window.py bench/gpu-traces/h100-2026-11-27 examples/traces
@@ -21,7 +23,8 @@ from pathlib import Path
 
 def row(job: Path) -> dict | None:
     metas = sorted(job.glob("host*/0/meta.json")) or sorted(job.glob("*/0/meta.json"))
-    plain = [job / f for f in ("train_times.json", "train_times_after.json") if (job / f).exists()]
+    plain = [job / f for f in ("train_times.json", "train_times_after.json") if (job / f).exists()] or \
+        [p for p in (job.parent / f"{job.name}-measured.json", job.parent / f"{job.name}-measured2.json") if p.exists()]
     if not metas or not plain:
         return None
     meta = json.loads(metas[0].read_text())
