@@ -165,6 +165,13 @@ CASES = {
     "one rank's ddp emptied (case 6838: +6.0 % silently)": ("ddp-2rank-gloo", "host0/1/meta.json",
                                                            lambda d: d["ddp"].clear(),
                                                            ["host0/1/meta.json [ddp]", "no DDP bucket"]),
+    "step time 31 years (case 8236: -2.95 % silently)": ("ddp-2host-1000mbit", "host1/1/meta.json",
+                                                          lambda d: d["steps"][3].update(dur_us=d["steps"][3]["dur_us"]
+                                                                                         + 10**15),
+                                                          ["[steps[3].dur_us]", "longer than a day"]),
+    "marker name a 1 MB string (case 8482: +2.7 % silently)": ("ddp-2rank-gloo", "host0/1/meta.json",
+                                                                lambda d: d["markers"].update(clock_sync="A" * 10**6),
+                                                                ["[markers.clock_sync]", "marker name"]),
     "manifest dir a 1 MB name (case 3557)": ("ddp-2host-1000mbit", "manifest.json",
                                              lambda d: next(iter(d["nodes"].values())).update(dir="A" * 10**6),
                                              ["dir must be a relative path"]),
