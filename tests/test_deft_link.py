@@ -68,6 +68,13 @@ WORKER = textwrap.dedent(r'''
     json.dump({"iters": n, "sizes": sizes, "tx": {d: c1[d] - c0[d] for d in c0},
                "env": {k: os.environ.get(k) for k in ("DPRO_LINK1_IFNAME", "DPRO_LINK1_ADDR")},
                "same_weights": bool(torch.equal(ws[0], ws[1]))}, open(sys.argv[1], "w"))
+    # free DDP, the hook state and the second link's gloo group (not registered with c10d, so
+    # destroy_process_group does not tear it down) while the interpreter is alive: left to the
+    # final garbage collection, gloo's threads were torn down during finalization and a rank
+    # aborted now and then (SIGABRT, as examples/ddp/train.py notes)
+    import gc
+    del hook, ddp, st, second, opt
+    gc.collect()
     dist.destroy_process_group()
 ''')
 
