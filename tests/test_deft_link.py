@@ -60,6 +60,11 @@ WORKER = textwrap.dedent(r'''
     for _ in range(n):
         step()
     st.flush()
+    # the last all-reduce's final chunk can still sit in the shaped link's queue when it returns
+    # (a CI run read eth0 0.5 MB short): both ranks done, then let the queues drain before reading
+    dist.barrier()
+    import time
+    time.sleep(0.5)
     c1 = counters()
     dist.barrier()
     w = torch.cat([p.detach().flatten() for p in m.parameters()])
