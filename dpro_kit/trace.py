@@ -340,15 +340,16 @@ def make_events(records: Iterable[dict[str, Any]] | pd.DataFrame, *, path: str |
             f"{df['dur'].iloc[i] / 86_400e6:.1f} days (at most 1 day)", path=path,
             record=f"events[{i}] (op {df['op'].iloc[i]!r})", hint="a time in the trace is corrupt; re-collect this node")
     it = pd.to_numeric(df["iteration"], errors="coerce")
-    bad_it = ~np.isfinite(it.to_numpy(dtype="float64", na_value=np.nan)) | (it % 1 != 0).to_numpy()
+    itf = it.to_numpy(dtype="float64", na_value=np.nan)
+    bad_it = ~np.isfinite(itf) | (it % 1 != 0).to_numpy() | (np.abs(np.nan_to_num(itf)) >= 2.0 ** 62)
     if bad_it.any():
         i = int(np.flatnonzero(bad_it)[0])
-        raise TraceFormatError(f"iteration is {df['iteration'].iloc[i]!r}; it must be an integer", path=path,
-                               record=f"events[{i}] (op {df['op'].iloc[i]!r})")
+        raise TraceFormatError(f"iteration is {df['iteration'].iloc[i]!r}; it must be an integer below 2^62"[:300],
+                               path=path, record=f"events[{i}] (op {df['op'].iloc[i]!r})")
     for col, (dtype, _) in EVENT_COLUMNS.items():
         try:
             df[col] = df[col].astype(dtype)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             raise TraceFormatError(f"column {col!r} cannot be read as {dtype}: {exc}", path=path) from None
     return df[list(EVENT_COLUMNS)].reset_index(drop=True)
 

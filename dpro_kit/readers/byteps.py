@@ -164,12 +164,13 @@ def read_meta(trace_dir: Path) -> dict[str, Any]:
             isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 40 for v in tensors.values()):
         raise TraceFormatError("'tensors' must map each tensor name to its size in bytes (0 .. 2^40)", path=path,
                                record="tensors", hint='e.g. {"byteps.gradient_0": 6000000}')
-    for key, ok in (("servers", lambda v: isinstance(v, int) and v >= 1),
-                    ("workers", lambda v: isinstance(v, int) and v >= 1),
-                    ("partition_bytes", lambda v: isinstance(v, int) and v >= 1),
-                    ("start_step", lambda v: isinstance(v, int) and v >= 0)):
+    for key, ok in (("servers", lambda v: isinstance(v, int) and 1 <= v < 2 ** 31),
+                    ("workers", lambda v: isinstance(v, int) and 1 <= v < 2 ** 31),
+                    ("partition_bytes", lambda v: isinstance(v, int) and 1 <= v < 2 ** 40),
+                    ("start_step", lambda v: isinstance(v, int) and 0 <= v < 2 ** 40)):
         if key in doc and (isinstance(doc[key], bool) or not ok(doc[key])):
-            raise TraceFormatError(f"{key!r} must be a positive integer, got {doc[key]!r}", path=path, record=key)
+            raise TraceFormatError(f"{key!r} must be a positive integer of a plausible size, got {doc[key]!r}"[:300],
+                                   path=path, record=key)
     if doc.get("key_hash", "djb2") not in _HASHES:
         raise TraceFormatError(f"unknown key_hash {doc.get('key_hash')!r}", path=path, record="key_hash",
                                hint="one of " + ", ".join(_HASHES))

@@ -76,6 +76,13 @@ def read_meta(node_dir: Path) -> dict[str, Any]:
             raise TraceFormatError(f"'steps' must be [first, end] profiled steps, integers with first < end; "
                                    f"got {st!r}"[:300], path=path, record="steps",
                                    hint="the file was damaged; profile again (dpro profile --framework mxnet)")
+    ps_info = doc.get("ps")
+    if ps_info is not None:
+        bb = ps_info.get("bigarray_bound") if isinstance(ps_info, dict) else None
+        if not isinstance(ps_info, dict) or not (bb is None or (type(bb) is int and 0 < bb < 2 ** 40)):
+            raise TraceFormatError("'ps' must be an object whose 'bigarray_bound' is a positive integer "
+                                   f"(MXNET_KVSTORE_BIGARRAY_BOUND); got {ps_info!r}"[:300], path=path, record="ps",
+                                   hint="the file was damaged; profile again (dpro profile --framework mxnet)")
     return doc
 
 

@@ -220,6 +220,11 @@ def _transfers(stamp: tuple) -> dict[str, Any]:
         pushes: dict[int, int] = defaultdict(int)
         for r in sorted((r for r in d["records"] if r[0] == "send" and r[6]), key=lambda r: r[1]):
             ev, t0, t1, snd, rcv, ts, _, push, key, nkeys, nbytes, vbytes = r
+            if snd != d["id"]:
+                raise TraceFormatError(f"a request sent by node id {snd} in the file of node id {d['id']}"[:300],
+                                       path=d["path"], record=f"send at {t0}",
+                                       hint="the file's node_id or its records were edited; copy the worker's file "
+                                            "again from the job's trace folder")
             if rcv not in sname:
                 continue
             it = pushes[key] if push else pushes[key] - 1
