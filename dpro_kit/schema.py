@@ -320,6 +320,11 @@ def validate_torch_meta(doc: Any, path: Any = None) -> dict[str, Any]:
                                    record=f"steps[{k}].dur_us", hint=_FIX_META)
     if doc.get("measured") is not None:
         _check_object(doc, "measured", TORCH_MEASURED_FIELDS, path=path, hint=_FIX_META)
+        for key in ("median_unprofiled_us", "median_profiled_us"):   # fuzz case 12342: -2^63 replayed -2 % silently
+            v = doc["measured"].get(key)
+            if v is not None and not 0 <= v <= 86_400e6:
+                raise TraceFormatError(f"{key} {v!r} is negative or longer than a day", path=path,
+                                       record=f"measured.{key}", hint=_FIX_META)
     clock = doc.get("clock")
     if clock is not None:
         if not isinstance(clock, dict) or not isinstance(clock.get("sync", []), list):

@@ -180,6 +180,10 @@ CASES = {
                                                     "node id 0"]),
     "BytePS start_step 10^29 (case 11390)": ("byteps-2w1s", "byteps_meta.json", lambda d: d.update(start_step=10**29),
                                              ["[start_step]", "plausible size"]),
+    "median_unprofiled_us -2^63 (case 12342: -2.0 % silently)": ("ddp-2rank-gloo", "host0/0/meta.json",
+                                                                  lambda d: d["measured"].update(
+                                                                      median_unprofiled_us=-2 ** 63),
+                                                                  ["[measured.median_unprofiled_us]", "negative"]),
     "manifest dir a 1 MB name (case 3557)": ("ddp-2host-1000mbit", "manifest.json",
                                              lambda d: next(iter(d["nodes"].values())).update(dir="A" * 10**6),
                                              ["dir must be a relative path"]),
