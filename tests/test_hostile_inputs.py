@@ -184,6 +184,10 @@ CASES = {
                                                                   lambda d: d["measured"].update(
                                                                       median_unprofiled_us=-2 ** 63),
                                                                   ["[measured.median_unprofiled_us]", "negative"]),
+    "ps-lite server node_id edited (case 13100: replayed as 0 ms)": ("pslite-2w1s-200mbit", "pslite-server-8.5158.json",
+                                                                     lambda d: d.update(node_id=0),
+                                                                     ["pslite-server-8.5158.json", "of node id 8 in "
+                                                                      "the file of node id 0"]),
     "manifest dir a 1 MB name (case 3557)": ("ddp-2host-1000mbit", "manifest.json",
                                              lambda d: next(iter(d["nodes"].values())).update(dir="A" * 10**6),
                                              ["dir must be a relative path"]),
@@ -276,3 +280,18 @@ def test_kineto_range_crossing_its_parent_warns(tmp_path, capsys, monkeypatch):
     warns = json.loads(out)["warnings"]
     assert len(warns) == 1 and warns[0].startswith("host0/1: kineto_trace.json [traceEvents["), warns
     assert "starts inside" in warns[0] and "ends 1000.000 us after it" in warns[0], warns
+
+
+def test_infinite_profiler_calibration_is_ignored(tmp_path, capsys, monkeypatch):
+    """Case 13074: a ``profiler_overhead.plain_ns`` reading of -inf raised OverflowError; an unusable
+    calibration is ignored as a missing one is (the window estimate stands), and the replay is the seed's."""
+    trace = _copy(tmp_path, "ddp-2host-1000mbit")
+    rc0, out0, _ = _replay(trace, capsys, monkeypatch, tmp_path)
+    meta = trace / "host0" / "0" / "meta.json"
+    doc = json.loads(meta.read_text())
+    doc["profiler_overhead"]["plain_ns"][0] = float("-inf")
+    meta.write_text(json.dumps(doc))
+    rc, out, err = _replay(trace, capsys, monkeypatch, tmp_path)
+    assert rc0 == 0 and rc == 0, err
+    assert abs(json.loads(out)["iteration_time_ms"] - json.loads(out0)["iteration_time_ms"]) < 0.01 * json.loads(out0)[
+        "iteration_time_ms"]

@@ -243,6 +243,12 @@ def _transfers(stamp: tuple) -> dict[str, Any]:
             ev, snd, rcv, ts, request = r[0], r[3], r[4], r[5], r[6]
             w, s = (snd, rcv) if request else (rcv, snd)
             where = "worker" if d["role"] == "worker" else "server"
+            own = w if where == "worker" else s
+            if own != d["id"]:   # fuzz case 13100: a server's node_id edited replayed as 0 ms
+                raise TraceFormatError(f"a {ev} record of node id {own} in the file of node id {d['id']}"[:300],
+                                       path=d["path"], record=f"{ev} at {r[1]}",
+                                       hint="the file's node_id or its records were edited; copy the node's file "
+                                            "again from the job's trace folder")
             ends[(w, s, ts)][f"{where}_{ev}_{'req' if request else 'res'}"] = r
     # transfers of the DFG: push requests and pull responses
     xfers = []

@@ -306,7 +306,7 @@ def profiler_overhead_ns(meta: dict[str, Any], main: list[K.KEvent], markers: li
     try:
         plain, prof = min(int(x) for x in po["plain_ns"]), min(int(x) for x in po["profiled_ns"])
         calls = int(po["calls"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):   # OverflowError: an infinite reading (case 13074)
         return 0.0
     name = po.get("marker") or MARKERS["calibrate"]
     ranges = [m for m in markers if m.name == name]
