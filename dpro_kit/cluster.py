@@ -392,40 +392,31 @@ class EmulatedCluster:
             ip(["ip", "netns", "add", ns])
             self._created.append(ns)
             ip(["ip", "-n", ns, "link", "set", "lo", "up"])
-        br = self.bridge_ns
-        # STP off (the default): ports forward immediately, no 15 s delay.
-        ip(["ip", "-n", br, "link", "add", _BRIDGE, "type", "bridge", "stp_state", "0"])
-        ip(["ip", "-n", br, "link", "set", _BRIDGE, "up"])
-        for i, hns in enumerate(self.host_ns):
-            port = f"h{i}"
-            # Both ends are created directly in their target namespaces.
-            ip(["ip", "-n", br, "link", "add", port, "type", "veth",
-                "peer", "name", HOST_IFACE, "netns", hns])
-            ip(["ip", "-n", br, "link", "set", port, "master", _BRIDGE])
-            ip(["ip", "-n", br, "link", "set", port, "up"])
-            ip(["ip", "-n", hns, "addr", "add", f"{self._ips[i]}/{plen}", "dev", HOST_IFACE])
-            ip(["ip", "-n", hns, "link", "set", HOST_IFACE, "up"])
-            t = self.tbfs[i]
-            if t is not None:
-                self._shape(hns, HOST_IFACE, t)  # host upload
-                self._shape(br, port, t)         # host download
+        self._network(_BRIDGE, "", HOST_IFACE, self._ips, plen, self.tbfs)
         if self.second_tbfs is not None:
-            plen1 = self.second_subnet.prefixlen
-            ip(["ip", "-n", br, "link", "add", _BRIDGE1, "type", "bridge", "stp_state", "0"])
-            ip(["ip", "-n", br, "link", "set", _BRIDGE1, "up"])
-            for i, hns in enumerate(self.host_ns):
-                port = f"h{i}-1"
-                ip(["ip", "-n", br, "link", "add", port, "type", "veth",
-                    "peer", "name", SECOND_IFACE, "netns", hns])
-                ip(["ip", "-n", br, "link", "set", port, "master", _BRIDGE1])
-                ip(["ip", "-n", br, "link", "set", port, "up"])
-                ip(["ip", "-n", hns, "addr", "add", f"{self._ips1[i]}/{plen1}", "dev", SECOND_IFACE])
-                ip(["ip", "-n", hns, "link", "set", SECOND_IFACE, "up"])
-                t = self.second_tbfs[i]
-                if t is not None:
-                    self._shape(hns, SECOND_IFACE, t)
-                    self._shape(br, port, t)
+            self._network(_BRIDGE1, "-1", SECOND_IFACE, self._ips1, self.second_subnet.prefixlen, self.second_tbfs)
         self._wait_carrier()
+
+    def _network(self, bridge: str, suffix: str, iface: str, ips: Sequence[str], plen: int,
+                 tbfs: Sequence[dict[str, Any] | None]) -> None:
+        """One bridge in the bridge namespace and a veth per host (``iface`` on the host, port
+        ``h<i><suffix>`` on the bridge) with its address, each direction shaped by the host's tbf."""
+        ip, br = _run_cmd, self.bridge_ns
+        # STP off (the default): ports forward immediately, no 15 s delay.
+        ip(["ip", "-n", br, "link", "add", bridge, "type", "bridge", "stp_state", "0"])
+        ip(["ip", "-n", br, "link", "set", bridge, "up"])
+        for i, hns in enumerate(self.host_ns):
+            port = f"h{i}{suffix}"
+            # Both ends are created directly in their target namespaces.
+            ip(["ip", "-n", br, "link", "add", port, "type", "veth", "peer", "name", iface, "netns", hns])
+            ip(["ip", "-n", br, "link", "set", port, "master", bridge])
+            ip(["ip", "-n", br, "link", "set", port, "up"])
+            ip(["ip", "-n", hns, "addr", "add", f"{ips[i]}/{plen}", "dev", iface])
+            ip(["ip", "-n", hns, "link", "set", iface, "up"])
+            t = tbfs[i]
+            if t is not None:
+                self._shape(hns, iface, t)  # host upload
+                self._shape(br, port, t)    # host download
 
     def _shape(self, ns: str, dev: str, t: dict[str, Any]) -> None:
         _run_cmd(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
