@@ -137,3 +137,49 @@ def test_first_occurrence_mask():
     src, dst = rng.integers(0, 50, 5000), rng.integers(0, 50, 5000)
     ref = ~pd.Index(src * 50 + dst).duplicated(keep="first")
     assert np.array_equal(_first_occurrence(src, dst, 50), ref)
+
+
+def test_op_keys_behave_as_the_list():
+    """compile_trace's keys are OpKeys (codes into two name tables, strings made on demand); they act as
+    the list of strings the networkx path gives: len, indexing, slices, iteration, in, index, ==."""
+    import scale
+    from dpro_kit.replay.engine import OpKeys, renumber
+    ts, _ = scale.tables_job(6, template_ranks=2, layers=3, buckets=2, steps=1)
+    cg, ref = compile_trace(ts), compile_graph(build_global_dfg(ts))
+    assert isinstance(cg.keys, OpKeys) and isinstance(ref.keys, list)
+    keys = ref.keys
+    assert cg.keys.tolist() == keys and list(cg.keys) == keys and len(cg.keys) == len(keys)
+    assert cg.keys == keys and keys == cg.keys and cg.keys == tuple(keys) and not cg.keys != keys
+    assert cg.keys != keys[:-1] and cg.keys != keys[::-1] and cg.keys != "x"
+    assert all(type(k) is str for k in cg.keys)
+    for i in (0, 1, len(keys) // 2, len(keys) - 1, -1, -len(keys)):
+        assert cg.keys[i] == keys[i]
+    with pytest.raises(IndexError):
+        cg.keys[len(keys)]
+    assert list(cg.keys[3:17:2]) == keys[3:17:2] and isinstance(cg.keys[3:17], OpKeys)
+    for k in (keys[0], keys[-1], next(k for k in keys if k.startswith("|SYNC")), next(k for k in keys if "STEP_END" in k)):
+        assert k in cg.keys and cg.keys.index(k) == keys.index(k) and cg.keys.count(k) == 1
+    assert "nope" not in cg.keys and 3 not in cg.keys
+    with pytest.raises(ValueError):
+        cg.keys.index("nope")
+    order = np.random.default_rng(1).permutation(len(keys))
+    assert renumber(cg, order).keys == renumber(ref, order).keys
+    big = OpKeys(["a", "b"], ["|x", "|y"], np.arange(200_000) % 2, np.arange(200_000) // 100_000)   # several chunks
+    assert big.index("b|y") == 100_001 and big == big.take(np.arange(200_000))
+    assert list(big)[-1] == "b|y" and big != big.take(np.arange(200_000)[::-1])
+    r1, r2 = replay(cg), replay(ref)
+    assert r1.to_frame()["key"].tolist() == keys and r1.key(5) == keys[5]
+
+
+def test_radix_argsort_is_numpys_stable_argsort():
+    """The locality sort (LSD radix on the bits of non-negative floats) orders as np.argsort(kind="stable"):
+    ties kept in index order, -0.0 equal to 0.0, tiny and huge magnitudes, inf; empty and one value."""
+    from dpro_kit.replay.engine import stable_argsort_nonneg
+    rng = np.random.default_rng(11)
+    x = np.round(rng.exponential(50.0, 300_000), 1)                      # many ties
+    x[rng.integers(0, x.size, 2000)] = 0.0
+    x[rng.integers(0, x.size, 2000)] = -0.0
+    x[rng.integers(0, x.size, 50)] = np.inf
+    x[rng.integers(0, x.size, 500)] = rng.lognormal(0.0, 30.0, 500)     # 1e-30 .. 1e30
+    for v in (x, x[:1], x[:0], np.zeros(1000), np.full(7, 3.5)):
+        assert np.array_equal(stable_argsort_nonneg(v), np.argsort(v, kind="stable"))

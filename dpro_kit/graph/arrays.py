@@ -61,7 +61,7 @@ def compile_trace(ts: TraceSet) -> Any:
     ``(node, op)`` pairs of the non-communication rows numbered in order of first appearance
     (``Job.from_trace``'s ``groupby(sort=False)``), their mean durations summed as pandas does
     (:func:`_group_reduce`); dependency lists and collectives become integer edge arrays
-    through those codes; the per-op Python work left is making the key strings.
+    through those codes; the keys stay codes into two name tables (:class:`~dpro_kit.replay.engine.OpKeys`).
     """
     gc_was = gc.isenabled()
     gc.disable()        # no reference cycles are made here; collections over a big heap cost ~30 %
@@ -73,7 +73,7 @@ def compile_trace(ts: TraceSet) -> Any:
 
 
 def _compile_trace(ts: TraceSet) -> Any:
-    from ..replay.engine import compile_arrays
+    from ..replay.engine import OpKeys, compile_arrays
 
     if any(c.algorithm != "nccl" for c in ts.collectives):
         return None
@@ -252,17 +252,18 @@ def _compile_trace(ts: TraceSet) -> Any:
     dev0 = np.concatenate([dmap[dcode] if dmap.size else np.zeros(0, dtype=np.int64), np.full(nv, -1, dtype=np.int64)])
     dur = np.concatenate([mean, np.zeros(nv)])
     prio = np.concatenate([np.zeros(ng), np.asarray(v_prio, dtype=np.float64), np.zeros(n_nodes)])
-    # keys "node|op" (SYNC: "|SYNC t"), made once by compile_arrays in the final order
-    left_names = np.array(names + [""], dtype=object)
-    right_names = np.array(["|" + o for o in op_u + rnames + ["STEP_END"]], dtype=object)
+    # keys "node|op" (SYNC: "|SYNC t") as codes into two name tables (OpKeys: strings on demand)
     v_l = np.asarray(v_left, dtype=np.int64)
-    left = np.concatenate([gnode, np.where(v_l < 0, len(names), v_l), node_by_rank])
-    right = np.concatenate([gop, np.asarray(v_right, dtype=np.int64),
-                            np.full(n_nodes, len(op_u) + len(rnames), dtype=np.int64)])
+    keys = OpKeys(names + [""], ["|" + o for o in op_u + rnames + ["STEP_END"]],
+                  _small(np.concatenate([gnode, np.where(v_l < 0, len(names), v_l), node_by_rank]), len(names) + 1),
+                  _small(np.concatenate([gop, np.asarray(v_right, dtype=np.int64),
+                                  np.full(n_nodes, len(op_u) + len(rnames), dtype=np.int64)]), len(op_u) + len(rnames) + 1))
+    return compile_arrays(keys, dur, prio, dev0, list(dev_names), s_arr, d_arr, it_pairs)
 
-    def keys_at(idx: np.ndarray) -> list[str]:
-        return (left_names[left[idx]] + right_names[right[idx]]).tolist()
-    return compile_arrays(keys_at, dur, prio, dev0, list(dev_names), s_arr, d_arr, it_pairs)
+
+def _small(codes: np.ndarray, n: int) -> np.ndarray:
+    """``codes`` (values ``< n``) as int32 when they fit (half the memory), else int64."""
+    return codes.astype(np.int32 if n < 2 ** 31 else np.int64, copy=False)
 
 
 @njit(cache=True)
