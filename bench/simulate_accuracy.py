@@ -6,7 +6,10 @@ rank per emulated host, every host a FIXED CPU budget: ``dpro_kit.jobs.run_job(c
 cpu_period_us=10000)``; links shaped by ``dpro_kit.cluster.EmulatedCluster``):
 
 1. the single-process job under ``dpro profile --shapes`` (one host, the same CPU budget): the
-   simulator's only input;
+   simulator's only input; at the model's global batch, and (``--profile-batches auto``, the
+   default) again at every per-rank batch the strategies run their ops at (``batch/(dp m)``, and
+   ``/tp`` for tensor-parallel ranks), given to ``dpro simulate --profile-at-batch`` so op times are
+   measured at the ranks' batch instead of scaled linearly (``--profile-batches none``: one profile);
 2. every strategy file (``examples/strategies/<name>.yaml``, the file the real job reads too) at
    every link rate, WITHOUT the profiler, ``--rounds`` times in alternating order (forward, then
    reversed); measured = median over rounds of the job's iteration time (the slowest rank's median
@@ -15,9 +18,11 @@ cpu_period_us=10000)``; links shaped by ``dpro_kit.cluster.EmulatedCluster``):
    (a separate run: its allocator setting slows the iterations): measured peak = the largest
    rank's ``peak_bytes`` (peak anonymous resident growth from before the model was built, glibc
    returning freed blocks >= 64 KiB; train.py's RssPeak);
-4. ``dpro simulate TRACE --strategy S.yaml --bandwidth-mbps R --json`` per (strategy, rate), when
-   the command exists (else the prediction columns say ``-``; re-fill them later from the recorded
-   rows with ``--repredict OUT/rows.json``, which runs no job).
+4. ``dpro simulate TRACE [--profile-at-batch T2 ...] --strategy S.yaml --bandwidth-mbps R --json`` per
+   (strategy, rate), when the command exists (else the prediction columns say ``-``; re-fill them later
+   from the recorded rows with ``--repredict OUT/rows.json``, which runs no job; ``--reprofile
+   OUT/rows.json`` runs only the profiles again, with this run's ``--profile-batches``, and predicts the
+   recorded measurements from them).
 
 Tables: per row measured vs predicted time and error; per (model, rate) the rank order of the
 strategies measured vs predicted; per model peak memory measured vs predicted, and OOM verdicts
@@ -28,6 +33,7 @@ provoked: the job's allocations are not capped), predicted = ``dpro simulate --m
     python bench/simulate_accuracy.py --models mlp,transformer --strategies ddp-2,fsdp-2,tp-2,gpipe-2,1f1b-2 \\
         --rates 1000,200 --rounds 2 --out bench-simulate
     python bench/simulate_accuracy.py --repredict bench-simulate/rows.json
+    python bench/simulate_accuracy.py --reprofile bench-simulate/rows.json --models mlp --out bench-reprofile
 
 Writes ``OUT/rows.json`` (every measurement, kept traces) after every job, so a cut-off run keeps
 what it measured.
@@ -80,9 +86,33 @@ def _num(doc: Any, *keys: str) -> float | None:
     return None
 
 
-def simulate(trace: str, sfile: Path, rate: float, cap_bytes: int | None) -> dict[str, Any]:
+def model_batch(model: str) -> int:
+    """The model's default global batch (``examples/strategies/train.py`` MODELS: what the jobs run)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("strategies_train", TRAIN)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return int(mod.MODELS[model]["batch"])
+
+
+def rank_fractions(sfiles: list[Path]) -> list[float]:
+    """The batch fractions a rank's ops run at under these strategies: ``1/(dp m)`` and, for
+    tensor-parallel ranks, ``1/(dp m tp)`` (dpro simulate's rule for split ops), without 1."""
+    from dpro_kit.simulate.strategy import load_strategy
+    out = set()
+    for sf in sfiles:
+        st = load_strategy(sf)
+        x = 1.0 / (st.dp * st.micro_batches)
+        out.add(x)
+        if st.tp > 1:
+            out.add(x / st.tp)
+    return sorted((x for x in out if x < 1.0), reverse=True)
+
+
+def simulate(trace: str, sfile: Path, rate: float, cap_bytes: int | None, at_batch: list[str] = ()) -> dict[str, Any]:
     """``dpro simulate --json``: predicted ms, peak bytes (largest device), OOM verdict (with a cap)."""
-    cmd = DPRO + ["simulate", trace, "--strategy", str(sfile), "--bandwidth-mbps", f"{rate:g}", "--json"]
+    cmd = DPRO + ["simulate", trace] + [a for t in at_batch for a in ("--profile-at-batch", t)] + [
+        "--strategy", str(sfile), "--bandwidth-mbps", f"{rate:g}", "--json"]
     if cap_bytes is not None:
         cmd += ["--memory-limit", str(int(cap_bytes))]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **ENV})
@@ -109,10 +139,12 @@ class Bench:
         self.n = 0
 
     def job(self, model: str, sfile: Path | None, ranks: int, rate: float | None, *, memory: bool = False,
-            profile: bool = False) -> dict[str, Any]:
+            profile: bool = False, batch: int | None = None) -> dict[str, Any]:
         a = self.a
         self.n += 1
         tag = f"{self.n:03d}-{model}-{sfile.stem if sfile else 'single'}-{'prof' if profile else 'mem' if memory else f'{rate:g}'}"
+        if batch is not None:
+            tag += f"-b{batch}"
         jdir = a.out / tag
         jdir.mkdir(exist_ok=True)
         times = jdir / "times.json"
@@ -121,6 +153,8 @@ class Bench:
                 "--threads", "1", "--quiet", "--json-out", str(times)]
         if sfile is not None:
             argv += ["--strategy", str(sfile)]
+        if batch is not None:
+            argv += ["--batch-size", str(batch)]
         if memory:
             argv.append("--memory")
         trace = jdir / "trace"
@@ -131,7 +165,7 @@ class Bench:
                       cpu_period_us=a.period_us, cpu_shares=a.shares, profile=trace if profile else None,
                       steps=f"{a.prof_start}:{a.prof_start + a.prof_steps}",
                       profile_flags=["--shapes"] if profile else (), env=ENV, log=self.log,
-                      timeout=a.job_timeout, prefix="sv")
+                      timeout=a.job_timeout, prefix=a.prefix)
         if not times.exists() or (profile and not (trace / "manifest.json").exists()):
             print(" FAILED")
             raise RuntimeError(f"job {tag} failed (exit codes {res.codes}); see {a.out / 'jobs.log'}")
@@ -141,6 +175,7 @@ class Bench:
                "wall_s": res.wall_s}
         if profile:
             row["trace"] = str(trace)
+            row["batch"] = batch
         print(f" {row['ms']:.2f} ms ({res.wall_s:.0f} s)", flush=True)
         return row
 
@@ -167,14 +202,16 @@ def predict(rows: dict[str, Any]) -> None:
         rows["simulate"] = "dpro simulate not available in this checkout: prediction columns empty"
         return
     rows["simulate"] = "dpro simulate"
+    extra = rows.get("profiles_at_batch") or {}
     for r in rows["time"]:
         trace = rows["profiles"][r["model"]]["trace"]
         cap = rows["caps"].get(r["model"])
-        r["pred"] = simulate(trace, _sfile(r), r["rate"], cap)
+        r["pred"] = simulate(trace, _sfile(r), r["rate"], cap, [p["trace"] for p in extra.get(r["model"], [])])
     for r in rows["memory"]:
         trace = rows["profiles"][r["model"]]["trace"]
         rate = rows["rates"][0]
-        r["pred"] = simulate(trace, _sfile(r), rate, rows["caps"].get(r["model"]))
+        r["pred"] = simulate(trace, _sfile(r), rate, rows["caps"].get(r["model"]),
+                             [p["trace"] for p in extra.get(r["model"], [])])
 
 
 def f(x: float | None, fmt: str = "{:.2f}") -> str:
@@ -182,7 +219,10 @@ def f(x: float | None, fmt: str = "{:.2f}") -> str:
 
 
 def tables(rows: dict[str, Any]) -> str:
-    out = [f"prediction: {rows.get('simulate', '-')}", "",
+    prof = "; ".join(f"{m}: batch {p.get('batch') or 'default'}"
+                     + "".join(f", {q['batch']}" for q in (rows.get("profiles_at_batch") or {}).get(m, []))
+                     for m, p in rows["profiles"].items())
+    out = [f"prediction: {rows.get('simulate', '-')}; profiles ({prof})", "",
            "| model | strategy | ranks | Mbit/s | measured ms | rounds | predicted ms | error % |",
            "|---|---|---|---|---|---|---|---|"]
     errs = []
@@ -218,6 +258,23 @@ def tables(rows: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def profile_model(a: argparse.Namespace, b: Bench, rows: dict[str, Any], model: str, sfiles: list[Path]) -> None:
+    """The single process under ``dpro profile --shapes`` at the global batch and (``--profile-batches auto``)
+    at every per-rank batch of ``sfiles``: ``rows["profiles"][model]``, ``rows["profiles_at_batch"][model]``."""
+    batch = model_batch(model)
+    print(f"== {model}: single-process profile (--shapes) at {a.cpus:g} CPU, batch {batch}", flush=True)
+    rows["profiles"][model] = b.job(model, None, 1, None, profile=True, batch=batch)
+    extra = []
+    if a.profile_batches == "auto":
+        for x in rank_fractions(sfiles):
+            bx = batch * x
+            if abs(bx - round(bx)) > 1e-9 or round(bx) < 1:
+                print(f"   (no profile at {x:g} of batch {batch}: not an integer batch)", flush=True)
+                continue
+            extra.append(b.job(model, None, 1, None, profile=True, batch=int(round(bx))))
+    rows.setdefault("profiles_at_batch", {})[model] = extra
+
+
 def save(a: argparse.Namespace, rows: dict[str, Any]) -> None:
     tmp = a.out / "rows.json.tmp"
     tmp.write_text(json.dumps(rows, indent=1))
@@ -242,9 +299,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cap-mib", type=float, default=None, help="memory cap for the OOM verdicts (default: per model "
                     "the median of the measured peaks)")
     ap.add_argument("--job-timeout", type=float, default=300)
+    ap.add_argument("--profile-batches", choices=["auto", "none"], default="auto",
+                    help="auto: profile the single process also at every per-rank batch of the strategies (dpro "
+                         "simulate --profile-at-batch); none: only at the global batch (op times linear in the batch)")
+    ap.add_argument("--prefix", default="sv", help="name prefix of the emulated hosts' cgroups and namespaces")
     ap.add_argument("--out", type=Path, default=Path("bench-simulate"))
     ap.add_argument("--repredict", type=Path, default=None, help="rows.json of an earlier run: predict and print, no job")
+    ap.add_argument("--reprofile", type=Path, default=None,
+                    help="rows.json of an earlier run: run only the profiles again (--models, --profile-batches) into "
+                         "--out and predict that run's measurements from them")
     a = ap.parse_args(argv)
+    if a.reprofile:
+        rows = json.loads(a.reprofile.read_text())
+        rows["measured_in"] = str(a.reprofile)
+        b = Bench(a)
+        models = [m for m in a.models.split(",") if m]
+        rows["time"] = [r for r in rows["time"] if r["model"] in models]
+        rows["memory"] = [r for r in rows["memory"] if r["model"] in models]
+        sfiles = sorted({_sfile(r) for r in rows["time"]})
+        for model in models:
+            profile_model(a, b, rows, model, sfiles)
+        predict(rows)
+        save(a, rows)
+        print(tables(rows))
+        return 0
     if a.repredict:
         rows = json.loads(a.repredict.read_text())
         predict(rows)
@@ -261,8 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                             "caps": {}, "rates": rates}
     t0 = time.time()
     for model in models:
-        print(f"== {model}: single-process profile (--shapes) at {a.cpus:g} CPU", flush=True)
-        rows["profiles"][model] = b.job(model, None, 1, None, profile=True)
+        profile_model(a, b, rows, model, sfiles)
         save(a, rows)
         print(f"== {model}: peak memory (--memory runs at {rates[0]:g} Mbit/s)", flush=True)
         for sf in sfiles:

@@ -531,3 +531,149 @@ def test_cli_errors(profile, tmp_path):
     assert r.returncode == 2 and "no op shapes" in r.stderr and "--shapes" in r.stderr
     h = dpro("simulate", "--help")
     assert h.returncode == 0 and "data_parallel: {degree: 2, sharding: fsdp}" in h.stdout and "--compare" in h.stdout
+
+
+# --------------------------------------------------------------------------- op time as a function of the batch
+
+def test_batch_time_rule():
+    from dpro_kit.simulate.model import batch_time
+    assert batch_time([(1.0, 40.0)], 0.25) == 10.0                      # one profile: linear through 0
+    two = [(0.5, 30.0), (1.0, 40.0)]                                     # t = 20 + 20 x
+    assert batch_time(two, 0.25) == 25.0 and batch_time(two, 0.75) == 35.0 and batch_time(two, 2.0) == 60.0
+    three = [(1.0, 42.0), (0.25, 30.0), (0.5, 30.0)]                     # any order; piecewise linear
+    assert batch_time(three, 0.5) == 30.0 and batch_time(three, 0.75) == 36.0 and batch_time(three, 0.125) == 30.0
+    assert batch_time([(0.5, 10.0), (1.0, 40.0)], 0.125) == 0.0           # the line goes below 0: clamped
+
+
+def _fit_pair(fwd1=(1000.0, 3000.0), fwd2=(700.0, 1600.0), bwd1=(2000.0, 6000.0), bwd2=(1400.0, 3200.0)):
+    """Two 2-layer models of one script, profiled at batch 8 (input 8 x 16 x 4 B) and batch 4."""
+    def mg(fwd, bwd, batch, src, other):
+        inp = batch * 16 * 4
+        lay = [Layer(name=f"layers.{i}", params={f"layers.{i}.w": 1000}, bwd_us=bwd[i], input_bytes=inp,
+                     ops=[Op("aten::linear", fwd[i], act_bytes=inp, linear=(16, 16), in_bytes=inp, out_bytes=inp)])
+               for i in range(2)]
+        return ModelGraph(layers=lay, update_us=500.0, other_us=other, optimizer_state_bytes=2000, source=src)
+    return mg(fwd1, bwd1, 8, "b8", 400.0), mg(fwd2, bwd2, 4, "b4", 300.0)
+
+
+def test_fit_batches_times_in_the_compiled_graph():
+    from dpro_kit.simulate.model import fit_batches
+    main, half = _fit_pair()
+    fit_batches(main, [half])
+    assert main.batch_fractions == [0.5, 1.0] and main.batch_scaling == "fitted"
+    # per op: t(x) = t(0.5) + (t(1) - t(0.5)) (x - 0.5) / 0.5 -> layers.0 fwd at 0.25: 700 - 300/2 = 550
+    assert main.layers[0].ops[0].time(0.5) == 700.0 and main.layers[0].ops[0].time(0.25) == 550.0
+    assert main.layers[1].bwd_time(0.25) == 3200.0 - 2800.0 / 2
+    # DDP over 2 replicas: every op at x = 1/2 = the batch-4 profile's own times; the data at 1/2 too
+    p = run(main, {"ranks": 2, "hosts": 2, "strategy": {"data_parallel": {"degree": 2}}})
+    dur = {d["name"]: d["dur"] for _, d in p.compiled.graph.nodes(data=True) if d.get("node") == "h0/0"}
+    assert dur["F mb0 layers.0 seg0"] == 700.0 and dur["B mb0 layers.1 seg0"] == 3200.0
+    assert dur["other (data, zero_grad)"] == 300.0 and dur["optimizer step"] == 500.0
+    assert any("interpolated between the profiles" in n for n in p.notes)
+    # a pipeline of 2 stages x 2 micro-batches: 1/2 again; 4 micro-batches: 1/4, below the profiles (extrapolated)
+    pp = run(main, {"ranks": 2, "hosts": 2, "strategy": {"pipeline": {"stages": 2, "micro_batches": 4}}})
+    dur = {d["name"]: d["dur"] for _, d in pp.compiled.graph.nodes(data=True) if d.get("node") == "h1/1"}
+    assert dur["F mb3 layers.1 seg0"] == 1600.0 - 1400.0 / 2 and dur["B mb0 layers.1 seg0"] == 3200.0 - 2800.0 / 2
+    assert dur["other (data, zero_grad)"] == 400.0       # the replica's whole batch (dp = 1)
+    assert any("extrapolated below the smallest profiled batch" in n for n in pp.notes)
+    # one profile: linear (today's rule) and the note says it is an assumption
+    lin, _ = _fit_pair()
+    pl = run(lin, {"ranks": 2, "hosts": 2, "strategy": {"pipeline": {"stages": 2, "micro_batches": 4}}})
+    dur = {d["name"]: d["dur"] for _, d in pl.compiled.graph.nodes(data=True) if d.get("node") == "h1/1"}
+    assert dur["F mb3 layers.1 seg0"] == 3000.0 / 4 and dur["other (data, zero_grad)"] == 400.0
+    assert any("linear in the batch is an assumption" in n for n in pl.notes)
+
+
+def test_fit_batches_tensor_parallel_split_ops():
+    """Megatron-split ops run at x / tp (the same work as 1/tp of the batch), the rest at x."""
+    from dpro_kit.simulate.model import fit_batches
+    def mg(scale, src):
+        lin = lambda i, o, t: Op("aten::linear", t, act_bytes=scale * 64 * i * 4, linear=(i, o),  # noqa: E731
+                                 in_bytes=scale * 64 * i * 4, out_bytes=scale * 64 * o * 4, weight_bytes=i * o * 4)
+        ops = [Op("aten::layer_norm", 100.0 * scale + 50.0), lin(16, 64, 400.0 * scale + 200.0),
+               Op("aten::gelu", 80.0 * scale + 20.0), lin(64, 16, 400.0 * scale + 200.0)]
+        return ModelGraph(layers=[Layer(name="mlp", params={"fc1.w": 4096, "fc2.w": 4096}, ops=ops,
+                                        bwd_us=1000.0 * scale + 500.0, input_bytes=scale * 64 * 16 * 4)],
+                          optimizer_state_bytes=8192, source=f"s{scale}")
+    main = fit_batches(mg(2, "s2"), [mg(1, "s1")])       # every op linear in scale: t = a + c scale
+    p = run(main, {"ranks": 2, "hosts": 2, "strategy": {"tensor_parallel": {"degree": 2}}})
+    dur = {d["name"]: d["dur"] for _, d in p.compiled.graph.nodes(data=True) if d.get("node") == "h0/0"}
+    # segments: [layer_norm] at x = 1 (scale 2): 250; [fc1 gelu fc2] at x/2 = scale 1: 600 + 100 + 600
+    assert dur["F mb0 mlp seg0"] == 250.0 and dur["F mb0 mlp seg1"] == 1300.0
+    # backward: the layer's at x (2500) x the segment's share of the layer's forward at x (250 + 2 x 1000 + 180)
+    assert dur["B mb0 mlp seg1"] == pytest.approx(2500.0 * 1300.0 / 2430.0)
+
+
+def test_fit_batches_refuses_other_profiles():
+    from dpro_kit.simulate.model import fit_batches
+    main, half = _fit_pair()
+    half.layers[1].name = "head"
+    with pytest.raises(DproError, match=r"its layers \(layers.0, head\) are not those of b8") as exc:
+        fit_batches(main, [half])
+    assert "\n" not in str(exc.value) and str(exc.value).startswith("b4")     # one line, naming the profile
+    main, half = _fit_pair()
+    half.layers[1].ops.insert(0, Op("aten::relu", 10.0))
+    with pytest.raises(DproError, match="layer layers.1: op 0 is aten::relu where b8 has aten::linear"):
+        fit_batches(main, [half])
+    main, half = _fit_pair()
+    half.layers[1].ops[0].in_bytes *= 2          # a Linear input that does not scale with the model's input
+    with pytest.raises(DproError, match="differ in more than the batch size"):
+        fit_batches(main, [half])
+    main, half = _fit_pair()
+    _, again = _fit_pair()
+    with pytest.raises(DproError, match="the same as b4's"):
+        fit_batches(main, [half, again])
+    main, _ = _fit_pair()
+    same, _ = _fit_pair()
+    with pytest.raises(DproError, match="its batch is 1 x"):
+        fit_batches(main, [same])
+
+
+@pytest.fixture(scope="module")
+def half_profile(tmp_path_factory):
+    """The `profile` fixture's script at half its batch (without --memory, which only slows it: the tests
+    below check which times are used, not how good a fit across the two is)."""
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("sim") / "half"
+    r = dpro("profile", "--shapes", "-o", out, "--steps", "4:6", "--", sys.executable,
+             ROOT / "examples/ddp/train.py", "--nproc", "1", "--model", "transformer", "--batch-size", "2",
+             "--iters", "6", "--warmup", "2", "--threads", "1", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+def test_fit_from_real_profiles(profile, half_profile, tmp_path):
+    """Two real profiles (batch 4 and 2): the batch fraction from the shapes, op times at the ranks' batch."""
+    from dpro_kit.simulate.model import batch_fraction, fit_batches, from_profile
+    main, half = from_profile(profile), from_profile(half_profile, allocator=False)
+    assert batch_fraction(main, half) == 0.5
+    fit_batches(main, [half])
+    # a DDP replica runs every op at half the batch: the batch-2 profile's measured times, op by op
+    p = predict(main, strat({"ranks": 2, "hosts": 2, "strategy": {"data_parallel": {"degree": 2}}}), device_model="fifo")
+    dur = {d["name"]: d["dur"] for _, d in p.compiled.graph.nodes(data=True) if d.get("node") == "h0/0"}
+    for la, lb in zip(main.layers, half.layers):
+        assert dur[f"F mb0 {la.name} seg0"] == pytest.approx(lb.fwd_us, abs=1e-6)
+        assert dur[f"B mb0 {la.name} seg0"] == pytest.approx(lb.bwd_us, abs=1e-6)
+    # shapes-based activation bytes are linear in the batch (the memory model's /(dp m)) but for small
+    # batch-independent inputs: the positional layer reads its position ids and table whatever the batch
+    shp = from_profile(profile, allocator=False)
+    const = {la.name: 2 * lb.act_bytes - la.act_bytes for la, lb in zip(shp.layers, half.layers)}
+    assert const["pos"] > 0 and sum(const.values()) < 0.01 * sum(lay.act_bytes for lay in shp.layers)
+    assert all(v == 0 for k, v in const.items() if k != "pos")
+    # the CLI: --profile-at-batch, the model's measured fractions in --json, the note on every strategy
+    (tmp_path / "pp.yaml").write_text("name: pp\nranks: 2\nhosts: 2\nstrategy:\n  pipeline: {stages: 2, micro_batches: 2}\n")
+    r = dpro("simulate", profile, "--profile-at-batch", half_profile, "-s", tmp_path / "pp.yaml", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["model"]["batch_scaling"] == "fitted" and doc["model"]["batch_fractions"] == [0.5, 1.0]
+    assert any("interpolated between the profiles" in n for n in doc["strategies"][0]["notes"])
+    one = json.loads(dpro("simulate", profile, "-s", tmp_path / "pp.yaml", "--json").stdout)
+    assert one["model"]["batch_scaling"] == "linear"
+    assert any("linear in the batch is an assumption" in n for n in one["strategies"][0]["notes"])
+    # at x = 1/2 the fitted ops take the batch-2 profile's times, the linear rule half the batch-4 ones
+    assert doc["iteration_ms"] != one["iteration_ms"]
+    t = dpro("simulate", profile, "--profile-at-batch", half_profile, "-s", tmp_path / "pp.yaml")
+    assert t.returncode == 0 and "op times at batch fractions 0.5: fwd" in t.stdout
+    # refusal: one line, exit 2 (the same profile again: the same batch; other cases: test_fit_batches_refuses_...)
+    r = dpro("simulate", profile, "--profile-at-batch", profile, "-s", tmp_path / "pp.yaml")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "its batch is 1 x" in r.stderr

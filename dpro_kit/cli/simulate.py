@@ -15,6 +15,8 @@ Examples:
   dpro simulate one --strategy ddp.yaml --compare fsdp.yaml --compare pp.yaml --memory-limit 8GiB
   dpro simulate one --strategy pp.yaml --bandwidth-mbps 200 --json
   dpro simulate one --strategy pp.yaml --timeline pp.json   the replayed schedule, for ui.perfetto.dev
+  dpro simulate one --profile-at-batch half --profile-at-batch quarter --strategy pp.yaml
+                           op times measured at the ranks' batch (same script, --batch-size /2, /4)
 
 \b
 A strategy file (YAML or JSON; docs/simulate.md):
@@ -37,6 +39,13 @@ add up to the time; memory per rank: each part at its largest (parameters, gradi
 optimizer state, buffers, gathered parameters, activations, transient) and the peak of the
 replayed memory timeline, which the OOM verdict compares with the limit.
 With --compare, the strategies ranked: those that fit first, fastest first.
+
+\b
+Op times and the batch: PROFILE's batch is the job's global batch; a rank runs its ops on
+1/(dp x micro_batches) of it.  With one profile, op times are scaled linearly (an
+assumption: on CPUs small batches cost more per sample).  --profile-at-batch adds profiles of
+the same script at other batch sizes (found from the input shapes); each op's time is then
+interpolated between the measured batch sizes (docs/simulate.md).
 """
 
 
@@ -47,6 +56,9 @@ With --compare, the strategies ranked: those that fit first, fastest first.
               help="Strategy file (YAML or JSON) to predict.")
 @click.option("--compare", "compare", multiple=True, type=click.Path(path_type=Path),
               help="Another strategy file to predict and rank against --strategy (repeatable).")
+@click.option("--profile-at-batch", "at_batch", multiple=True, type=click.Path(path_type=Path), metavar="PROFILE2",
+              help="A profile of the same script at another --batch-size (repeatable): op times are interpolated "
+                   "between the profiled batch sizes instead of scaled linearly (docs/simulate.md).")
 @click.option("--memory-limit", default=None, metavar="SIZE",
               help="Memory per device (8GiB, 512MB, bytes): each strategy gets an OOM verdict. "
                    "Overrides the files' memory_limit.")
@@ -64,7 +76,8 @@ With --compare, the strategies ranked: those that fit first, fastest first.
               help="Write the --strategy's replayed iteration (every rank's ops, transfers, memory counters) as "
                    "Chrome/Perfetto trace JSON (open in https://ui.perfetto.dev).")
 @output_options("Print one JSON object: the model, every strategy's prediction, the ranking.")
-def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], memory_limit: str | None,
+def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], at_batch: tuple[Path, ...],
+             memory_limit: str | None,
              bandwidth_mbps: float | None, device_model: str, overlap_factor: float, timeline: Path | None,
              as_json: bool, quiet: bool) -> None:
     """Predict how a training job would run under other parallelization strategies.
@@ -76,7 +89,7 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], memo
     collectives (DP all-reduce buckets, ZeRO/FSDP all-gather and reduce-scatter, TP
     all-reduces, pipeline send/recv) and replayed (docs/simulate.md).
     """
-    from ..simulate.model import from_profile
+    from ..simulate.model import fit_batches, from_profile
     from ..simulate.predict import predict, rank_strategies
     from ..simulate.strategy import load_strategy, parse_memory
 
@@ -92,6 +105,8 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], memo
         raise DproError("--overlap-factor needs the shared device model", hint="add --device-model shared")
     session = open_session(profile, no_align=True, progress=Progress(not (quiet or as_json)))
     model = from_profile(profile, session=session)
+    if at_batch:
+        fit_batches(model, [from_profile(p, allocator=False) for p in at_batch])
     cm = session.comm_model
     default_bw = cm.default.bandwidth_Bps if cm is not None and cm.origin != "default" else None
     preds = [predict(model, s, bandwidth_mbps=bandwidth_mbps, default_bandwidth_Bps=default_bw, memory_limit=limit,
@@ -116,6 +131,12 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], memo
     click.echo(f"model: {len(lay)} layers, {model.param_bytes / 2**20:.2f} MiB parameters, "
                f"fwd {sum(x.fwd_us for x in lay) / 1e3:.2f} ms + bwd {sum(x.bwd_us for x in lay) / 1e3:.2f} ms "
                f"+ step {model.update_us / 1e3:.2f} ms per iteration on one process ({profile})")
+    if model.batch_scaling == "fitted":
+        click.echo("op times at batch fractions " + ", ".join(
+            f"{x:g}: fwd {sum(ly.fwd_time(x) for ly in lay) / 1e3:.2f} + bwd {sum(ly.bwd_time(x) for ly in lay) / 1e3:.2f} ms"
+            for x in model.batch_fractions) + " (measured; interpolated between them)")
+    else:
+        click.echo("op times: linear in the batch (one profile: an assumption; --profile-at-batch measures them)")
     for p in preds:
         _print_prediction(p)
     if len(preds) > 1:

@@ -13,16 +13,18 @@ then data-parallel replicas, then pipeline stages); rank ``r`` on host
 Rules (derived in docs/simulate.md):
 
 * **Compute.**  The profiled batch is the iteration's global batch: each of the ``dp``
-  replicas processes ``1/dp`` of it and a pipeline splits that into ``m`` micro-batches
-  (op times, activations and activation transfers ``/(dp m)``; tensor-parallel ranks take
-  the whole batch).  Pipeline
+  replicas processes ``1/dp`` of it and a pipeline splits that into ``m`` micro-batches:
+  every op runs at the batch fraction ``x = 1/(dp m)`` (:meth:`Op.time`: ``t x`` with one
+  profile, interpolated between profiles at several batch sizes, :func:`.model.fit_batches`),
+  activations and activation transfers are ``/(dp m)``; tensor-parallel ranks take
+  the whole batch.  Pipeline
   stages are contiguous layer ranges balancing ``fwd + bwd (+ recomputed fwd)`` (linear
   partition, minimal largest stage), or (``split: even``) :func:`even_stages`.
 * **Tensor parallel** (Megatron): in a layer with ``tensor_parallel.degree = k > 1`` the
   Linear ops are paired in forward order: a column group (consecutive Linears reading the
   same input with only views between them: ``q, k, v``) and the next Linear as the row;
   the ops from the column group to its row Linear (attention, activation) run on ``1/k`` of
-  the features: time ``/k``, activation bytes ``/k``, the weights ``/k``.  The row Linear's output is all-reduced over the TP group in the forward
+  the features: time ``t(x/k)``, activation bytes ``/k``, the weights ``/k``.  The row Linear's output is all-reduced over the TP group in the forward
   (``out_bytes / m``), the column Linear's input gradient in the backward
   (``in_bytes / m``).  An unpaired Linear stays replicated.
 * **Recomputation**: the layer's forward is re-run (its segments, with their tensor-parallel
@@ -90,7 +92,11 @@ DDP_SYNC = ("none", "zero1")
 
 @dataclass
 class Segment:
-    """A run of a layer's forward ops between tensor-parallel communication points."""
+    """A run of a layer's forward ops between tensor-parallel communication points.
+
+    ``fwd_us`` / ``bwd_us`` are per micro-batch on one rank (the ops at the rank's batch fraction,
+    :meth:`dpro_kit.simulate.model.Op.time`); ``act_bytes`` is for the whole profiled batch (the
+    memory model divides by ``dp m``: tensor bytes are linear in the batch)."""
 
     fwd_us: float
     bwd_us: float
@@ -251,7 +257,7 @@ def in_flight(stage: int, stages: int, m: int, schedule: str, max_in_flight: int
     return max(1, min(c, m))
 
 
-def plan_layers(layers: list[Layer], settings: list[Settings]) -> list[LayerPlan]:
+def plan_layers(layers: list[Layer], settings: list[Settings], x: float = 1.0) -> list[LayerPlan]:
     """Segments of each layer of one stage after the Megatron pairing (module docstring).
 
     Parameters
@@ -260,6 +266,11 @@ def plan_layers(layers: list[Layer], settings: list[Settings]) -> list[LayerPlan
         One stage's layers, forward order.
     settings : list of Settings
         Their propagated configurations.
+    x : float, default 1.0
+        A rank's micro-batch as a fraction of the profiled batch (``1/(dp m)``): every op runs at
+        ``x``, an op split ``k`` ways by tensor parallelism at ``x/k`` (:meth:`Op.time`; linear
+        with one profile, so ``t x / k``); a segment's backward is the layer's backward at ``x``
+        times the segment's share of the layer's forward at ``x``.
     """
     # Megatron pairs inside each TP layer: a column group (consecutive Linears reading the same input,
     # only views between them: q, k, v) and the next Linear as the row; the ops in between are split
@@ -293,7 +304,7 @@ def plan_layers(layers: list[Layer], settings: list[Settings]) -> list[LayerPlan
         tp = settings[li].tp
         segs: list[Segment] = []
         cur = Segment(0.0, 0.0, 0.0)
-        raw_total = lay.fwd_us
+        raw_total = lay.fwd_time(x)
         p_local = float(lay.param_bytes)
         a_local = 0.0
         for oi, op in enumerate(lay.ops):
@@ -303,7 +314,7 @@ def plan_layers(layers: list[Layer], settings: list[Settings]) -> list[LayerPlan
             if (li, oi) in col_at:
                 cur.bwd_ar_bytes = op.in_bytes
             f = 1.0 / tp if (li, oi) in sharded else 1.0
-            cur.fwd_us += op.fwd_us * f
+            cur.fwd_us += op.time(x * f)
             cur.act_bytes += op.act_bytes * f
             a_local += op.act_bytes * f
             if (li, oi) in col_member:
@@ -316,11 +327,12 @@ def plan_layers(layers: list[Layer], settings: list[Settings]) -> list[LayerPlan
                 cur = Segment(0.0, 0.0, 0.0)
         if cur.fwd_us > 0 or cur.act_bytes > 0 or not segs:
             segs.append(cur)
+        bwd = lay.bwd_time(x)
         for s in segs:
             if raw_total > 0:
-                s.bwd_us = lay.bwd_us * s.fwd_us / raw_total
+                s.bwd_us = bwd * s.fwd_us / raw_total
             else:
-                s.bwd_us = lay.bwd_us / len(segs)
+                s.bwd_us = bwd / len(segs)
         plans.append(LayerPlan(layer=lay, settings=settings[li], segments=segs, params_local=max(0.0, p_local),
                                act_local=a_local))
     return plans
@@ -465,7 +477,8 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
     def rank(s: int, d: int, t: int) -> int:
         return s * dp * tp + d * tp + t
 
-    costs = [lay.fwd_us * (2 if se.recompute else 1) + lay.bwd_us for lay, se in zip(model.layers, settings)]
+    x = 1.0 / div         # a rank's micro-batch as a fraction of the profiled batch
+    costs = [lay.fwd_time(x) * (2 if se.recompute else 1) + lay.bwd_time(x) for lay, se in zip(model.layers, settings)]
     if st.split == "even":
         try:
             groups = even_stages(model.layer_names(), S)
@@ -474,7 +487,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                             hint="layers: " + ", ".join(model.layer_names())) from None
     else:
         groups = partition_stages(costs, S)
-    stage_plans = [plan_layers([model.layers[i] for i in grp], [settings[i] for i in grp]) for grp in groups]
+    stage_plans = [plan_layers([model.layers[i] for i in grp], [settings[i] for i in grp], x) for grp in groups]
     total_p = max(1, model.param_bytes)
     opt_ratio = model.optimizer_state_bytes / total_p
     stage_of = [r // (dp * tp) for r in range(st.ranks)]
@@ -486,7 +499,8 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
             for t in range(tp):
                 r = rank(s, d, t)
                 node = nodes[r]
-                other = b.compute(node, "other (data, zero_grad)", model.other_us, kind=OpKind.OTHER.value)
+                # a replica's data is its 1/dp of the batch (a pipeline's first stage makes the whole replica's)
+                other = b.compute(node, "other (data, zero_grad)", model.other_time(1.0 / dp), kind=OpKind.OTHER.value)
                 last = other
                 order = schedule_order(s, S, m, st.schedule, st.max_in_flight)
                 # units in schedule order; each unit = list of compute ops (keys), built now, chained
@@ -494,7 +508,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                     if kind_ == "F":
                         for li, pl in enumerate(plans):
                             for k, seg in enumerate(pl.segments):
-                                key = b.compute(node, f"F mb{j} {pl.layer.name} seg{k}", seg.fwd_us / div,
+                                key = b.compute(node, f"F mb{j} {pl.layer.name} seg{k}", seg.fwd_us,
                                                 kind=OpKind.FW.value, tensor=pl.layer.name)
                                 b.g.add_edge(last, key)
                                 last = key
@@ -503,12 +517,12 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                             pl = plans[li]
                             if pl.settings.recompute:   # the forward again, segment by segment
                                 for k, seg in enumerate(pl.segments):
-                                    key = b.compute(node, f"R mb{j} {pl.layer.name} seg{k}", seg.fwd_us / div,
+                                    key = b.compute(node, f"R mb{j} {pl.layer.name} seg{k}", seg.fwd_us,
                                                     kind=OpKind.FW.value, tensor=pl.layer.name)
                                     b.g.add_edge(last, key)
                                     last = key
                             for k in range(len(pl.segments) - 1, -1, -1):
-                                key = b.compute(node, f"B mb{j} {pl.layer.name} seg{k}", pl.segments[k].bwd_us / div,
+                                key = b.compute(node, f"B mb{j} {pl.layer.name} seg{k}", pl.segments[k].bwd_us,
                                                 kind=OpKind.BW.value, tensor=pl.layer.name)
                                 b.g.add_edge(last, key)
                                 last = key
@@ -570,7 +584,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                     kg = b.p2p(dst, src, act, bwd_tail[(dst, j)], f"pp grad mb{j} s{s + 1}->{s}")
                     b.g.add_edge(kg, _first_bwd_key(src, j, plans))
     # data-parallel gradient synchronisation and the optimizer step
-    notes: list[str] = []
+    notes: list[str] = [batch_note(model, x, tp)] if div > 1 or tp > 1 else []
     if b.rs_as_allreduce and any(pl.settings.sharding in SHARDED_PARAMS for plans in stage_plans for pl in plans):
         notes.append("gloo profile: reduce-scatters replayed as all-reduces (gloo's reduce_scatter_tensor sends "
                      "an all-reduce's bytes)")
@@ -633,6 +647,21 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
     return Compiled(graph=b.g, nodes=nodes, stage_of=stage_of,
                     stage_layers=[[pl.layer.name for pl in plans] for plans in stage_plans], memory=memory,
                     collectives=b.collectives, comm_model=cm, notes=notes)
+
+
+def batch_note(model: ModelGraph, x: float, tp: int) -> str:
+    """What the op times at a rank's batch fraction ``x`` rest on (one profile: linear, an assumption)."""
+    split = f", ops split by tensor parallelism at {x / tp:g}" if tp > 1 else ""
+    if model.batch_scaling == "linear":
+        return (f"op times scaled linearly to a rank's micro-batch ({x:g} of the profiled batch{split}): one profile, "
+                "so linear in the batch is an assumption (CPU ops are not: docs/simulate.md); give profiles at the "
+                "rank's batch with --profile-at-batch")
+    fr = model.batch_fractions
+    lo = min(x / tp if tp > 1 else x, x)
+    where = ("extrapolated below the smallest profiled batch" if lo < min(fr) - 1e-9 else
+             "interpolated between the profiles")
+    return (f"op times at {x:g} of the profiled batch{split} {where} (measured at "
+            + ", ".join(f"{v:g}" for v in fr) + ")")
 
 
 def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,

@@ -100,6 +100,14 @@ class Op:
     out_bytes: int = 0
     weight_bytes: int = 0
     bias_bytes: int = 0
+    #: measured ``(batch fraction, us)`` points of this op from profiles at other batch sizes
+    #: (:func:`fit_batches`; the fraction is of the main profile's batch, which is ``(1, fwd_us)``);
+    #: empty: one profile, time linear in the batch
+    at: tuple[tuple[float, float], ...] = ()
+
+    def time(self, x: float) -> float:
+        """Duration at batch fraction ``x`` of the profiled batch (:func:`batch_time`)."""
+        return batch_time(self.at or ((1.0, self.fwd_us),), x)
 
 
 @dataclass
@@ -112,10 +120,20 @@ class Layer:
     bwd_us: float = 0.0
     #: bytes of the tensor that enters the layer (what a recomputed layer keeps, what a pipeline sends)
     input_bytes: int = 0
+    #: measured ``(batch fraction, us)`` points of the backward (:attr:`Op.at`)
+    bwd_at: tuple[tuple[float, float], ...] = ()
 
     @property
     def fwd_us(self) -> float:
         return float(sum(o.fwd_us for o in self.ops))
+
+    def fwd_time(self, x: float) -> float:
+        """Forward time at batch fraction ``x`` (the sum of its ops' :meth:`Op.time`)."""
+        return float(sum(o.time(x) for o in self.ops))
+
+    def bwd_time(self, x: float) -> float:
+        """Backward time at batch fraction ``x`` (:func:`batch_time`)."""
+        return batch_time(self.bwd_at or ((1.0, self.bwd_us),), x)
 
     @property
     def param_bytes(self) -> int:
@@ -162,6 +180,22 @@ class ModelGraph:
     activation_source: str = ""
     #: the profiled job's communication backend (``manifest.comm_backend``: gloo, nccl, ...)
     comm_backend: str = ""
+    #: measured ``(batch fraction, us)`` points of ``other_us`` (:attr:`Op.at`)
+    other_at: tuple[tuple[float, float], ...] = ()
+    #: batch fractions (of this profile's batch) at which op times were measured: ``[1.0]`` for one
+    #: profile (times scale linearly), more after :func:`fit_batches`
+    batch_fractions: list[float] = field(default_factory=lambda: [1.0])
+
+    def other_time(self, x: float) -> float:
+        """The host's other ops (data, ``zero_grad``) at batch fraction ``x``: interpolated
+        (:func:`batch_time`) between profiles at several batch sizes; with one profile kept whole
+        (part of them, ``zero_grad``, does not depend on the batch)."""
+        return batch_time(self.other_at, x) if self.other_at else float(self.other_us)
+
+    @property
+    def batch_scaling(self) -> str:
+        """How op times depend on the batch: ``linear`` (one profile) or ``fitted``."""
+        return "fitted" if len(self.batch_fractions) > 1 else "linear"
 
     @property
     def param_bytes(self) -> int:
@@ -173,12 +207,136 @@ class ModelGraph:
     def describe(self) -> dict[str, Any]:
         """Per-layer facts as a JSON-able dict."""
         return {"source": self.source, "update_us": self.update_us, "other_us": self.other_us,
+                "batch_scaling": self.batch_scaling, "batch_fractions": list(self.batch_fractions),
                 "param_bytes": self.param_bytes, "optimizer_state_bytes": self.optimizer_state_bytes,
                 "transient_bytes": self.transient_bytes, "activation_source": self.activation_source,
                 "layers": [{"name": lay.name, "fwd_us": round(lay.fwd_us, 3), "bwd_us": round(lay.bwd_us, 3),
+                            **({"fwd_us_at": {f"{x:g}": round(lay.fwd_time(x), 3) for x in self.batch_fractions},
+                                "bwd_us_at": {f"{x:g}": round(lay.bwd_time(x), 3) for x in self.batch_fractions}}
+                               if len(self.batch_fractions) > 1 else {}),
                             "param_bytes": lay.param_bytes, "act_bytes": lay.act_bytes,
                             "linears": sum(1 for o in lay.ops if o.linear)} for lay in self.layers],
                 "notes": list(self.notes)}
+
+
+def batch_time(points: tuple[tuple[float, float], ...] | list[tuple[float, float]], x: float) -> float:
+    """A duration at batch fraction ``x`` from measured ``(fraction, us)`` points (docs/simulate.md
+    "Op time as a function of the batch").
+
+    One point ``(x1, t1)``: ``t1 * x / x1`` (linear in the batch through 0: today's rule, an assumption).
+    Two or more: the piecewise-linear interpolation of the points, and beyond the smallest / largest
+    fraction the line through the two nearest points (``t(b) = a + c b`` with two profiles); never
+    below 0.
+
+    Examples
+    --------
+    >>> batch_time([(1.0, 40.0)], 0.25)
+    10.0
+    >>> batch_time([(0.5, 30.0), (1.0, 40.0)], 0.25)   # a = 20, c = 20 per batch
+    25.0
+    >>> batch_time([(0.25, 30.0), (0.5, 30.0), (1.0, 42.0)], 0.75)
+    36.0
+    """
+    pts = sorted((float(a), float(b)) for a, b in points)
+    if len(pts) == 1:
+        x1, t1 = pts[0]
+        return t1 * x / x1 if x1 > 0 else t1
+    i = 1
+    while i < len(pts) - 1 and x > pts[i][0]:
+        i += 1
+    (xa, ta), (xb, tb) = pts[i - 1], pts[i]
+    t = ta + (tb - ta) * (x - xa) / (xb - xa) if xb != xa else ta
+    return max(0.0, t)
+
+
+def batch_fraction(main: ModelGraph, other: ModelGraph) -> float:
+    """The batch of ``other``'s profile as a fraction of ``main``'s, from the op input shapes: the
+    input bytes of the first layer that has any (the model's input: tokens, features), checked
+    against every Linear's input bytes (each must scale by the same factor, else the profiles differ
+    in more than the batch).
+
+    Raises
+    ------
+    DproError
+        No input bytes to compare, or the Linear inputs scale differently.
+    """
+    ref = next(((a, b) for a, b in zip(main.layers, other.layers) if a.input_bytes > 0), None)
+    if ref is None or ref[1].input_bytes <= 0:
+        raise DproError("cannot tell its batch size: no layer input recorded", path=other.source,
+                        hint="profile it with `dpro profile --shapes` like the main profile")
+    x = ref[1].input_bytes / ref[0].input_bytes
+    for la, lb in zip(main.layers, other.layers):
+        for k, (oa, ob) in enumerate(zip(la.ops, lb.ops)):
+            if oa.in_bytes and abs(ob.in_bytes / oa.in_bytes - x) > 1e-6 * max(1.0, x):
+                raise DproError(f"layer {la.name} op {k} ({oa.name}) input is {ob.in_bytes} B against {oa.in_bytes} B "
+                                f"in {main.source}: {ob.in_bytes / oa.in_bytes:.4g}x, but the model's input is "
+                                f"{x:.4g}x (the profiles differ in more than the batch size)", path=other.source,
+                                hint="profile the same script at another --batch-size only")
+    return float(x)
+
+
+def fit_batches(main: ModelGraph, others: list[ModelGraph]) -> ModelGraph:
+    """Give ``main``'s ops measured times at other batch sizes, from profiles of the same model.
+
+    Every op, every layer's backward and the host's other ops (data, ``zero_grad``) get the
+    points ``(x, t)``: ``x`` the profile's batch as a fraction of ``main``'s (:func:`batch_fraction`),
+    ``t`` its median duration there; :meth:`Op.time` interpolates them (:func:`batch_time`).  Ops
+    are matched by layer and position: the layers (names, parameters) and each layer's op names
+    must be the same in every profile.  Activation bytes, parameters and the optimizer step stay
+    ``main``'s (tensor sizes are linear in the batch; the step does not depend on it).
+
+    Parameters
+    ----------
+    main : ModelGraph
+        The profile whose batch is the job's global batch (fraction 1).
+    others : list of ModelGraph
+        The same script profiled at other batch sizes.
+
+    Returns
+    -------
+    ModelGraph
+        ``main``, modified in place.
+
+    Raises
+    ------
+    DproError
+        A profile with other layers, parameters or op sequence, the same batch as another, or
+        Linear inputs that do not scale with the model's input (one line naming the profile).
+    """
+    seen = {1.0: main.source}
+    for o in others:
+        names_a, names_b = main.layer_names(), o.layer_names()
+        if names_a != names_b:
+            raise DproError(f"its layers ({', '.join(names_b)}) are not those of {main.source} ({', '.join(names_a)})",
+                            path=o.source, hint="--profile-at-batch takes the same script at another --batch-size")
+        for la, lb in zip(main.layers, o.layers):
+            if la.params != lb.params:
+                raise DproError(f"layer {la.name}: its parameters differ from {main.source}'s", path=o.source,
+                                hint="--profile-at-batch takes the same model at another --batch-size")
+            sa, sb = [op.name for op in la.ops], [op.name for op in lb.ops]
+            if sa != sb:
+                k = next((i for i, (p, q) in enumerate(zip(sa, sb)) if p != q), min(len(sa), len(sb)))
+                what = (f"op {k} is {sb[k]} where {main.source} has {sa[k]}" if k < min(len(sa), len(sb))
+                        else f"{len(sb)} forward ops where {main.source} has {len(sa)}")
+                raise DproError(f"layer {la.name}: {what} (the op sequences differ)", path=o.source,
+                                hint="profile the same script and library versions at another --batch-size")
+        x = batch_fraction(main, o)
+        key = round(x, 9)
+        if key in seen:
+            raise DproError(f"its batch is {x:g} x that of {main.source}, the same as {seen[key]}'s", path=o.source,
+                            hint="give profiles at different batch sizes")
+        seen[key] = o.source
+        for la, lb in zip(main.layers, o.layers):
+            for oa, ob in zip(la.ops, lb.ops):
+                oa.at = (oa.at or ((1.0, oa.fwd_us),)) + ((x, ob.fwd_us),)
+            la.bwd_at = (la.bwd_at or ((1.0, la.bwd_us),)) + ((x, lb.bwd_us),)
+        main.other_at = (main.other_at or ((1.0, main.other_us),)) + ((x, o.other_us),)
+    main.batch_fractions = sorted(seen)
+    if others:
+        main.notes.append("op times measured at batch fractions " + ", ".join(f"{x:g}" for x in main.batch_fractions)
+                          + " of the profiled batch (" + ", ".join(seen[round(x, 9)] for x in main.batch_fractions)
+                          + "), interpolated between them")
+    return main
 
 
 def _numel(dims: Any) -> int:
@@ -404,4 +562,5 @@ def from_profile(path: str | Path, *, session: Any = None, allocator: bool = Tru
                       comm_backend=str(m.comm_backend or ""))
 
 
-__all__ = ["DTYPE_BYTES", "Layer", "ModelGraph", "Op", "VIEW_OPS", "from_profile"]
+__all__ = ["DTYPE_BYTES", "Layer", "ModelGraph", "Op", "VIEW_OPS", "batch_fraction", "batch_time", "fit_batches",
+           "from_profile"]
