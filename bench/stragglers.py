@@ -95,6 +95,37 @@ class Bench:
         return json.loads(p.stdout)
 
 
+BUSY_LOOP = ("import time\nend = time.perf_counter() + {secs}\nn = 0\n"
+             "while time.perf_counter() < end:\n    for _ in range(2000):\n        pass\n    n += 1\nprint(n)")
+
+
+def busy_speed(cpus: float, period_us: int, shares: int, secs: float = 1.5) -> float:
+    """Work a single busy thread gets done per second in a cgroup with a quota of ``cpus`` CPUs."""
+    from dpro_kit.jobs import CpuBudget
+    with CpuBudget(1, [cpus], prefix="strgcal", period_us=period_us, shares=shares) as cb:
+        p = subprocess.run([PY, "-c", BUSY_LOOP.format(secs=secs)], capture_output=True, text=True,
+                           preexec_fn=cb.preexec(0), timeout=60)
+    return int(p.stdout) / secs
+
+
+def effective_cuts(cuts: list[float], cpus: float, period_us: int, shares: int, reps: int) -> dict[float, list[float]]:
+    """The compute factor each budget cut really gives: busy-loop speed at ``cpus`` / at ``cpus / F``.
+
+    A CFS quota is enforced at the scheduler tick (HZ=250 here: 4 ms), so a group may overrun its
+    quota within a period: a cut budget slows a CPU-bound thread by less than its nominal F (e.g.
+    0.8 CPU runs a busy loop at ~0.87-0.90 of 1.0 CPU's speed).  Measured in alternation (balanced,
+    cut, balanced, ...) ``reps`` times, beside the jobs; the ratio of each adjacent pair.
+    """
+    out: dict[float, list[float]] = {F: [] for F in cuts}
+    for _ in range(reps):
+        for F in cuts:
+            b1 = busy_speed(cpus, period_us, shares)
+            c = busy_speed(cpus / F, period_us, shares)
+            b2 = busy_speed(cpus, period_us, shares)
+            out[F].append(round(0.5 * (b1 + b2) / c, 4))
+    return out
+
+
 def pct(x: float) -> float:
     return round(100.0 * x, 2)
 
@@ -118,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prof-steps", type=int, default=6)
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--job-timeout", type=float, default=400)
+    ap.add_argument("--calib-reps", type=int, default=3,
+                    help="busy-loop measurements of each cut's real compute factor per (model, rate) (0: use nominal F)")
     ap.add_argument("--out", type=Path, default=Path("bench-stragglers"))
     a = ap.parse_args(argv)
     H = a.hosts
@@ -139,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
                 variants[f"link host{S} x{f:g}"] = ([rate * f if i == S else rate for i in range(H)], base_cpus,
                                                     ["--slow-link", f"host{S}={f:g}"])
             print(f"== {model} {rate:g} Mbit/s, {H} hosts at {a.cpus:g} CPU (period {a.period_us} us)", flush=True)
+            eff = effective_cuts(cuts, a.cpus, a.period_us, a.shares, a.calib_reps) if a.calib_reps else {}
+            feff = {F: statistics.median(v) for F, v in eff.items()}
+            for F in cuts:
+                if F in feff:
+                    print(f"  budget 1/{F:g}: a busy thread runs x1/{feff[F]:.3f} as fast ({eff[F]})", flush=True)
+                    variants[f"cpu host{S} x1/{F:g}"][2][:] = ["--slow-rank", f"{S}={feff[F]:.4g}"]
             prof = b.job(model, rates, base_cpus, profile=True)
             base_pred = b.replay(prof["trace"], [])["iteration_time_ms"]
             att0 = b.replay(prof["trace"], ["--stragglers"]).get("stragglers", {})
@@ -159,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
                 if k == "balanced":
                     continue
                 pred = b.replay(prof["trace"], extra)["iteration_time_ms"]
+                nominal = None
+                if k.startswith("cpu ") and feff:
+                    F = float(k.rsplit("/", 1)[1])
+                    nominal = b.replay(prof["trace"], ["--slow-rank", f"{S}={F:g}"])["iteration_time_ms"] / base_pred
+                mean_ps = (b.replay(prof["trace"], extra + ["--mean-durations"])["iteration_time_ms"]
+                           / b.replay(prof["trace"], ["--mean-durations"])["iteration_time_ms"])
                 m = statistics.median(meas[k])
                 ps, ms = pred / base_pred, m / mb
                 pairs = [x / y for x, y in zip(meas[k], meas["balanced"])]
@@ -167,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                              "measured_ms": round(m, 3), "measured_balanced_ms": round(mb, 3),
                              "measured_slowdown": round(ms, 4), "round_ratios": [round(x, 4) for x in pairs],
                              "error_pct": pct(ps / ms - 1.0), "replay_args": " ".join(extra),
+                             "predicted_slowdown_nominal_f": round(nominal, 4) if nominal else None,
+                             "effective_factor": eff.get(float(k.rsplit("/", 1)[1])) if k.startswith("cpu ") else None,
+                             "predicted_slowdown_mean_durations": round(mean_ps, 4),
                              "trace": prof["trace"]})
             rows.append({"model": model, "rate": rate, "injected": "balanced", "direction": "base",
                          "predicted_ms": round(base_pred, 3), "measured_ms": round(mb, 3),
@@ -198,13 +246,19 @@ def main(argv: list[str] | None = None) -> int:
                       f"fix predicted x{slow_pred / fixed:.3f}, measured x{ms if ms else float('nan'):.3f}", flush=True)
             (a.out / "rows.json").write_text(json.dumps(rows, indent=1))
     print()
-    print(f"| model | Mbit/s | injected | predicted slowdown | measured slowdown (per-round) | error |")
-    print("|---|---|---|---|---|---|")
+    print(f"| model | Mbit/s | injected | predicted slowdown | measured slowdown (per-round) | error |"
+          " nominal F: predicted, error | mean durations: predicted, error |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["direction"] == "slow":
             print(f"| {r['model']} | {r['rate']:g} | {r['injected']} (`{r['replay_args']}`) | "
                   f"{r['predicted_slowdown']:.3f} | {r['measured_slowdown']:.3f} "
-                  f"({', '.join(f'{x:.3f}' for x in r['round_ratios'])}) | {r['error_pct']:+.1f} % |")
+                  f"({', '.join(f'{x:.3f}' for x in r['round_ratios'])}) | {r['error_pct']:+.1f} % | "
+                  + (f"{r['predicted_slowdown_nominal_f']:.3f}, "
+                     f"{100 * (r['predicted_slowdown_nominal_f'] / r['measured_slowdown'] - 1):+.1f} % | "
+                     if r.get("predicted_slowdown_nominal_f") else "- | ")
+                  + f"{r['predicted_slowdown_mean_durations']:.3f}, "
+                    f"{100 * (r['predicted_slowdown_mean_durations'] / r['measured_slowdown'] - 1):+.1f} % |")
         elif r["direction"] == "fix":
             ms = f"{r['measured_speedup']:.3f}" if r["measured_speedup"] else "-"
             err = f"{r['error_pct']:+.1f} %" if r["error_pct"] is not None else "-"
