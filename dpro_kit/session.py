@@ -164,6 +164,7 @@ class Session:
             if ts is not None:
                 from .costmodel import fit_from_trace
                 model = fit_from_trace(ts)
+                self._stages["fitted"] = model
                 if self.whatif is not None:
                     from .whatif import apply
                     ts, model = apply(ts, model, self.whatif)
@@ -218,17 +219,40 @@ class Session:
                                 median_iteration=None)
             return
         # one graph per profiled iteration (its own op durations), the comm model fitted on all of them;
-        # the graph whose replay is the median stands for the job
-        from .replay import replay as run_replay
+        # the graph whose replay is the median stands for the job.  With a what-if, the iteration that
+        # stands for the PROFILED job (its median without the what-if) is the one the what-if is applied
+        # to: a what-if changes the job, not which profiled iteration represents it (re-selecting the
+        # median among the what-if's replays compared different iterations - e.g. one where the slowed
+        # rank happened to be fast - and skewed what-if ratios and straggler savings; docs/stragglers.md)
         from .trace import select_iterations
-        runs = {}
-        for it in sorted(int(i) for i in ts.events["iteration"].unique()):
-            ts_it = select_iterations(ts, [it])
-            job_it, g_it = build_job(ts_it)
-            res = _replay(g_it, 1)
-            runs[it] = (res.iteration_time_us / 1e3, g_it, ts_it, res, job_it)
-        order = sorted(runs, key=lambda i: runs[i][0])
-        median_it = order[(len(order) - 1) // 2]
+
+        def replays(ts_: "TraceSet", builder: Any) -> dict[int, tuple]:
+            out = {}
+            for it in sorted(int(i) for i in ts_.events["iteration"].unique()):
+                ts_it = select_iterations(ts_, [it])
+                job_it, g_it = builder(ts_it)
+                res = _replay(g_it, 1)
+                out[it] = (res.iteration_time_us / 1e3, g_it, ts_it, res, job_it)
+            return out
+
+        def median_of(runs_: dict[int, tuple]) -> int:
+            order = sorted(runs_, key=lambda i: runs_[i][0])
+            return order[(len(order) - 1) // 2]
+
+        runs = replays(ts, build_job)
+        median_it = median_of(runs)
+        if self.whatif is not None:
+            base_model = self._stages.get("fitted")
+
+            def build_base(ts_: "TraceSet") -> tuple["Job", "nx.DiGraph"]:
+                job = Job.from_trace(ts_, comm_model=base_model)
+                g_ = build(job, identity(job), check=False)
+                return job, g_
+            base_runs = replays(self.profiled, build_base)
+            if base_runs and median_of(base_runs) in runs:
+                median_it = median_of(base_runs)
+                self._stages["paired"] = {str(i): round(runs[i][0] / base_runs[i][0], 6)
+                                          for i in sorted(runs) if i in base_runs and base_runs[i][0] > 0}
         _, g, ts_it, res, job = runs[median_it]
         self._replays[1] = res
         self._stages.update(graph=g, graph_trace=ts_it, job_model=job, median_iteration=median_it,
@@ -286,6 +310,9 @@ class Session:
             info["durations"] = DURATIONS_PER_ITERATION
             info["per_iteration_ms"] = dict(self._stages["per_iteration_ms"])
             info["median_iteration"] = self._stages["median_iteration"]
+            if self._stages.get("paired"):
+                # per profiled iteration: the what-if's replay / the profiled job's replay of that iteration
+                info["whatif_ratio_per_iteration"] = dict(self._stages["paired"])
         return info
 
     # ------------------------------------------------------------------ replay

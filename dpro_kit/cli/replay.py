@@ -269,8 +269,13 @@ def print_replay(out: dict[str, Any], bd: Any, cp: dict[str, Any]) -> None:
         echo("what if: " + ", ".join(f"{k.replace('_', ' ')} = {v}" for k, v in out["whatif"].items()))
     if out.get("per_iteration_ms"):
         v = sorted(out["per_iteration_ms"].values())
-        echo(f"replayed each of {len(v)} profiled iterations: {v[0]:.3f} .. {v[-1]:.3f} ms; the median one "
-             f"(iteration {out['median_iteration']}) is shown (--mean-durations: one replay of mean durations)")
+        if out.get("whatif"):
+            echo(f"replayed each of {len(v)} profiled iterations with the what-if: {v[0]:.3f} .. {v[-1]:.3f} ms; "
+                 f"shown: the profiled job's median iteration ({out['median_iteration']}) with the what-if "
+                 f"(--mean-durations: one replay of mean durations)")
+        else:
+            echo(f"replayed each of {len(v)} profiled iterations: {v[0]:.3f} .. {v[-1]:.3f} ms; the median one "
+                 f"(iteration {out['median_iteration']}) is shown (--mean-durations: one replay of mean durations)")
     if out.get("device_model", "fifo") != "fifo" or out.get("overlap_factor") or out.get("overlap_fit"):
         fit = out.get("overlap_fit")
         echo(f"device model {out['device_model']}, overlap factor {out.get('overlap_factor', 0):g}"
