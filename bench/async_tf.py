@@ -189,9 +189,14 @@ def main(argv=None) -> int:
                          "bandwidth (its coordinator traces the worker and PS), or one process's training step")
     ap.add_argument("--trace", type=Path, default=None, help="the step trace (--source step-trace)")
     ap.add_argument("--out", type=Path, default=Path("bench-async"))
+    ap.add_argument("--prefix", default="tfas", help="name prefix of the emulated cluster's namespaces and cgroups "
+                                                    "(unique per concurrent user)")
     ap.add_argument("--measure-only", action="store_true")
     ap.add_argument("--calibrate", choices=["bandwidth", "overhead"], default="bandwidth",
                     help="what the measured W=1 fits (dpro async-predict --calibrate)")
+    ap.add_argument("--link", type=Path, default=None,
+                    help="a bench/link_sharing.py --out file measured at these bandwidths: adds the prediction "
+                         "with the link's measured sharing (dpro async-predict --sharing arrival --link)")
     args = ap.parse_args(argv)
     lo, _, hi = args.workers.partition("-")
     ws = list(range(int(lo), int(hi or lo) + 1))
@@ -210,7 +215,8 @@ def main(argv=None) -> int:
                 continue
             t = time.time()
             sps = run_pss(w, b, steps=args.steps, warmup=args.warmup, width=args.width, depth=args.depth,
-                          batch=args.batch, cpus=args.cpus_per_host, ps_cpus=args.ps_cpus, num_ps=args.ps)
+                          batch=args.batch, cpus=args.cpus_per_host, ps_cpus=args.ps_cpus, num_ps=args.ps,
+                          prefix=args.prefix)
             measured.setdefault(key, []).append(sps)
             meas_path.write_text(json.dumps(measured, indent=1))
             cpu_runs.setdefault(key, []).append(dict(RUN_CPU))
@@ -218,7 +224,7 @@ def main(argv=None) -> int:
             print(f"round {r} {b:g} Mbit/s W={w}: {sps:.3f} steps/s ({time.time() - t:.0f} s)", flush=True)
     if args.measure_only:
         return 0
-    from dpro_kit.async_ps import calibrate, predict, template_from_trace
+    from dpro_kit.async_ps import calibrate, link_model, predict, template_from_trace
     place_path = args.out / "placement.json"
     if PLACEMENT:
         place_path.write_text(json.dumps(PLACEMENT, indent=1))
@@ -234,7 +240,7 @@ def main(argv=None) -> int:
                 t = time.time()
                 run_pss(1, b, steps=args.steps, warmup=args.warmup, width=args.width, depth=args.depth,
                         batch=args.batch, cpus=args.cpus_per_host, ps_cpus=args.ps_cpus, num_ps=args.ps,
-                        profile=(tdir, f"{args.warmup + 4}:{args.warmup + 10}"))
+                        prefix=args.prefix, profile=(tdir, f"{args.warmup + 4}:{args.warmup + 10}"))
                 # (steps after the warm-up; the trace starts 2 steps before START)
                 print(f"profiled the 1-worker job at {b:g} Mbit/s: {tdir} ({time.time() - t:.0f} s)", flush=True)
             templates[b] = template_from_trace(tdir, num_ps=args.ps)    # the job's own placement is in the trace
@@ -258,10 +264,12 @@ def main(argv=None) -> int:
             return "—"
         return ", ".join(f"{role} {statistics.median(max(r[role]['cpus_used']) for r in runs):.3f}/{quota[role]:g}"
                          for role in ("ps", "chief", "worker"))
-    print(f"\n| Mbit/s | W | measured steps/s (median of {args.rounds}; all) | predicted (range over 8 start "
-          f"offsets) | error | CPUs used / quota (median of runs) |")
-    print("|---|---|---|---|---|---|")
-    errs, errs_w = [], []
+    link_doc = json.loads(args.link.read_text()) if args.link else None
+    extra_h = " predicted, arrival sharing on the measured link (range) | error |" if link_doc else ""
+    print(f"\n| Mbit/s | W | measured steps/s (median of {args.rounds}; all) | predicted, equal sharing (range "
+          f"over 8 start offsets) | error |{extra_h} CPUs used / quota (median of runs) |")
+    print("|---|---|---|---|---|" + ("---|---|" if link_doc else "") + "---|")
+    errs, errs_w, errs2_w = [], [], []
     for b in bws:
         one = statistics.median(measured[f"{b:g}:1"])
         tpl = templates[b]
@@ -271,6 +279,12 @@ def main(argv=None) -> int:
                   f"{1e3 / man['extra']['measured_iteration_ms']:.2f} steps/s | | | |")
         fit = calibrate(tpl, one, how=args.calibrate, bandwidth_mbit=b, num_ps=args.ps)   # W=1 only (docs/async.md)
         preds = {p.workers: p for p in predict(tpl, ws, num_ps=args.ps, **fit)}
+        preds2 = {}
+        if link_doc:     # W=1 has one transfer per link at a time: the same calibration holds
+            lm = link_model(link_doc, b, path=args.link)
+            preds2 = {p.workers: p for p in predict(tpl, ws, num_ps=args.ps, sharing="arrival",
+                                                    newcomer_share=lm["newcomer_share"], goodput=lm["goodput"],
+                                                    **fit)}
         for w in ws:
             m = statistics.median(measured[f"{b:g}:{w}"])
             p = preds[w].steps_per_s
@@ -279,12 +293,22 @@ def main(argv=None) -> int:
             if w > 1:
                 errs_w.append(abs(e))
             allm = ", ".join(f"{x:.2f}" for x in measured[f"{b:g}:{w}"])
+            col2 = ""
+            if preds2:
+                p2 = preds2[w].steps_per_s
+                e2 = 100 * (p2 - m) / m
+                if w > 1:
+                    errs2_w.append(abs(e2))
+                col2 = f" {p2:.2f} ({preds2[w].low:.2f} .. {preds2[w].high:.2f}) | {e2:+.1f} % |"
             print(f"| {b:g} | {w} | {m:.2f} ({allm}) | {p:.2f} ({preds[w].low:.2f} .. {preds[w].high:.2f}) | "
-                  f"{e:+.1f} % | {cpu_use(f'{b:g}:{w}')} |")
+                  f"{e:+.1f} % |{col2} {cpu_use(f'{b:g}:{w}')} |")
         print(f"| {b:g} | | calibrated on W=1 ({args.calibrate}): effective {fit['bandwidth_mbit']:.1f} Mbit/s, "
-              f"step overhead {fit['step_overhead_us'] / 1e3:.1f} ms | | | |")
-    print(f"\nmax |error| {max(errs):.1f} %, median {statistics.median(errs):.1f} % (all rows); "
-          f"W > 1 only: median {statistics.median(errs_w or [0.0]):.1f} %")
+              f"step overhead {fit['step_overhead_us'] / 1e3:.1f} ms | | |" + (" | |" if link_doc else "") + " |")
+    print(f"\nequal sharing: max |error| {max(errs):.1f} %, median {statistics.median(errs):.1f} % (all rows); "
+          f"W > 1 only: median {statistics.median(errs_w or [0.0]):.1f} %, max {max(errs_w or [0.0]):.1f} %")
+    if errs2_w:
+        print(f"arrival sharing on the measured link ({args.link}): W > 1 median |error| "
+              f"{statistics.median(errs2_w):.1f} %, max {max(errs2_w):.1f} %")
     return 0
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["StepOp", "StepTemplate", "template_from_trace", "simulate", "predict", "SimResult", "Prediction",
-           "calibrate"]
+           "calibrate", "link_model"]
 
 RESOURCES = ("down", "worker", "up", "ps")
 
@@ -60,6 +60,7 @@ class SimResult:
     steps_per_s: float
     step_ms_mean: float
     completions: int
+    finish_us: list[tuple[float, int]] = field(default_factory=list)   # (time, worker) of every completed step
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,6 +317,68 @@ def _reaches(start: str, succ: dict[str, list[str]], targets: set[str], limit: i
 
 
 # ----------------------------------------------------------------------------------------------
+def link_model(doc: dict[str, Any], bandwidth_mbit: float, *, path: str | Path = "link file") -> dict[str, Any]:
+    """The measured link properties :func:`simulate` takes, from a ``bench/link_sharing.py --out`` file.
+
+    Per direction (``down`` = PS -> workers, ``up`` = workers -> PS), from the experiments at
+    ``bandwidth_mbit`` (within 1 %):
+
+    * ``newcomer_share``: one ``phi`` per repetition of the ``newcomer f`` experiments (worker 1
+      alone from 0, worker 2 joins at ``f*T1``; worker 1 ends at ``e1``):
+      ``phi = 1 - (1 - f) T1 / (e1 - f T1)``, clipped to [0, 0.95] (docs/async.md, "Link sharing").
+    * ``goodput``: ``[1, g2, g3, ...]``, ``g_k`` = bytes of the k transfers / (k bytes at the
+      one-transfer rate) over the time the link was busy with them, pooled over the repetitions
+      (sum of ideal durations / sum of measured ones): k = 2 from the ``newcomer`` and
+      ``together 2`` experiments, k >= 3 from ``together k``.
+
+    Returns ``{"bandwidth_mbit", "newcomer_share": {"down": [...], "up": [...]}, "goodput": {...}}``;
+    DproError when the file has no experiments at that bandwidth.
+    """
+    from .errors import DproError
+    res = doc.get("results") if isinstance(doc, dict) else None
+    if not isinstance(res, dict) or not res:
+        raise DproError("not a bench/link_sharing.py result (no 'results')", path=path,
+                        hint="run `python bench/link_sharing.py --out FILE` on the emulated link")
+    try:
+        key = min(res, key=lambda k: abs(float(k) - bandwidth_mbit))
+    except ValueError:
+        raise DproError("a 'results' key is not a bandwidth", path=path, hint="keys are Mbit/s, e.g. '300'") from None
+    if abs(float(key) - bandwidth_mbit) > 0.01 * bandwidth_mbit:
+        raise DproError(f"no link experiments at {bandwidth_mbit:g} Mbit/s (measured: {', '.join(sorted(res))})",
+                        path=path, hint="measure the link at this bandwidth with bench/link_sharing.py --bandwidths")
+    try:
+        t1, rows = res[key]["t1"], res[key]["rows"]
+        phis: dict[str, list[float]] = {"down": [], "up": []}
+        ideal: dict[tuple[str, int], float] = defaultdict(float)
+        real: dict[tuple[str, int], float] = defaultdict(float)
+        for name, reps in rows.items():
+            part = name.split()
+            if part[0] == "newcomer":
+                d, f = part[1], float(part[2])
+                for r in reps:
+                    e1 = float(r["1"][1])
+                    phis[d].append(min(0.95, max(0.0, 1 - (1 - f) * t1[d] / (e1 - f * t1[d]))))
+                    ideal[(d, 2)] += 2 * t1[d]
+                    real[(d, 2)] += max(float(v[1]) for v in r.values())
+            elif part[0] == "together":
+                d, k = part[1], int(part[2])
+                for r in reps:
+                    ideal[(d, k)] += k * t1[d]
+                    real[(d, k)] += max(float(v[1]) for v in r.values())
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
+        raise DproError(f"malformed link experiment at {key} Mbit/s ({exc!r})", path=path,
+                        hint="regenerate it with bench/link_sharing.py") from None
+    goodput = {}
+    for d in ("down", "up"):
+        ks = sorted(k for dd, k in ideal if dd == d)
+        goodput[d] = [1.0] + [ideal[(d, k)] / real[(d, k)] for k in ks if k >= 2]
+        if not phis[d]:
+            raise DproError(f"no newcomer experiment for {d!r} at {key} Mbit/s", path=path,
+                            hint="regenerate it with bench/link_sharing.py")
+    return {"bandwidth_mbit": float(key), "newcomer_share": phis, "goodput": goodput}
+
+
+# ----------------------------------------------------------------------------------------------
 class _Stream:
     __slots__ = ("op", "remaining", "served")
 
@@ -326,7 +389,8 @@ class _Stream:
 def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: int = 200,
              win_bytes: float = 28e6, num_ps: int = 1, alpha_us_per_mb: float = 0.0, beta_us: float = 0.0,
              step_overhead_us: float = 0.0, start_spread_us: float = 0.0, warmup: int = 20,
-             seed: int = 0) -> SimResult:
+             seed: int = 0, sharing: str = "equal", newcomer_share: Any = 0.5,
+             goodput: Any = None, start_offsets_us: Sequence[float] | None = None) -> SimResult:
     """Alg. 3.1 of the paper for ``workers`` workers; returns the steps/s of all workers together.
 
     Parameters
@@ -355,7 +419,44 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
         Steps (all workers together) left out before throughput is measured (§4.1).
     seed : int
         Sampling seed.
+    start_offsets_us : sequence of float, optional
+        Worker w starts its first step at ``start_offsets_us[w]`` (instead of ``start_spread_us``).
+    sharing : str
+        How a link's bandwidth is split among the workers active on it. ``"equal"`` (default, the
+        paper's §3.1): ``1/n`` each. ``"arrival"``: by arrival order on the link (docs/async.md,
+        "Link sharing"): a worker's *session* on a link starts when it begins a chunk there with
+        none running and lasts while it has one running; a session that started while ``m``
+        others (still active) had started before it gets weight ``(phi / (1 - phi)) ** m``, the
+        oldest weight 1 (sessions that started at the same instant: equal weights); shares are the
+        weights normalised. Two workers: the newcomer gets ``phi``, the incumbent ``1 - phi``;
+        ``phi = 1/2`` is equal sharing, ``phi = 0`` first-come-first-served.
+    newcomer_share : float, sequence of float, or {"down": ..., "up": ...}
+        ``phi`` of ``sharing="arrival"``, in [0, 1): one value, or the values measured on the link
+        (bench/link_sharing.py, :func:`link_model`), one drawn at random for every session that
+        joins a link; per direction with a mapping.
+    goodput : sequence of float or {"down": [...], "up": [...]}, optional
+        ``goodput[k-1]`` = aggregate rate of ``k`` concurrent sessions on one link relative to one
+        alone (1.0 for k = 1; the last value holds beyond), measured on the link; default all 1.
     """
+    if sharing not in ("equal", "arrival"):
+        raise ValueError(f"sharing must be 'equal' or 'arrival', not {sharing!r}")
+
+    def per_res(v: Any, default: list[float]) -> dict[str, list[float]]:
+        if v is None:
+            v = default
+        if isinstance(v, dict):
+            return {r: [float(x) for x in (v[r] if isinstance(v.get(r), (list, tuple)) else [v.get(r, default[0])])]
+                    for r in ("down", "up")}
+        vals = [float(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+        return {"down": vals, "up": vals}
+    phis = per_res(newcomer_share, [0.5])
+    gps = per_res(goodput, [1.0])
+    for r in ("down", "up"):
+        if not phis[r] or not all(0.0 <= x < 1.0 for x in phis[r]):
+            raise ValueError(f"newcomer_share ({r}) must be values in [0, 1), not {phis[r]!r}")
+        if not gps[r] or not all(x > 0 for x in gps[r]):
+            raise ValueError(f"goodput ({r}) must be positive, not {gps[r]!r}")
+    lrng = random.Random(seed * 1_000_003 + 17)   # the link's draws; the steps' sampling stays as with "equal"
     rng = random.Random(seed)
     bpus = bandwidth_mbit * 1e6 / 8 / 1e6    # bytes per microsecond, whole link
     n_ops = len(tpl.ops)
@@ -375,6 +476,8 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
     work = [None] * workers
     queues = [defaultdict(deque) for _ in range(workers)]   # (res, ps) -> deque of _Stream
     running: dict[tuple[int, str, int], list[Any]] = {}     # (w, res, ps) -> [stream, is_last, remaining]
+    joined: dict[tuple[int, str, int], float] = {}          # (w, res, ps) -> start of its session on the link
+    ratio: dict[tuple[int, str, int], float] = {}           # (w, res, ps) -> phi / (1 - phi) of that session
     done_steps = [0] * workers
     completions: list[tuple[float, int]] = []
     now = 0.0
@@ -396,6 +499,12 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
         else:
             chunk, last = s.remaining, True
         running[(w,) + key] = [s, last, chunk]
+        if (w,) + key not in joined:
+            joined[(w,) + key] = now
+            if res in phis:
+                p = phis[res]
+                f = p[0] if len(p) == 1 else p[lrng.randrange(len(p))]
+                ratio[(w,) + key] = f / (1.0 - f)
 
     def add_ready(w: int, i: int) -> None:
         queues[w][res_key(i)].append(_Stream(i, work[w][i]))
@@ -424,17 +533,35 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
             if done_steps[w] < steps:
                 start_step(w, t)
 
+    if start_offsets_us is not None and len(start_offsets_us) != workers:
+        raise ValueError(f"start_offsets_us has {len(start_offsets_us)} values for {workers} workers")
     for w in range(workers):
-        if start_spread_us > 0 and w > 0:   # the coordinator hands the first steps out one by one
+        if start_offsets_us is not None and start_offsets_us[w] > 0:
+            heapq.heappush(extra, (float(start_offsets_us[w]), w, -2))
+        elif start_offsets_us is None and start_spread_us > 0 and w > 0:   # the coordinator hands the first steps out one by one
             heapq.heappush(extra, (rng.uniform(0.0, start_spread_us), w, -2))
         else:
             start_step(w, 0.0)
 
     def rates() -> dict[tuple[int, str, int], float]:
-        active: dict[tuple[str, int], int] = defaultdict(int)
-        for (w, res, p) in running:
-            if res in ("down", "up"):
-                active[(res, p)] += 1
+        on_link: dict[tuple[str, int], list[tuple[int, str, int]]] = defaultdict(list)
+        for k in running:
+            if k[1] in ("down", "up"):
+                on_link[(k[1], k[2])].append(k)
+        share: dict[tuple[int, str, int], float] = {}     # of the link, before the worker's NIC cap
+        for keys in on_link.values():
+            n = len(keys)
+            gp = gps[keys[0][1]]
+            total = gp[min(n, len(gp)) - 1]
+            if sharing == "equal" or n == 1:
+                for k in keys:
+                    share[k] = total / n
+                continue
+            # m = sessions still active that joined strictly before this one
+            weight = {k: ratio[k] ** sum(1 for j in keys if joined[j] < joined[k]) for k in keys}
+            wsum = sum(weight.values())
+            for k in keys:
+                share[k] = total * weight[k] / wsum
         out = {}
         links: dict[tuple[int, str], list[tuple[str, int]]] = defaultdict(list)
         for k in running:
@@ -447,7 +574,7 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
             # §3.1: a PS link is shared equally by the workers active on it (cap 1/n); §5: a worker's
             # own NIC carries at most the whole bandwidth, filled max-min fair over its PS links
             # (alone on PS1 while sharing PS2 with n-1 others: 1/n to PS2, 1 - 1/n to PS1)
-            caps = sorted((1.0 / active[(res, p)], p) for p in ps)
+            caps = sorted((share[(w, res, p)], p) for p in ps)
             left = 1.0
             for j, (cap, p) in enumerate(caps):
                 give = min(cap, left / (len(caps) - j))
@@ -495,13 +622,16 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
             s.remaining -= win_bytes
             queues[w][(res, p)].append(s)
         start_chunk(w, (res, p))
+        if key not in running:      # the worker left the link: its session is over
+            joined.pop(key, None)
+            ratio.pop(key, None)
     completions.sort()
     end = min(max(t for t, ww in completions if ww == w) for w in range(workers))
     t0 = completions[min(warmup, len(completions) - 1)][0]
     n = sum(1 for t, _ in completions if t0 < t <= end)
     sps = n / ((end - t0) / 1e6) if end > t0 else 0.0
     return SimResult(workers=workers, steps_per_s=sps, step_ms_mean=(workers / sps * 1e3) if sps else float("inf"),
-                     completions=len(completions))
+                     completions=len(completions), finish_us=completions)
 
 
 @dataclass

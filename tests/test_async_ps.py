@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dpro_kit.async_ps import StepOp, StepTemplate, simulate
+from dpro_kit.async_ps import StepOp, StepTemplate, link_model, simulate
+from dpro_kit.errors import DproError
 from dpro_kit.cli.async_predict import parse_range, saturation
 
 MB = 1e6
@@ -81,6 +82,102 @@ def test_two_ps_split_the_bytes():
     a1 = simulate(one, 1, bandwidth_mbit=80, steps=30, warmup=3).steps_per_s
     b1 = simulate(two, 1, bandwidth_mbit=80, steps=30, warmup=3, num_ps=2).steps_per_s
     assert b1 == pytest.approx(a1, rel=1e-6)
+
+
+# --- sharing by arrival order (docs/async.md, "Link sharing") ----------------------------------------
+def _ends(r, worker):
+    return [t for t, w in r.finish_us if w == worker]
+
+
+def test_newcomer_gets_its_share_of_a_busy_link():
+    # 1 MB at 80 Mbit/s = 100 ms alone, then 50 ms of compute; worker 1 joins the link at 25 ms.
+    t = _tpl([StepOp("d", "down", 1 * MB), StepOp("c", "worker", 50_000.0, [0])])
+    kw = dict(bandwidth_mbit=80, steps=1, warmup=0, start_offsets_us=[0.0, 25_000.0])
+    # phi = 0.2: worker 0 drains its last 750 KB at 0.8 of the link (93.75 ms, down ends at 118.75 ms),
+    # worker 1 gets 0.2 x 93.75 ms = 187.5 KB meanwhile and its 812.5 KB left alone (81.25 ms): ends at 200 ms
+    r = simulate(t, 2, sharing="arrival", newcomer_share=0.2, **kw)
+    assert _ends(r, 0) == [pytest.approx(168_750.0)] and _ends(r, 1) == [pytest.approx(250_000.0)]
+    # equal sharing: worker 0's 750 KB at 1/2 (150 ms, ends 175 ms); the link is busy until 200 ms either way
+    r = simulate(t, 2, **kw)
+    assert _ends(r, 0) == [pytest.approx(225_000.0)] and _ends(r, 1) == [pytest.approx(250_000.0)]
+    # phi = 1/2 is equal sharing
+    r = simulate(t, 2, sharing="arrival", newcomer_share=0.5, **kw)
+    assert _ends(r, 0) == [pytest.approx(225_000.0)] and _ends(r, 1) == [pytest.approx(250_000.0)]
+    # goodput 0.8 with two on the link: worker 0 at 0.8 x 0.8 = 0.64 (117.1875 ms), worker 1 gets
+    # 0.16 x 117.1875 ms = 187.5 KB, then 812.5 KB alone at the full rate (81.25 ms)
+    r = simulate(t, 2, sharing="arrival", newcomer_share=0.2, goodput=[1.0, 0.8], **kw)
+    assert _ends(r, 0) == [pytest.approx(25_000 + 117_187.5 + 50_000)]
+    assert _ends(r, 1) == [pytest.approx(25_000 + 117_187.5 + 81_250 + 50_000)]
+    # per direction: an up-only phi does not touch the down link
+    r = simulate(t, 2, sharing="arrival", newcomer_share={"down": 0.5, "up": 0.2}, **kw)
+    assert _ends(r, 0) == [pytest.approx(225_000.0)]
+
+
+def test_three_sessions_weights_by_arrival_rank():
+    # phi = 1/3 -> ratio 1/2: weights 1, 1/2, 1/4 for sessions that joined at 0, 10, 20 ms
+    t = _tpl([StepOp("d", "down", 1 * MB)])
+    r = simulate(t, 3, bandwidth_mbit=80, steps=1, warmup=0, sharing="arrival", newcomer_share=1 / 3,
+                 start_offsets_us=[0.0, 10_000.0, 20_000.0])
+    # 0-10 ms: w0 alone, 100 KB (900 KB left). 10-20 ms: w0 2/3, w1 1/3: w0 66.67 KB (833.33 left), w1 33.33 KB.
+    # from 20 ms: w0 4/7 of 10 B/us -> 833.33 KB in 145.83 ms -> ends at 165.83 ms
+    assert _ends(r, 0) == [pytest.approx(20_000 + 833_333.333 / (10 * 4 / 7), rel=1e-6)]
+    assert _ends(r, 2) == [pytest.approx(300_000.0)]        # the link is busy from 0 with 3 MB: the last ends at 300 ms
+
+
+def test_fifo_like_sharing_drives_two_workers_into_interleaving():
+    # transfers only (1 MB down, then 1 MB up, 100 ms each alone), worker 1 starts 10 ms after worker 0.
+    t = _tpl([StepOp("d", "down", 1 * MB), StepOp("u", "up", 1 * MB, [0])])
+    kw = dict(bandwidth_mbit=80, steps=200, warmup=20, start_offsets_us=[0.0, 10_000.0])
+    # equal sharing keeps the 10 ms offset (the ends of two overlapping transfers stay 10 ms apart):
+    # a period of 2 x (200 - 10) ms for 2 steps
+    assert simulate(t, 2, **kw).steps_per_s == pytest.approx(2 / 0.380, rel=1e-6)
+    # the newcomer's smaller share widens the gap every step until one's down overlaps the other's
+    # up only: both links always busy, 10 steps/s (twice one worker's 5)
+    assert simulate(t, 2, sharing="arrival", newcomer_share=0.2, **kw).steps_per_s == pytest.approx(10.0, rel=1e-3)
+
+
+def test_sharing_arguments_are_checked():
+    with pytest.raises(ValueError, match="sharing"):
+        simulate(chain(), 2, bandwidth_mbit=80, steps=10, sharing="tcp")
+    with pytest.raises(ValueError, match="newcomer_share"):
+        simulate(chain(), 2, bandwidth_mbit=80, steps=10, sharing="arrival", newcomer_share=1.5)
+    with pytest.raises(ValueError, match="start_offsets_us"):
+        simulate(chain(), 2, bandwidth_mbit=80, steps=10, start_offsets_us=[0.0])
+
+
+def _link_doc():
+    t1 = {"down": 0.1, "up": 0.1}
+    rows = {
+        "alone down": [{"1": [0.0, 0.1]}], "alone up": [{"1": [0.0, 0.1]}],
+        # f = 0.5: worker 1 ends at 0.05 + 0.05 / (1 - phi): phi = 0.2 -> 0.1125; phi = 0 -> 0.1
+        "newcomer down 0.5": [{"1": [0.0, 0.1125], "2": [0.05, 0.2]}, {"1": [0.0, 0.1], "2": [0.05, 0.25]}],
+        "newcomer up 0.5": [{"1": [0.0, 0.15], "2": [0.05, 0.2]}],
+        "together down 3": [{"1": [0.0, 0.3], "2": [0.0, 0.3], "3": [0.0, 0.5]}],
+        "together up 2": [{"1": [0.0, 0.2], "2": [0.0, 0.2]}],
+    }
+    return {"mb": 1.0, "results": {"100": {"t1": t1, "rows": rows}}}
+
+
+def test_link_model_from_link_experiments(tmp_path: Path):
+    m = link_model(_link_doc(), 100.5)
+    assert m["newcomer_share"]["down"] == [pytest.approx(0.2), pytest.approx(0.0)]
+    assert m["newcomer_share"]["up"] == [pytest.approx(0.5)]
+    # k = 2 down: 2 x (2 x 0.1 s) ideal over 0.2 + 0.25 s busy; k = 3: 0.3 s over 0.5 s
+    assert m["goodput"]["down"] == [1.0, pytest.approx(0.4 / 0.45), pytest.approx(0.6)]
+    assert m["goodput"]["up"] == [1.0, pytest.approx(1.0)]
+    with pytest.raises(DproError, match="no link experiments at 300"):
+        link_model(_link_doc(), 300)
+    with pytest.raises(DproError, match="link_sharing"):
+        link_model({"mb": 1}, 100)
+    # the CLI: --sharing arrival needs --link; a link file at another bandwidth is one line, exit 2
+    f = tmp_path / "link.json"
+    f.write_text(json.dumps(_link_doc()))
+    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(tmp_path), "--bandwidth", "100",
+                        "--sharing", "arrival"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--link" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(tmp_path), "--bandwidth", "300",
+                        "--sharing", "arrival", "--link", str(f)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "300" in r.stderr
 
 
 def test_parse_range_and_saturation():

@@ -64,10 +64,18 @@ def saturation(rows: list[tuple[int, float]], gain: float = 0.05) -> int | None:
               help="Steps simulated per worker.")
 @click.option("--seeds", default=8, show_default=True, type=click.IntRange(min=1),
               help="Simulations per W (random start offsets within one step); the mean is the prediction.")
+@click.option("--sharing", type=click.Choice(["equal", "arrival"]), default="equal", show_default=True,
+              help="How concurrent transfers share a link: equally (the paper's model) or by arrival order "
+                   "with the newcomer share and goodput measured on the link (--link; docs/async.md, "
+                   "\"Link sharing\").")
+@click.option("--link", "link_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A `bench/link_sharing.py --out` file measured at --bandwidth: the newcomer shares and the "
+                   "goodput of k concurrent transfers that --sharing arrival uses.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, placement: Path | None,
                   measured: float | None, step_overhead_ms: float | None, win_mb: float, alpha_us_per_mb: float,
-                  beta_us: float, steps: int, seeds: int, calibrate_how: str, as_json: bool) -> None:
+                  beta_us: float, steps: int, seeds: int, calibrate_how: str, sharing: str, link_file: Path | None,
+                  as_json: bool) -> None:
     """Predict the steps/s of asynchronous parameter-server SGD with W workers.
 
     \b
@@ -79,12 +87,23 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     at), or of the training step in one process. Each of W
     workers runs steps sampled from the profiled ones: the variables come down from the PS,
     the step computes, the gradients go up and the PS applies them; concurrent transfers share
-    the PS link equally (discrete-event simulation, Li et al. ICPE'20). Prints steps/s per W and
-    the saturation point (the W after which one more worker adds < 5 %).
+    the PS link equally (discrete-event simulation, Li et al. ICPE'20), or, with `--sharing arrival
+    --link FILE`, as the link measured by bench/link_sharing.py shares it (a transfer joining a busy
+    link gets the measured newcomer share). Prints steps/s per W and the saturation point (the W
+    after which one more worker adds < 5 %).
     """
-    from ..async_ps import calibrate, predict, template_from_trace
+    from ..async_ps import calibrate, link_model, predict, template_from_trace
 
     ws = parse_range(workers)
+    link = None
+    if sharing == "arrival":
+        if link_file is None:
+            raise DproError("--sharing arrival needs --link FILE (the link's measured sharing)",
+                            hint="measure it: python bench/link_sharing.py --bandwidths RATE --out FILE")
+        from ..trace import read_json
+        link = link_model(read_json(link_file, what="link experiment file"), bandwidth, path=link_file)
+    elif link_file is not None:
+        raise DproError("--link is used only with --sharing arrival", hint="add --sharing arrival or drop --link")
     place = None
     if placement is not None:
         from ..trace import read_json
@@ -101,7 +120,9 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
         if ms and man.world_size == 1:
             measured = from_trace = 1e3 / float(ms)
     kw = dict(bandwidth_mbit=bandwidth, steps=steps, win_bytes=win_mb * 1e6, num_ps=num_ps,
-              alpha_us_per_mb=alpha_us_per_mb, beta_us=beta_us)
+              alpha_us_per_mb=alpha_us_per_mb, beta_us=beta_us, sharing=sharing)
+    if link is not None:
+        kw.update(newcomer_share=link["newcomer_share"], goodput=link["goodput"])
     ovh_us = (step_overhead_ms or 0.0) * 1e3
     if measured is not None:
         fit = calibrate(tpl, measured, how=calibrate_how, **kw)
@@ -113,7 +134,10 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
            "ps": num_ps, "step_overhead_ms": ovh_us / 1e3, "measured_1w": measured,
            "measured_1w_from_trace": from_trace is not None,
            "bytes_down_per_step": tpl.total_bytes("down"), "bytes_up_per_step": tpl.total_bytes("up"),
-           "seeds": seeds, "saturation_workers": sat,
+           "seeds": seeds, "saturation_workers": sat, "sharing": sharing,
+           "link": None if link is None else {"file": str(link_file), "goodput": link["goodput"],
+                                              "newcomer_share_mean": {d: sum(v) / len(v) for d, v in
+                                                                      link["newcomer_share"].items()}},
            "predicted": [{"workers": p.workers, "steps_per_s": p.steps_per_s, "low": p.low, "high": p.high}
                          for p in preds]}
     if as_json:
@@ -125,6 +149,11 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     if from_trace is not None:
         click.echo(f"calibrated on the trace's own measured 1-worker steps: {from_trace:.2f} steps/s "
                    f"(--bandwidth must be the rate the traced job ran at)")
+    if link is not None:
+        click.echo("sharing by arrival on the measured link: mean newcomer share " +
+                   ", ".join(f"{d} {sum(v) / len(v):.2f}" for d, v in link["newcomer_share"].items()) +
+                   "; goodput of k = 1.. transfers " +
+                   "; ".join(f"{d} " + " ".join(f"{g:.2f}" for g in v) for d, v in link["goodput"].items()))
     click.echo(f"workers  steps/s  speed-up  range over {seeds} start offsets")
     for p in preds:
         click.echo(f"{p.workers:7d}  {p.steps_per_s:7.2f}  {p.steps_per_s / preds[0].steps_per_s:7.2f}x  "
