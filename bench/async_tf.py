@@ -265,50 +265,57 @@ def main(argv=None) -> int:
         return ", ".join(f"{role} {statistics.median(max(r[role]['cpus_used']) for r in runs):.3f}/{quota[role]:g}"
                          for role in ("ps", "chief", "worker"))
     link_doc = json.loads(args.link.read_text()) if args.link else None
-    extra_h = " predicted, arrival sharing on the measured link (range) | error |" if link_doc else ""
-    print(f"\n| Mbit/s | W | measured steps/s (median of {args.rounds}; all) | predicted, equal sharing (range "
-          f"over 8 start offsets) | error |{extra_h} CPUs used / quota (median of runs) |")
-    print("|---|---|---|---|---|" + ("---|---|" if link_doc else "") + "---|")
-    errs, errs_w, errs2_w = [], [], []
+    # the prediction variants: (sharing, protocol); "steady" = random start offsets, steady window (the
+    # paper's measurement), "run" = the bench's own run: --steps steps scheduled at once after a join,
+    # all workers starting together, steps/s = steps / time until the last one ends (docs/async.md)
+    variants = [("equal", "steady")] + ([("equal", "run"), ("arrival", "steady"), ("arrival", "run")]
+                                        if link_doc else [])
+    names = {("equal", "steady"): "equal sharing, steady (range over 8 start offsets)",
+             ("equal", "run"): "equal, run from a common start", ("arrival", "steady"): "arrival, steady",
+             ("arrival", "run"): "arrival sharing on the measured link, run from a common start"}
+    print(f"\n| Mbit/s | W | measured steps/s (median of {args.rounds}; all) | " +
+          " | ".join(f"{names[v]} | error" for v in variants) + " | CPUs used / quota (median of runs) |")
+    print("|---|---|---|" + "---|---|" * len(variants) + "---|")
+    errs: dict = {v: [] for v in variants}
     for b in bws:
         one = statistics.median(measured[f"{b:g}:1"])
         tpl = templates[b]
         if args.source == "ps-trace":
             man = json.loads((args.out / f"ps-trace-{b:g}" / "manifest.json").read_text())
             print(f"| {b:g} | | the profiled 1-worker job's own unprofiled steps: "
-                  f"{1e3 / man['extra']['measured_iteration_ms']:.2f} steps/s | | | |")
+                  f"{1e3 / man['extra']['measured_iteration_ms']:.2f} steps/s |" + " | |" * len(variants) + " |")
         fit = calibrate(tpl, one, how=args.calibrate, bandwidth_mbit=b, num_ps=args.ps)   # W=1 only (docs/async.md)
-        preds = {p.workers: p for p in predict(tpl, ws, num_ps=args.ps, **fit)}
-        preds2 = {}
-        if link_doc:     # W=1 has one transfer per link at a time: the same calibration holds
-            lm = link_model(link_doc, b, path=args.link)
-            preds2 = {p.workers: p for p in predict(tpl, ws, num_ps=args.ps, sharing="arrival",
-                                                    newcomer_share=lm["newcomer_share"], goodput=lm["goodput"],
-                                                    **fit)}
+        lm = link_model(link_doc, b, path=args.link) if link_doc else None
+        preds = {}
+        for sh, proto in variants:
+            kw = dict(fit, num_ps=args.ps, sharing=sh)
+            if sh == "arrival":     # W=1 has one transfer per link at a time: the same calibration holds
+                kw.update(newcomer_share=lm["newcomer_share"], goodput=lm["goodput"])
+            if proto == "run":
+                kw["total_steps"] = args.steps
+            preds[(sh, proto)] = {p.workers: p for p in predict(tpl, ws, **kw)}
         for w in ws:
             m = statistics.median(measured[f"{b:g}:{w}"])
-            p = preds[w].steps_per_s
-            e = 100 * (p - m) / m
-            errs.append(abs(e))
-            if w > 1:
-                errs_w.append(abs(e))
             allm = ", ".join(f"{x:.2f}" for x in measured[f"{b:g}:{w}"])
-            col2 = ""
-            if preds2:
-                p2 = preds2[w].steps_per_s
-                e2 = 100 * (p2 - m) / m
+            cols = []
+            for v in variants:
+                p = preds[v][w]
+                e = 100 * (p.steps_per_s - m) / m
                 if w > 1:
-                    errs2_w.append(abs(e2))
-                col2 = f" {p2:.2f} ({preds2[w].low:.2f} .. {preds2[w].high:.2f}) | {e2:+.1f} % |"
-            print(f"| {b:g} | {w} | {m:.2f} ({allm}) | {p:.2f} ({preds[w].low:.2f} .. {preds[w].high:.2f}) | "
-                  f"{e:+.1f} % |{col2} {cpu_use(f'{b:g}:{w}')} |")
+                    errs[v].append(abs(e))
+                cols.append(f"{p.steps_per_s:.2f} ({p.low:.2f} .. {p.high:.2f}) | {e:+.1f} %")
+            print(f"| {b:g} | {w} | {m:.2f} ({allm}) | " + " | ".join(cols) + f" | {cpu_use(f'{b:g}:{w}')} |")
         print(f"| {b:g} | | calibrated on W=1 ({args.calibrate}): effective {fit['bandwidth_mbit']:.1f} Mbit/s, "
-              f"step overhead {fit['step_overhead_us'] / 1e3:.1f} ms | | |" + (" | |" if link_doc else "") + " |")
-    print(f"\nequal sharing: max |error| {max(errs):.1f} %, median {statistics.median(errs):.1f} % (all rows); "
-          f"W > 1 only: median {statistics.median(errs_w or [0.0]):.1f} %, max {max(errs_w or [0.0]):.1f} %")
-    if errs2_w:
-        print(f"arrival sharing on the measured link ({args.link}): W > 1 median |error| "
-              f"{statistics.median(errs2_w):.1f} %, max {max(errs2_w):.1f} %")
+              f"step overhead {fit['step_overhead_us'] / 1e3:.1f} ms |" + " | |" * len(variants) + " |")
+        if lm:
+            print(f"| {b:g} | | link ({args.link}): mean newcomer share " +
+                  ", ".join(f"{d} {statistics.mean(v):.2f}" for d, v in lm["newcomer_share"].items()) +
+                  "; goodput k=1.. " + "; ".join(f"{d} " + " ".join(f"{g:.2f}" for g in v)
+                                                 for d, v in lm["goodput"].items()) + " |" + " | |" * len(variants) + " |")
+    print()
+    for v in variants:
+        e = errs[v] or [0.0]
+        print(f"{names[v]}: W > 1 median |error| {statistics.median(e):.1f} %, max {max(e):.1f} %")
     return 0
 
 

@@ -19,6 +19,8 @@ Experiments, per bandwidth (each repeated ``--reps`` times, the first repetition
   transfer alone (per-flow goodput loss when k flows share), and the spread of the k ends.
 * ``reverse``: worker 1 downloads while worker 2 uploads (the two directions of the PS link; ACKs of
   one cross the other's queue).
+* ``ping``: worker 1 makes a 64-byte request-response every 5 ms while worker 2 moves its bytes in one
+  direction: how long a small message (an RPC, a step's dispatch) waits behind bulk data.
 
     sudo /work/notes/quietrun.sh python bench/link_sharing.py --bandwidths 100,300 --out /tmp/link.json
 
@@ -136,12 +138,31 @@ def experiment(c, kind: str, starts: dict[int, tuple[str, float]], size: int, t1
     return rows
 
 
+def ping_under_load(c, direction: str, size: int, t1: float, reps: int, every: float = 0.005) -> list[dict]:
+    """Worker 1 sends a small request (64 B back) every ``every`` s while worker 2 moves ``size`` bytes in
+    ``direction``: the round trips that start and end inside the bulk transfer, and ones on the idle link."""
+    period = 2.5 * t1
+    t0 = time.monotonic() + 1.0
+    n = int(period / every) - 1
+    sched = {1: [[t0 + r * period + j * every, "down", 64] for r in range(reps) for j in range(n)],
+             2: [[t0 + r * period + 0.2 * t1, direction, size] for r in range(reps)]}
+    recs = run_schedules(c, sched)
+    rows = []
+    for r in range(1, reps):
+        b0, b1 = recs[2][r][1], recs[2][r][2]
+        small = recs[1][r * n:(r + 1) * n]
+        rows.append({"busy": [e - s for _, s, e in small if s > b0 + 0.01 and e < b1],
+                     "idle": [e - s for _, s, e in small if e < b0 or s > b1 + 0.05]})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bandwidths", default="100,300")
     ap.add_argument("--mb", type=float, default=2.0, help="bytes of one transfer, MB (the job moves 2.12 MB each way)")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--max-k", type=int, default=4)
+    ap.add_argument("--only-ping", action="store_true", help="only the alone and ping experiments")
     ap.add_argument("--prefix", default="lnk")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -158,24 +179,25 @@ def main(argv=None) -> int:
                 rows = experiment(c, "alone", {1: (d, 0.0)}, size, 8 * size / (b * 1e6), args.reps)
                 t1[d] = statistics.median(r[1][1] for r in rows)
                 res[f"alone {d}"] = rows
-            for d in ("down", "up"):
+            for d in ("down", "up") if not args.only_ping else ():
                 for f in (0.25, 0.5, 0.75):
                     res[f"newcomer {d} {f:g}"] = experiment(c, "newcomer", {1: (d, 0.0), 2: (d, f * t1[d])},
                                                             size, t1[d], args.reps)
                 for k in range(2, args.max_k + 1):
                     res[f"together {d} {k}"] = experiment(c, "together", {h: (d, 0.0) for h in range(1, k + 1)},
                                                           size, t1[d], args.reps)
-            res["reverse"] = experiment(c, "reverse", {1: ("down", 0.0), 2: ("up", 0.0)}, size,
+            res["reverse"] = [] if args.only_ping else experiment(c, "reverse", {1: ("down", 0.0), 2: ("up", 0.0)}, size,
                                         max(t1.values()), args.reps)
+            ping = {d: ping_under_load(c, d, size, t1[d], args.reps) for d in ("down", "up")}
             srv.kill()
-        doc["results"][f"{b:g}"] = {"t1": t1, "rows": res}
+        doc["results"][f"{b:g}"] = {"t1": t1, "rows": res, "ping": ping}
         print(f"\n## {b:g} Mbit/s, {args.mb:g} MB transfers: alone down {t1['down'] * 1e3:.1f} ms "
               f"({8 * size / t1['down'] / 1e6:.1f} Mbit/s goodput), up {t1['up'] * 1e3:.1f} ms "
               f"({8 * size / t1['up'] / 1e6:.1f} Mbit/s)")
         print("| experiment | worker ends / T1 (median over reps) | equal sharing | FIFO | derived |")
         print("|---|---|---|---|---|")
         for name, rows in res.items():
-            if name.startswith("alone"):
+            if name.startswith("alone") or not rows:
                 continue
             d = name.split()[1] if name != "reverse" else "down"
             ends = {h: statistics.median(r[h][1] for r in rows) / t1[d] for h in rows[0]}
@@ -193,6 +215,13 @@ def main(argv=None) -> int:
             else:
                 e2 = statistics.median(r[2][1] for r in rows) / t1["up"]
                 print(f"| reverse (down, up) | {ends[1]:.2f}, {e2:.2f} (each / its own T1) | 1, 1 | 1, 1 | |")
+        for d, rows in ping.items():
+            busy = [x for r in rows for x in r["busy"]]
+            idle = [x for r in rows for x in r["idle"]]
+            if busy and idle:
+                print(f"| ping (64 B request-response) during a bulk {d} | | | | round trip median "
+                      f"{statistics.median(busy) * 1e3:.1f} ms (p90 {sorted(busy)[int(0.9 * len(busy))] * 1e3:.1f}), "
+                      f"idle link {statistics.median(idle) * 1e3:.2f} ms |")
     if args.out:
         tmp = args.out.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1))

@@ -390,7 +390,8 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
              win_bytes: float = 28e6, num_ps: int = 1, alpha_us_per_mb: float = 0.0, beta_us: float = 0.0,
              step_overhead_us: float = 0.0, start_spread_us: float = 0.0, warmup: int = 20,
              seed: int = 0, sharing: str = "equal", newcomer_share: Any = 0.5,
-             goodput: Any = None, start_offsets_us: Sequence[float] | None = None) -> SimResult:
+             goodput: Any = None, start_offsets_us: Sequence[float] | None = None,
+             total_steps: int | None = None) -> SimResult:
     """Alg. 3.1 of the paper for ``workers`` workers; returns the steps/s of all workers together.
 
     Parameters
@@ -421,14 +422,20 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
         Sampling seed.
     start_offsets_us : sequence of float, optional
         Worker w starts its first step at ``start_offsets_us[w]`` (instead of ``start_spread_us``).
+    total_steps : int, optional
+        A run of ``total_steps`` steps handed out to whichever worker is free, all workers starting
+        at 0 (what ``ClusterCoordinator.schedule`` N times then ``join()`` does, as in
+        bench/async_tf.py): throughput = ``total_steps`` / time the last one ends; ``steps`` and
+        ``warmup`` are then not used. Default: every worker runs ``steps`` steps and the steady
+        window after ``warmup`` is measured (§4.1).
     sharing : str
         How a link's bandwidth is split among the workers active on it. ``"equal"`` (default, the
         paper's §3.1): ``1/n`` each. ``"arrival"``: by arrival order on the link (docs/async.md,
         "Link sharing"): a worker's *session* on a link starts when it begins a chunk there with
         none running and lasts while it has one running; a session that started while ``m``
         others (still active) had started before it gets weight ``(phi / (1 - phi)) ** m``, the
-        oldest weight 1 (sessions that started at the same instant: equal weights); shares are the
-        weights normalised. Two workers: the newcomer gets ``phi``, the incumbent ``1 - phi``;
+        oldest weight 1 (sessions that start at the same instant are ordered at random: no two
+        transfers reach a real queue at once); shares are the weights normalised. Two workers: the newcomer gets ``phi``, the incumbent ``1 - phi``;
         ``phi = 1/2`` is equal sharing, ``phi = 0`` first-come-first-served.
     newcomer_share : float, sequence of float, or {"down": ..., "up": ...}
         ``phi`` of ``sharing="arrival"``, in [0, 1): one value, or the values measured on the link
@@ -476,7 +483,7 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
     work = [None] * workers
     queues = [defaultdict(deque) for _ in range(workers)]   # (res, ps) -> deque of _Stream
     running: dict[tuple[int, str, int], list[Any]] = {}     # (w, res, ps) -> [stream, is_last, remaining]
-    joined: dict[tuple[int, str, int], float] = {}          # (w, res, ps) -> start of its session on the link
+    joined: dict[tuple[int, str, int], tuple[float, float]] = {}   # (w, res, ps) -> (start of its session, tie-break)
     ratio: dict[tuple[int, str, int], float] = {}           # (w, res, ps) -> phi / (1 - phi) of that session
     done_steps = [0] * workers
     completions: list[tuple[float, int]] = []
@@ -500,7 +507,8 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
             chunk, last = s.remaining, True
         running[(w,) + key] = [s, last, chunk]
         if (w,) + key not in joined:
-            joined[(w,) + key] = now
+            # no two transfers reach a real queue at the same instant: ties go by a random draw
+            joined[(w,) + key] = (now, lrng.random() if sharing == "arrival" else 0.0)
             if res in phis:
                 p = phis[res]
                 f = p[0] if len(p) == 1 else p[lrng.randrange(len(p))]
@@ -530,9 +538,18 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
         if left[w] == 0:
             done_steps[w] += 1
             completions.append((t, w))
-            if done_steps[w] < steps:
+            if total_steps is not None:
+                if handed[0] < total_steps:
+                    handed[0] += 1
+                    start_step(w, t)
+            elif done_steps[w] < steps:
                 start_step(w, t)
 
+    handed = [0]     # steps handed out so far (total_steps)
+    if total_steps is not None:
+        if total_steps < workers:
+            raise ValueError(f"total_steps ({total_steps}) must be at least the workers ({workers})")
+        start_offsets_us, handed[0] = [0.0] * workers, workers
     if start_offsets_us is not None and len(start_offsets_us) != workers:
         raise ValueError(f"start_offsets_us has {len(start_offsets_us)} values for {workers} workers")
     for w in range(workers):
@@ -626,6 +643,11 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
             joined.pop(key, None)
             ratio.pop(key, None)
     completions.sort()
+    if total_steps is not None:
+        end = completions[-1][0]
+        sps = len(completions) / (end / 1e6) if end > 0 else 0.0
+        return SimResult(workers=workers, steps_per_s=sps, step_ms_mean=(workers / sps * 1e3) if sps else float("inf"),
+                         completions=len(completions), finish_us=completions)
     end = min(max(t for t, ww in completions if ww == w) for w in range(workers))
     t0 = completions[min(warmup, len(completions) - 1)][0]
     n = sum(1 for t, _ in completions if t0 < t <= end)
@@ -645,7 +667,9 @@ class Prediction:
 def predict(tpl: StepTemplate, workers: Sequence[int], *, seeds: int = 8, **kw: Any) -> list[Prediction]:
     """Steps/s for every W in ``workers``: the mean over ``seeds`` simulations whose workers start at
     random offsets within one 1-worker step (docs/async.md: with equal sharing the interleaving the
-    workers settle into depends on how they started, so the prediction is its expectation).
+    workers settle into depends on how they started, so the prediction is its expectation); with
+    ``total_steps=N`` in ``kw``, ``seeds`` runs of N steps that all start together (their sampled
+    steps and link draws differ).
 
     Parameters
     ----------
@@ -661,6 +685,12 @@ def predict(tpl: StepTemplate, workers: Sequence[int], *, seeds: int = 8, **kw: 
     kw = dict(kw)
     kw.pop("start_spread_us", None)
     kw.pop("seed", None)
+    if kw.get("total_steps"):     # a run of N steps handed out from a common start: every seed starts together
+        out = []
+        for w in workers:
+            runs = [simulate(tpl, w, seed=s, **kw).steps_per_s for s in range(seeds if w > 1 else 1)]
+            out.append(Prediction(w, sum(runs) / len(runs), min(runs), max(runs)))
+        return out
     one = simulate(tpl, 1, **kw)
     step_us = 1e6 / one.steps_per_s if one.steps_per_s else 0.0
     out = []

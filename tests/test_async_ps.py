@@ -136,6 +136,22 @@ def test_fifo_like_sharing_drives_two_workers_into_interleaving():
     assert simulate(t, 2, sharing="arrival", newcomer_share=0.2, **kw).steps_per_s == pytest.approx(10.0, rel=1e-3)
 
 
+def test_a_run_of_n_steps_from_a_common_start():
+    # ClusterCoordinator: N steps scheduled at once, taken by whichever worker is free; steps/s = N / makespan.
+    # chain(): 100 ms down, 10 ms compute, 100 ms up at 80 Mbit/s.
+    one = simulate(chain(), 1, bandwidth_mbit=80, steps=10, total_steps=5)
+    assert one.steps_per_s == pytest.approx(5 / 1.050, rel=1e-9)
+    # equal sharing, both start at 0: lockstep forever, 200 + 10 + 200 ms per pair of steps; 6 steps = 3 pairs
+    eq = simulate(chain(), 2, bandwidth_mbit=80, steps=10, total_steps=6)
+    assert eq.steps_per_s == pytest.approx(6 / 1.230, rel=1e-9)
+    # first-come-first-served (phi = 0): the tie at 0 is broken at random, the loser downloads after the winner
+    # (100 .. 200 ms); from then on one's down overlaps the other's up: the winner ends steps at 210, 420, 630 ms,
+    # the other at 310, 520, 730 ms (6 steps in all)
+    ff = simulate(chain(), 2, bandwidth_mbit=80, steps=10, total_steps=6, sharing="arrival", newcomer_share=0.0)
+    assert sorted(t for t, _ in ff.finish_us) == pytest.approx([210e3, 310e3, 420e3, 520e3, 630e3, 730e3])
+    assert ff.steps_per_s == pytest.approx(6 / 0.730, rel=1e-9)
+
+
 def test_sharing_arguments_are_checked():
     with pytest.raises(ValueError, match="sharing"):
         simulate(chain(), 2, bandwidth_mbit=80, steps=10, sharing="tcp")
