@@ -43,6 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PORT = 24567
+CLIENT = "_client"     # "_client_grpc" with --transport grpc
+STARTUP_S = 1.0       # the clients start their schedules this long after they are launched
 HDR = struct.Struct("!cQ")
 BUF = 1 << 16
 
@@ -88,6 +90,52 @@ def serve() -> None:
         threading.Thread(target=handle, args=(c,), daemon=True).start()
 
 
+def serve_grpc() -> None:
+    """The PS over gRPC (TensorFlow's transport: HTTP/2 streams, flow control, BDP probing): unary
+    ``/link/G`` (8-byte size -> that many bytes) and ``/link/P`` (bytes -> one byte)."""
+    from concurrent import futures
+
+    import grpc
+    payload = bytes(8 << 20)
+
+    def get(req: bytes, ctx) -> bytes:
+        return payload[:struct.unpack("!Q", req)[0]]
+
+    def put(req: bytes, ctx) -> bytes:
+        return b"k"
+    h = grpc.method_handlers_generic_handler("link", {"G": grpc.unary_unary_rpc_method_handler(get),
+                                                      "P": grpc.unary_unary_rpc_method_handler(put)})
+    opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=opts)
+    srv.add_generic_rpc_handlers((h,))
+    srv.add_insecure_port(f"0.0.0.0:{PORT}")
+    srv.start()
+    print("ready", flush=True)
+    srv.wait_for_termination()
+
+
+def client_grpc(server: str, schedule: str) -> None:
+    """:func:`client` over one gRPC channel (as TensorFlow keeps one per worker and PS)."""
+    import grpc
+    items = json.loads(schedule)
+    opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    ch = grpc.insecure_channel(f"{server}:{PORT}", options=opts)
+    get, put = ch.unary_unary("/link/G"), ch.unary_unary("/link/P")
+    get(struct.pack("!Q", 1))
+    payload, out = bytes(8 << 20), []
+    for t, op, n in items:
+        while (d := t - time.monotonic()) > 0:
+            time.sleep(min(d, 0.05) if d > 0.002 else 0)
+        t0 = time.monotonic()
+        if op == "down":
+            get(struct.pack("!Q", n))
+        else:
+            put(payload[:n])
+        out.append([op, t0, time.monotonic()])
+    ch.close()
+    print(json.dumps(out), flush=True)
+
+
 def client(server: str, schedule: str) -> None:
     """Run ``[[t_monotonic, op, bytes], ...]`` on one connection; print ``[[op, start, end], ...]``."""
     items = json.loads(schedule)
@@ -113,7 +161,7 @@ def client(server: str, schedule: str) -> None:
 
 def run_schedules(c, schedules: dict[int, list]) -> dict[int, list]:
     """Start one client per host with its schedule (absolute monotonic times); their records."""
-    procs = {h: c.run(h, [sys.executable, __file__, "_client", c.host_ip(0), json.dumps(s)],
+    procs = {h: c.run(h, [sys.executable, __file__, CLIENT, c.host_ip(0), json.dumps(s)],
                       stdout=subprocess.PIPE, text=True) for h, s in schedules.items()}
     out = {}
     for h, p in procs.items():
@@ -128,7 +176,7 @@ def experiment(c, kind: str, starts: dict[int, tuple[str, float]], size: int, t1
     """``starts``: host -> (direction, offset in s within a repetition). Repetitions ``period`` apart."""
     k = len(starts)
     period = max(2.5, k + 1.5) * t1 + max(o for _, o in starts.values())
-    t0 = time.monotonic() + 1.0     # the clients' start-up
+    t0 = time.monotonic() + STARTUP_S     # the clients' start-up
     sched = {h: [[t0 + r * period + off, d, size] for r in range(reps)] for h, (d, off) in starts.items()}
     recs = run_schedules(c, sched)
     rows = []
@@ -142,7 +190,7 @@ def ping_under_load(c, direction: str, size: int, t1: float, reps: int, every: f
     """Worker 1 sends a small request (64 B back) every ``every`` s while worker 2 moves ``size`` bytes in
     ``direction``: the round trips that start and end inside the bulk transfer, and ones on the idle link."""
     period = 2.5 * t1
-    t0 = time.monotonic() + 1.0
+    t0 = time.monotonic() + STARTUP_S
     n = int(period / every) - 1
     sched = {1: [[t0 + r * period + j * every, "down", 64] for r in range(reps) for j in range(n)],
              2: [[t0 + r * period + 0.2 * t1, direction, size] for r in range(reps)]}
@@ -163,16 +211,23 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--max-k", type=int, default=4)
     ap.add_argument("--only-ping", action="store_true", help="only the alone and ping experiments")
+    ap.add_argument("--transport", choices=["tcp", "grpc"], default="tcp",
+                    help="one TCP socket per worker (default), or one gRPC channel per worker with unary calls "
+                         "(TensorFlow's transport: HTTP/2 flow control on top of TCP)")
     ap.add_argument("--prefix", default="lnk")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     from dpro_kit.cluster import EmulatedCluster
     size = int(args.mb * 1e6)
-    doc: dict = {"mb": args.mb, "reps": args.reps, "results": {}}
+    global CLIENT, STARTUP_S
+    CLIENT = "_client_grpc" if args.transport == "grpc" else "_client"
+    STARTUP_S = 4.0 if args.transport == "grpc" else 1.0     # importing grpc takes a while on a busy machine
+    doc: dict = {"mb": args.mb, "reps": args.reps, "transport": args.transport, "results": {}}
     for b in [float(x) for x in args.bandwidths.split(",")]:
         res: dict = {}
         with EmulatedCluster(1 + args.max_k, rate_mbit=b, prefix=args.prefix) as c:
-            srv = c.run(0, [sys.executable, __file__, "_serve"], stdout=subprocess.PIPE, text=True)
+            srv = c.run(0, [sys.executable, __file__, "_serve_grpc" if args.transport == "grpc" else "_serve"],
+                        stdout=subprocess.PIPE, text=True)
             srv.stdout.readline()
             t1 = {}
             for d in ("down", "up"):
@@ -234,5 +289,9 @@ if __name__ == "__main__":
         serve()
     elif len(sys.argv) > 1 and sys.argv[1] == "_client":
         client(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 1 and sys.argv[1] == "_serve_grpc":
+        serve_grpc()
+    elif len(sys.argv) > 1 and sys.argv[1] == "_client_grpc":
+        client_grpc(sys.argv[2], sys.argv[3])
     else:
         sys.exit(main())
