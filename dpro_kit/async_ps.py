@@ -328,7 +328,7 @@ def link_model(doc: dict[str, Any], bandwidth_mbit: float, *, path: str | Path =
       ``phi = 1 - (1 - f) T1 / (e1 - f T1)``, clipped to [0, 0.95] (docs/async.md, "Link sharing").
     * ``goodput``: ``[1, g2, g3, ...]``, ``g_k`` = bytes of the k transfers / (k bytes at the
       one-transfer rate) over the time the link was busy with them, pooled over the repetitions
-      (sum of ideal durations / sum of measured ones): k = 2 from the ``newcomer`` and
+      (sum of ideal durations / sum of measured ones, at most 1): k = 2 from the ``newcomer`` and
       ``together 2`` experiments, k >= 3 from ``together k``.
 
     Returns ``{"bandwidth_mbit", "newcomer_share": {"down": [...], "up": [...]}, "goodput": {...}}``;
@@ -371,7 +371,8 @@ def link_model(doc: dict[str, Any], bandwidth_mbit: float, *, path: str | Path =
     goodput = {}
     for d in ("down", "up"):
         ks = sorted(k for dd, k in ideal if dd == d)
-        goodput[d] = [1.0] + [ideal[(d, k)] / real[(d, k)] for k in ks if k >= 2]
+        # at most 1: above it is a client's fixed per-call time (in T1) overlapping another's transfer
+        goodput[d] = [1.0] + [min(1.0, ideal[(d, k)] / real[(d, k)]) for k in ks if k >= 2]
         if not phis[d]:
             raise DproError(f"no newcomer experiment for {d!r} at {key} Mbit/s", path=path,
                             hint="regenerate it with bench/link_sharing.py")

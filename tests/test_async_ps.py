@@ -229,3 +229,30 @@ def test_cli_refuses_a_non_tf_trace(tiny_trace_dir: Path):
                         "100"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "TensorFlow step trace" in r.stderr and str(tiny_trace_dir) in r.stderr
+
+
+def test_link_sharing_bench_on_a_real_emulated_link(tmp_path: Path):
+    """bench/link_sharing.py end to end on real namespaces (small transfers, 2 repetitions): its file is
+    what link_model reads. No timing is asserted (the machine is shared), only what the file must hold."""
+    from conftest import netns_unusable_reason
+    reason = netns_unusable_reason("tlnk")
+    if reason is not None:
+        pytest.skip(str(reason))
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "link.json"
+    r = subprocess.run([sys.executable, str(root / "bench/link_sharing.py"), "--bandwidths", "100", "--mb", "0.2",
+                        "--reps", "2", "--max-k", "2", "--prefix", "tlnk", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    res = doc["results"]["100"]
+    assert set(res["rows"]) >= {"alone down", "alone up", "newcomer down 0.5", "together up 2", "reverse"}
+    assert all(len(rows) == 1 for rows in res["rows"].values())     # the first repetition is left out
+    for rows in res["rows"].values():
+        for row in rows:
+            assert all(0 <= s < e for s, e in row.values())          # every transfer ended after it started
+    m = link_model(doc, 100)
+    assert len(m["newcomer_share"]["down"]) == 3 and all(0 <= x <= 0.95 for x in m["newcomer_share"]["up"])
+    assert m["goodput"]["down"][0] == 1.0 and len(m["goodput"]["down"]) == 2
+    assert all(0 < g <= 1 for g in m["goodput"]["up"])
+    assert {"down", "up"} == set(res["ping"])
