@@ -219,6 +219,17 @@ def test_cli_on_a_real_trace(tmp_path: Path):
     assert params * 4 <= doc["bytes_down_per_step"] <= params * 4 + 64
     ps = [p["steps_per_s"] for p in doc["predicted"]]
     assert len(ps) == 3 and all(p > 0 for p in ps) and ps[1] >= ps[0] * 0.99
+    # the measured link's sharing (a hand-made link file at 100 Mbit/s): same W=1, one prediction per W
+    link = tmp_path / "link.json"
+    link.write_text(json.dumps(_link_doc()))
+    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(out), "--bandwidth", "100",
+                        "--workers", "1-3", "--sharing", "arrival", "--link", str(link), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc2 = json.loads(r.stdout)
+    assert doc2["sharing"] == "arrival" and doc2["link"]["goodput"]["down"] == pytest.approx([1.0, 0.4 / 0.45, 0.6])
+    assert doc2["predicted"][0]["steps_per_s"] == pytest.approx(ps[0], rel=1e-9)
+    assert len(doc2["predicted"]) == 3 and all(p["steps_per_s"] > 0 for p in doc2["predicted"])
     r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(out), "--bandwidth", "100",
                         "--workers", "x"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--workers" in r.stderr
