@@ -39,8 +39,10 @@ PLACEMENT: dict[str, int] = {}   # variable -> PS index, as the real job placed 
 class _CpuSampler:
     """CPU time (user + system, /proc/PID/stat) of processes, sampled every ``dt`` s from a thread."""
 
-    def __init__(self, pids: list[int], dt: float = 0.1):
+    def __init__(self, pids: list[int], dt: float = 0.1, groups: list[Path] | None = None):
         self.pids, self.dt, self.samples = pids, dt, []
+        self.groups = groups or []     # CpuBudget groups: their throttled time (cpu.stat), sampled after the pids'
+        self.n = len(pids) + len(self.groups)
         self._stop = threading.Event()
         self._tick = os.sysconf("SC_CLK_TCK")
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -53,9 +55,19 @@ class _CpuSampler:
         except (OSError, IndexError, ValueError):
             return float("nan")
 
+    def _throttled(self, group: Path) -> float:
+        try:
+            for line in (group / "cpu.stat").read_text().splitlines():
+                if line.startswith("throttled_time "):
+                    return int(line.split()[1]) / 1e9
+        except (OSError, ValueError):
+            pass
+        return float("nan")
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.monotonic(), [self._cpu(p) for p in self.pids]))
+            self.samples.append((time.monotonic(), [self._cpu(p) for p in self.pids] +
+                                 [self._throttled(g) for g in self.groups]))
             self._stop.wait(self.dt)
 
     def stop(self) -> None:
@@ -73,7 +85,7 @@ class _CpuSampler:
             if nxt[0] == prev[0]:
                 return prev[1]
             return prev[1] + (nxt[1] - prev[1]) * (t - prev[0]) / (nxt[0] - prev[0])
-        return [at(t1, i) - at(t0, i) for i in range(len(self.pids))]
+        return [at(t1, i) - at(t0, i) for i in range(self.n)]
 
 
 # the last run, per role (ps, chief, worker): CPU s per step and CPUs used over the measured steps
@@ -122,7 +134,9 @@ def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: i
                 env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
             chief = c.run(1, [PY, *job], env=env, preexec_fn=budget.preexec(1) if budget else None,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            sampler = _CpuSampler([s.pid for s in servers[:num_ps]] + [chief.pid] + [s.pid for s in servers[num_ps:]])
+            sampler = _CpuSampler([s.pid for s in servers[:num_ps]] + [chief.pid] + [s.pid for s in servers[num_ps:]],
+                                  groups=[budget.groups[h] for h in ps_hosts + [1] + [2 + i for i in range(workers)]]
+                                  if budget else None)
             lines: list[tuple[float, str]] = []     # the coordinator's stdout lines, timed as they arrive
             errs: list[str] = []
             readers = [threading.Thread(target=lambda: lines.extend((time.monotonic(), ln) for ln in chief.stdout)),
@@ -149,11 +163,15 @@ def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: i
             doc = json.loads(last)
             PLACEMENT.update(doc.get("placement") or {})
             # every task's CPU time over the measured steps (they end when train.py prints its line)
-            cpu = sampler.between(t_end - float(doc["wall_s"]), t_end)
+            both = sampler.between(t_end - float(doc["wall_s"]), t_end)
+            n = len(servers) + 1
+            cpu, thr = both[:n], both[n:]
             RUN_CPU.clear()
-            for role, part in (("ps", cpu[:num_ps]), ("chief", cpu[num_ps:num_ps + 1]), ("worker", cpu[num_ps + 1:])):
-                RUN_CPU[role] = {"cpu_s_per_step": [c / doc["steps"] for c in part],
-                                 "cpus_used": [c / float(doc["wall_s"]) for c in part]}
+            for role, sl in (("ps", slice(0, num_ps)), ("chief", slice(num_ps, num_ps + 1)), ("worker", slice(num_ps + 1, n))):
+                RUN_CPU[role] = {"cpu_s_per_step": [c / doc["steps"] for c in cpu[sl]],
+                                 "cpus_used": [c / float(doc["wall_s"]) for c in cpu[sl]]}
+                if thr:   # the fraction of the measured wall time the host's group was throttled (CFS quota spent)
+                    RUN_CPU[role]["throttled_frac"] = [t / float(doc["wall_s"]) for t in thr[sl]]
             return float(doc["steps_per_s"])
         finally:
             if budget:
@@ -262,8 +280,14 @@ def main(argv=None) -> int:
         runs = [r for r in cpu_doc.get(key, []) if r.get("ps")]
         if not runs:
             return "—"
-        return ", ".join(f"{role} {statistics.median(max(r[role]['cpus_used']) for r in runs):.3f}/{quota[role]:g}"
-                         for role in ("ps", "chief", "worker"))
+        out = ", ".join(f"{role} {statistics.median(max(r[role]['cpus_used']) for r in runs):.3f}/{quota[role]:g}"
+                        for role in ("ps", "chief", "worker"))
+        thr = [r for r in runs if "throttled_frac" in r["ps"]]
+        if thr:   # cpu.stat throttled_time over the measured steps / their wall time (summed over the 2 CPUs)
+            out += "; throttled " + ", ".join(
+                f"{role} {statistics.median(max(r[role]['throttled_frac']) for r in thr):.3f}"
+                for role in ("ps", "chief", "worker"))
+        return out
     link_doc = json.loads(args.link.read_text()) if args.link else None
     # the prediction variants: (sharing, protocol); "steady" = random start offsets, steady window (the
     # paper's measurement), "run" = the bench's own run: --steps steps scheduled at once after a join,
