@@ -194,6 +194,9 @@ def test_link_model_from_link_experiments(tmp_path: Path):
     r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(tmp_path), "--bandwidth", "300",
                         "--sharing", "arrival", "--link", str(f)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "300" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(tmp_path), "--bandwidth", "100",
+                        "--workers", "1-4", "--run-steps", "3"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--run-steps 3" in r.stderr
 
 
 def test_parse_range_and_saturation():
@@ -230,6 +233,12 @@ def test_cli_on_a_real_trace(tmp_path: Path):
     assert doc2["sharing"] == "arrival" and doc2["link"]["goodput"]["down"] == pytest.approx([1.0, 0.4 / 0.45, 0.6])
     assert doc2["predicted"][0]["steps_per_s"] == pytest.approx(ps[0], rel=1e-9)
     assert len(doc2["predicted"]) == 3 and all(p["steps_per_s"] > 0 for p in doc2["predicted"])
+    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(out), "--bandwidth", "100",
+                        "--workers", "1-2", "--sharing", "arrival", "--link", str(link), "--run-steps", "20",
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc3 = json.loads(r.stdout)
+    assert doc3["run_steps"] == 20 and all(p["steps_per_s"] > 0 for p in doc3["predicted"])
     r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(out), "--bandwidth", "100",
                         "--workers", "x"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--workers" in r.stderr

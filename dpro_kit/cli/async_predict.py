@@ -71,11 +71,15 @@ def saturation(rows: list[tuple[int, float]], gain: float = 0.05) -> int | None:
 @click.option("--link", "link_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A `bench/link_sharing.py --out` file measured at --bandwidth: the newcomer shares and the "
                    "goodput of k concurrent transfers that --sharing arrival uses.")
+@click.option("--run-steps", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Predict a run of N steps that all workers start together (ClusterCoordinator.schedule N "
+                   "times, then join(): steps/s = N / time until the last ends) instead of the steady window "
+                   "after random start offsets. With --sharing equal such a start stays in lockstep.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, placement: Path | None,
                   measured: float | None, step_overhead_ms: float | None, win_mb: float, alpha_us_per_mb: float,
                   beta_us: float, steps: int, seeds: int, calibrate_how: str, sharing: str, link_file: Path | None,
-                  as_json: bool) -> None:
+                  run_steps: int | None, as_json: bool) -> None:
     """Predict the steps/s of asynchronous parameter-server SGD with W workers.
 
     \b
@@ -95,6 +99,9 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     from ..async_ps import calibrate, link_model, predict, template_from_trace
 
     ws = parse_range(workers)
+    if run_steps is not None and run_steps < max(ws):
+        raise DproError(f"--run-steps {run_steps} is fewer than the {max(ws)} workers",
+                        hint="give at least one step per worker")
     link = None
     if sharing == "arrival":
         if link_file is None:
@@ -127,6 +134,8 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     if measured is not None:
         fit = calibrate(tpl, measured, how=calibrate_how, **kw)
         kw["bandwidth_mbit"], ovh_us = fit["bandwidth_mbit"], fit["step_overhead_us"]
+    if run_steps is not None:
+        kw["total_steps"] = run_steps
     preds = predict(tpl, ws, seeds=seeds, step_overhead_us=ovh_us, **kw)
     rows = [(p.workers, p.steps_per_s) for p in preds]
     sat = saturation(rows)
@@ -134,7 +143,7 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
            "ps": num_ps, "step_overhead_ms": ovh_us / 1e3, "measured_1w": measured,
            "measured_1w_from_trace": from_trace is not None,
            "bytes_down_per_step": tpl.total_bytes("down"), "bytes_up_per_step": tpl.total_bytes("up"),
-           "seeds": seeds, "saturation_workers": sat, "sharing": sharing,
+           "seeds": seeds, "saturation_workers": sat, "sharing": sharing, "run_steps": run_steps,
            "link": None if link is None else {"file": str(link_file), "goodput": link["goodput"],
                                               "newcomer_share_mean": {d: sum(v) / len(v) for d, v in
                                                                       link["newcomer_share"].items()}},
