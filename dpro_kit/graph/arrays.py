@@ -82,15 +82,18 @@ def _compile_trace(ts: TraceSet) -> Any:
     oc, op_u = _encode(ev["op"])
     if "" in node_u or "STEP_END" in op_u:
         return None                     # would collide with the SYNC / STEP_END ops' keys
-    rows = np.flatnonzero(~ev["kind"].isin(list(COMM_KINDS)).to_numpy(dtype=bool))
+    kc, kind_u = _encode(ev["kind"])
+    comm = np.array([k in COMM_KINDS for k in kind_u], dtype=bool)     # per kind code
+    dur_ev = ev["dur"].to_numpy(dtype=np.float64)
     n_ev_nodes, nop = len(node_u), max(len(op_u), 1)
-    comb = nc[rows] * nop + oc[rows]
     ncomb = n_ev_nodes * nop
     table = None
-    if ncomb <= 8 * rows.size + (1 << 20):
-        gid, ng, table = _first_ids(comb, ncomb)
+    if ncomb <= 8 * len(ev) + (1 << 20):   # ops numbered through a dense node x op-name table, one pass
+        r0, mean, table = _group_dense(nc, oc, kc, comm, dur_ev, nop, ncomb)
+        ng = r0.size
     else:                               # many distinct op names per node: hash, then binary search
-        gid, ucomb = pd.factorize(comb)
+        rows = np.flatnonzero(~comm[kc])
+        gid, ucomb = pd.factorize(nc[rows].astype(np.int64) * nop + oc[rows])
         gid = gid.astype(np.int64, copy=False)
         ng = len(ucomb)
         srt = np.argsort(ucomb, kind="stable")
@@ -99,13 +102,12 @@ def _compile_trace(ts: TraceSet) -> Any:
         def lookup(c: np.ndarray) -> np.ndarray:
             pos = np.minimum(np.searchsorted(su, c), max(su.size - 1, 0))
             return np.where(su[pos] == c, srt[pos], -1) if su.size else np.full(c.size, -1, dtype=np.int64)
-    first, mean = _group_reduce(gid, ng, ev["dur"].to_numpy(dtype=np.float64)[rows])
+        first, mean = _group_reduce(gid, ng, dur_ev[rows])
+        r0 = rows[first]
     if not bool(np.all(np.isfinite(mean) & (mean >= 0))):
         return None                     # the builder's validate() words it
-    r0 = rows[first]
-    gnode, gop = nc[r0], oc[r0]
-    gkind, kind_u = _encode(ev["kind"], r0)        # kind and stream only at each op's first row
-    gstream, stream_u = _encode(ev["stream"], r0)
+    gnode, gop, gkind = nc[r0].astype(np.int64), oc[r0].astype(np.int64), kc[r0]
+    gstream, stream_u = _encode(ev["stream"], r0)  # stream only at each op's first row
     node_idx: dict[str, int] = {n: i for i, n in enumerate(node_u)}
     op_idx: dict[str, int] = {o: i for i, o in enumerate(op_u)}
     names = list(node_u)
@@ -307,8 +309,8 @@ def _find_dense(table, nop, n_ev_nodes, seg_node, seg_end, o):  # pragma: no cov
 
 
 def _encode(col: pd.Series, at: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
-    """Codes (int64, numbered in order of first appearance) and the distinct values of a string column
-    (of its rows ``at`` only, if given)."""
+    """Codes (int32 or int64, numbered in order of first appearance) and the distinct values of a string
+    column (of its rows ``at`` only, if given)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     try:
@@ -330,8 +332,49 @@ def _encode(col: pd.Series, at: np.ndarray | None = None) -> tuple[np.ndarray, l
     if any(len(c.dictionary) != len(d) for c in enc.chunks):   # arrow unifies them; do not rely on it blindly
         codes, uniq = pd.factorize(col.astype(object).to_numpy(), use_na_sentinel=False)
         return codes.astype(np.int64, copy=False), [str(u) for u in uniq]
-    codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in enc.chunks]).astype(np.int64, copy=False)
+    codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in enc.chunks])   # int32 as a rule
     return codes, d.to_pylist()
+
+
+@njit(cache=True)
+def _group_dense(nc, oc, kc, comm, dur, nop, ncomb):  # pragma: no cover - compiled
+    """Ops of the rows whose kind is not ``comm`` (per kind code): the ``(node, op)`` pairs numbered in
+    order of first appearance through the dense table ``node * nop + op``, in one pass over the rows.
+    Returns (each op's first row, its mean duration as :func:`_group_reduce` computes it, the table:
+    op per pair or -1).  Arrays are allocated for every row and touched only as far as used."""
+    table = np.full(ncomb, -1, dtype=np.int64)
+    n = nc.size
+    first = np.empty(n, dtype=np.int64)
+    sumx = np.empty(n)
+    comp = np.empty(n)
+    nobs = np.empty(n, dtype=np.int64)
+    ng = 0
+    for i in range(n):
+        if comm[kc[i]]:
+            continue
+        c = np.int64(nc[i]) * nop + oc[i]
+        g = table[c]
+        if g < 0:
+            g = ng
+            table[c] = g
+            ng += 1
+            first[g] = i
+            sumx[g] = 0.0
+            comp[g] = 0.0
+            nobs[g] = 0
+        val = dur[i]
+        if val == val:                  # as _group_reduce: pandas' group_mean, bit for bit
+            nobs[g] += 1
+            y = val - comp[g]
+            t = sumx[g] + y
+            comp[g] = t - sumx[g] - y
+            if comp[g] != comp[g]:
+                comp[g] = 0.0
+            sumx[g] = t
+    mean = np.empty(ng)
+    for g in range(ng):
+        mean[g] = sumx[g] / nobs[g] if nobs[g] > 0 else np.nan
+    return first[:ng].copy(), mean, table
 
 
 @njit(cache=True)
