@@ -129,14 +129,20 @@ def test_compile_arrays_is_generation_order_then_locality():
     assert_same_compiled(got, renumber(cg1, loc))
 
 
-def test_first_occurrence_mask():
-    """Repeated edges dropped, each kept at its first position (what networkx's add_edge keeps)."""
+def test_csr_drops_repeated_edges_at_first_occurrence():
+    """csr_from_edges(dedupe=True): repeated edges dropped, each kept at its first position (what networkx's
+    add_edge keeps), i.e. the CSR of the first occurrences; in-degrees count kept edges only."""
     import pandas as pd
-    from dpro_kit.graph.arrays import _first_occurrence
+    from dpro_kit.replay.engine import csr_from_edges
     rng = np.random.default_rng(5)
     src, dst = rng.integers(0, 50, 5000), rng.integers(0, 50, 5000)
-    ref = ~pd.Index(src * 50 + dst).duplicated(keep="first")
-    assert np.array_equal(_first_occurrence(src, dst, 50), ref)
+    keep = ~pd.Index(src * 50 + dst).duplicated(keep="first")
+    want = csr_from_edges(50, src[keep], dst[keep])
+    got = csr_from_edges(50, src, dst, dedupe=True)
+    assert all(np.array_equal(x, y) for x, y in zip(got, want))
+    assert got[1].size == keep.sum() < src.size
+    empty = csr_from_edges(3, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), dedupe=True)
+    assert empty[0].tolist() == [0, 0, 0, 0] and empty[1].size == 0
 
 
 def test_op_keys_behave_as_the_list():

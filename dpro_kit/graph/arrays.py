@@ -219,14 +219,8 @@ def _compile_trace(ts: TraceSet) -> Any:
     s_arr = np.concatenate([ends[0::2], np.asarray(c_src, dtype=np.int64)])
     d_arr = np.concatenate([ends[1::2], np.asarray(c_dst, dtype=np.int64)])
     del ends, c_src, c_dst
-    keep = _first_occurrence(s_arr, d_arr, n0)
-    s_arr, d_arr = s_arr[keep], d_arr[keep]
     owner = np.concatenate([gnode, np.asarray(v_owner, dtype=np.int64)])
-    same = owner[s_arr] == owner[d_arr]
-    has_succ = np.zeros(n0, dtype=bool)
-    has_pred = np.zeros(n0, dtype=bool)
-    has_succ[s_arr[same]] = True
-    has_pred[d_arr[same]] = True
+    has_succ, has_pred = _local_ends(s_arr, d_arr, owner)      # (repeated edges: compile_arrays drops them)
     not_first_kind = np.array([k in _NOT_FIRST for k in kind_u], dtype=bool)
     not_first = np.concatenate([not_first_kind[gkind] if kind_u else np.zeros(0, dtype=bool),
                                 np.ones(len(v_left), dtype=bool)])
@@ -260,7 +254,7 @@ def _compile_trace(ts: TraceSet) -> Any:
                   _small(np.concatenate([gnode, np.where(v_l < 0, len(names), v_l), node_by_rank]), len(names) + 1),
                   _small(np.concatenate([gop, np.asarray(v_right, dtype=np.int64),
                                   np.full(n_nodes, len(op_u) + len(rnames), dtype=np.int64)]), len(op_u) + len(rnames) + 1))
-    return compile_arrays(keys, dur, prio, dev0, list(dev_names), s_arr, d_arr, it_pairs)
+    return compile_arrays(keys, dur, prio, dev0, list(dev_names), s_arr, d_arr, it_pairs, dedupe=True)
 
 
 def _small(codes: np.ndarray, n: int) -> np.ndarray:
@@ -269,29 +263,19 @@ def _small(codes: np.ndarray, n: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _first_occurrence(src, dst, n):  # pragma: no cover - compiled
-    """Mask of edges that are not repeats of an earlier one (networkx ignores a repeated add_edge):
-    each source's edges in order (a counting sort), a destination kept the first time it is seen."""
-    m = src.size
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    for k in range(m):
-        indptr[src[k] + 1] += 1
-    for i in range(n):
-        indptr[i + 1] += indptr[i]
-    pos = indptr[:-1].copy()
-    perm = np.empty(m, dtype=np.int64)
-    for k in range(m):
-        perm[pos[src[k]]] = k
-        pos[src[k]] += 1
-    mark = np.full(n, -1, dtype=np.int64)
-    keep = np.zeros(m, dtype=np.bool_)
-    for u in range(n):
-        for j in range(indptr[u], indptr[u + 1]):
-            k = perm[j]
-            if mark[dst[k]] != u:
-                mark[dst[k]] = u
-                keep[k] = True
-    return keep
+def _local_ends(src, dst, owner):  # pragma: no cover - compiled
+    """Per op: has it a successor / a predecessor on its own node (``owner``; edges between two ops of
+    one node)."""
+    n = owner.size
+    has_succ = np.zeros(n, dtype=np.bool_)
+    has_pred = np.zeros(n, dtype=np.bool_)
+    for k in range(src.size):
+        u = src[k]
+        v = dst[k]
+        if owner[u] == owner[v]:
+            has_succ[u] = True
+            has_pred[v] = True
+    return has_succ, has_pred
 
 
 @njit(cache=True)

@@ -139,10 +139,13 @@ class CompiledGraph:
         return src, self.succ
 
 
-def csr_from_edges(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def csr_from_edges(n: int, src: np.ndarray, dst: np.ndarray, dedupe: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR successor arrays and in-degrees for ``n`` ops from edge arrays (each op's successors
-    in the order of the edge arrays: a stable counting sort by source)."""
-    return _csr(n, np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64))
+    in the order of the edge arrays: a stable counting sort by source).  ``dedupe``: a repeated
+    edge is kept at its first position only (what networkx's ``add_edge`` keeps)."""
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    return _csr_first(n, src, dst) if dedupe else _csr(n, src, dst)
 
 
 @njit(cache=True)
@@ -161,6 +164,29 @@ def _csr(n, src, dst):  # pragma: no cover - compiled
         succ[pos[u]] = dst[k]
         pos[u] += 1
     return indptr, succ, indeg
+
+
+@njit(cache=True)
+def _csr_first(n, src, dst):  # pragma: no cover - compiled
+    """:func:`_csr` keeping each edge's first occurrence only: per source, in edge order, a
+    destination is kept the first time it is seen (a last-seen marker per destination)."""
+    indptr, succ, _ = _csr(n, src, dst)
+    mark = np.full(n, -1, dtype=np.int64)
+    indeg = np.zeros(n, dtype=np.int64)
+    k = 0
+    start = 0
+    for u in range(n):
+        end = indptr[u + 1]
+        for j in range(start, end):
+            v = succ[j]
+            if mark[v] != u:
+                mark[v] = u
+                succ[k] = v
+                indeg[v] += 1
+                k += 1
+        start = end
+        indptr[u + 1] = k
+    return indptr, succ[:k].copy() if k < succ.size else succ, indeg
 
 
 def _take(keys, order: np.ndarray) -> list | OpKeys:
@@ -267,7 +293,8 @@ def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGr
 
 
 def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray, dev_names: list[str],
-                   src0: np.ndarray, dst0: np.ndarray, iter_pairs: np.ndarray) -> CompiledGraph | None:
+                   src0: np.ndarray, dst0: np.ndarray, iter_pairs: np.ndarray, dedupe: bool = False
+                   ) -> CompiledGraph | None:
     """The :class:`CompiledGraph` of ops given as arrays in insertion order (what :func:`compile_graph` reads
     from a networkx graph; :mod:`dpro_kit.graph.arrays` builds them from the trace tables directly).
 
@@ -286,6 +313,8 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
         as networkx's adjacency does).
     iter_pairs : numpy.ndarray
         ``(k, 2)`` iteration edges (op indices).
+    dedupe : bool, default False
+        Drop repeated edges, each kept at its first position (as networkx's ``add_edge`` does).
 
     Returns None when the edges have a cycle (the caller names it).
 
@@ -299,7 +328,7 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
     """
     n = int(np.asarray(dur0).size)
     dur0 = np.asarray(dur0, dtype=np.float64)
-    ip0, s0, deg0 = csr_from_edges(n, src0, dst0)
+    ip0, s0, deg0 = csr_from_edges(n, src0, dst0, dedupe)
     order = _generations_order(ip0, s0, deg0)
     if order.size < n:
         return None
