@@ -10,9 +10,10 @@ One step (:class:`StepTemplate`) is a DAG of ops, each on one resource of its wo
 worker -> PS), ``ps`` (applying it on the PS). Per worker and resource a scheduler runs at most
 one chunk at a time (Alg. 3.1); transfers are served by the link's HTTP/2 model (a stream is
 first served up to ``WIN`` bytes, then re-queued and served to completion, §3.2.2); a link's
-bandwidth is shared equally among the workers active on it (§3.1), and with 2 PS a worker
-active on both gets at most ``1 - 1/n`` on the less loaded one (§5). Computation is not shared
-(§3.2.3).
+bandwidth is shared equally among the workers active on it (§3.1; or, ``sharing="arrival"``, by
+arrival order with the newcomer share and goodput measured on the link, :func:`link_model`), and
+with 2 PS a worker active on both gets at most ``1 - 1/n`` on the less loaded one (§5).
+Computation is not shared (§3.2.3).
 """
 from __future__ import annotations
 
