@@ -463,7 +463,7 @@ class EmulatedCluster:
                 "tx_packets": int(st["tx"]["packets"]), "rx_packets": int(st["rx"]["packets"])}
 
     def netns(self, i: int) -> str:
-        """Name of host ``i``'s network namespace (for ``ip netns exec``)."""
+        """Name of host ``i``'s network namespace (``/run/netns/<name>``; ``ip netns exec <name>``)."""
         return self.host_ns[self._check(i)]
 
     @property
@@ -512,8 +512,12 @@ class EmulatedCluster:
         """Start ``argv`` inside host ``i``; return its :class:`subprocess.Popen`.
 
         The process environment is ``os.environ`` (unless ``inherit_env`` is
-        false) + :meth:`host_env` + ``env``.  ``ip netns exec`` execs the
-        command in place, so the returned Popen's pid *is* the command.
+        false) + :meth:`host_env` + ``env``.  ``nsenter --net`` enters the
+        host's network namespace and execs the command in place, so the
+        returned Popen's pid *is* the command.  (Not ``ip netns exec``: it also
+        remounts ``/sys`` for the namespace, which hides the cgroup files where a
+        rank's CPU quota and throttling are read - dpro_torch records them; what
+        sysfs shows of network devices is the machine's, read ``/proc/net/dev``.)
         Processes still running at :meth:`close` are terminated.
         """
         if self._closed:
@@ -522,7 +526,7 @@ class EmulatedCluster:
         full_env.update(self.host_env(i))
         if env:
             full_env.update(env)
-        proc = subprocess.Popen(["ip", "netns", "exec", self.netns(i), *argv],
+        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{self.netns(i)}", "--", *argv],
                                 env=full_env, **popen_kwargs)
         self._procs.append(proc)
         return proc

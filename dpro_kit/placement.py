@@ -32,7 +32,12 @@ import networkx as nx
 
 from .schema import Facts
 
-__all__ = ["shared_core_groups", "shared_gpu_groups", "placement_warnings", "world_size_warnings"]
+__all__ = ["shared_core_groups", "shared_gpu_groups", "cpu_limited", "placement_warnings", "world_size_warnings"]
+
+#: a rank is CPU-limited when its cgroup's quota stopped it for at least this share of a step, or it used
+#: at least CPU_LIMIT_BUSY of its limit
+CPU_LIMIT_THROTTLED = 0.02
+CPU_LIMIT_BUSY = 0.9
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,29 @@ def _cpus(cpus: list[int]) -> str:
     return ",".join(str(c) for c in cpus) if len(cpus) <= 8 else f"{len(cpus)} CPUs"
 
 
+def cpu_limited(extra: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Ranks whose cgroup's CPU quota held them back in the unprofiled steps.
+
+    From what the collector recorded (``manifest.extra.cpu_use``: the process's CPU time and its
+    cgroup's ``cpu.stat`` throttled time per step, the quota as CPUs): a rank is listed when its
+    quota stopped it for at least :data:`CPU_LIMIT_THROTTLED` of a step or it used at least
+    :data:`CPU_LIMIT_BUSY` of its limit.  Such a rank computes (and, with gloo, moves bytes) at the
+    speed of its quota: the replay reproduces the profiled run, but any what-if that adds work to
+    that rank, or a quota cut, slows it by more than its traced op times say (docs/stragglers.md).
+    """
+    facts = Facts.from_extra(extra if isinstance(extra, dict) else {})
+    out = []
+    for node, u in sorted(facts.cpu_use.items()):
+        limit, cpus, thr = u.get("limit_cpus"), u.get("cpus"), u.get("throttled_us")
+        step_us = (facts.measured_iteration_ms_per_node.get(node) or 0.0) * 1e3
+        thr_share = thr / step_us if thr is not None and step_us > 0 else None
+        busy = cpus / limit if cpus is not None and limit else None
+        if (thr_share is not None and thr_share >= CPU_LIMIT_THROTTLED) or (busy is not None and busy >= CPU_LIMIT_BUSY):
+            out.append({"node": node, "limit_cpus": limit, "cpus": cpus, "throttled_ms": thr / 1e3 if thr is not None
+                        else None, "throttled_share": thr_share})
+    return out
+
+
 def placement_warnings(extra: dict[str, Any] | None) -> list[str]:
     """One sentence per group of :func:`shared_core_groups`, for the user."""
     return [f"ranks {', '.join(grp['nodes'])} time-share CPU(s) {_cpus(grp['cpus'])} "
@@ -118,7 +146,13 @@ def placement_warnings(extra: dict[str, Any] | None) -> list[str]:
            "without MPS: the GPU runs one process's kernels at a time, so a collective also waits for the other "
            "ranks' time slices (~2.3 ms each on an H100), which the replay (a GPU per rank) does not model; it "
            "predicts too fast")
-        + " (docs/accuracy.md, 'On a GPU')" for grp in shared_gpu_groups(extra)]
+        + " (docs/accuracy.md, 'On a GPU')" for grp in shared_gpu_groups(extra)] + [
+        f"{r['node']} is held back by its cgroup's CPU limit ({r['limit_cpus']:g} CPU): "
+        + (f"used {r['cpus']:.2f} CPU per step" if r["cpus"] is not None else "")
+        + (f"{', ' if r['cpus'] is not None else ''}stopped {r['throttled_ms']:.1f} ms per step by the quota"
+           if r["throttled_ms"] is not None else "")
+        + "; its op times carry that, and a what-if adding work to it, or a smaller quota, slows it more than "
+          "its traced times say (raise the limit, or docs/stragglers.md)" for r in cpu_limited(extra)]
 
 
 def world_size_warnings(extra: dict[str, Any] | None, world_size: int) -> list[str]:

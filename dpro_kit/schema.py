@@ -167,15 +167,19 @@ profiled_steps  list  required  the profiled steps, one integer per iteration in
 """)
 #: ``meta.json`` ``steps[]``: wall time of every iteration
 TORCH_STEP_FIELDS = _table("""
-step         int     optional  step number
-dur_us       number  required  wall time of the step (us)
-profiled     bool    optional  whether it was inside the profiling window
-end_time_ns  int     optional  time.time_ns() at its end
+step          int     optional  step number
+dur_us        number  required  wall time of the step (us)
+profiled      bool    optional  whether it was inside the profiling window
+end_time_ns   int     optional  time.time_ns() at its end
+cpu_us        number  optional  CPU time the process used during the step (all threads)
+throttled_us  number  optional  time its cgroup's CPU quota stopped it during the step
 """)
 #: ``meta.json`` ``measured``: the job's own iteration times
 TORCH_MEASURED_FIELDS = _table("""
 median_unprofiled_us  number  optional  median wall time of the unprofiled steps (us)
 median_profiled_us    number  optional  the same inside the window
+median_cpus           number  optional  CPUs used over an unprofiled step (cpu_us / dur_us)
+median_throttled_us   number  optional  time the cgroup's CPU quota stopped it per unprofiled step
 """)
 #: ``meta.json`` ``clock.sync[]``: time.time_ns() read around each dpro::clock_sync marker
 TORCH_CLOCK_SYNC_FIELDS = _table("""
@@ -194,7 +198,8 @@ ddp                             dict    optional  DDP settings (bucket_cap_bytes
 optimizer                       dict    optional  optimizer class and state_bytes (rank 0)
 comm_calibration                dict    optional  median_us of a one-element allreduce (slowest rank)
 clock_probe                     dict    optional  node -> its own ping-pong clock readings (dpro_torch.clockprobe)
-cpu_placement                   dict    optional  node -> affinity, machine, count, threads, gpu
+cpu_placement                   dict    optional  node -> affinity, machine, count, threads, gpu, limit_cpus
+cpu_use                         dict    optional  node -> cpus (used per unprofiled step), throttled_us, limit_cpus
 layers                          dict    optional  parameter name -> its layer (the unit activation checkpointing takes)
 torch_kineto                    dict    optional  reader options: host_gaps (fold|keep), profiler_overhead
 peak_memory_bytes               dict    optional  node -> peak bytes measured another way
@@ -407,6 +412,12 @@ def _pos(v: Any) -> float | None:
     return float(v)
 
 
+def _nonneg(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        return None
+    return float(v)
+
+
 @dataclass(frozen=True)
 class Facts:
     """The job facts of ``manifest.extra`` (:data:`EXTRA_FIELDS`), parsed once and typed.
@@ -432,6 +443,9 @@ class Facts:
         Per-collective cost: the slowest rank's median one-element allreduce (``comm_calibration``).
     cpu_placement : dict
         Node -> {affinity, machine, count, threads} (read by :mod:`dpro_kit.placement`).
+    cpu_use : dict
+        Node -> {cpus (used over an unprofiled step), throttled_us (per step, by its cgroup's CPU
+        quota), limit_cpus (that quota)}; unusable values are None (:func:`dpro_kit.placement.cpu_limit_warnings`).
     clock_probe : dict
         Node -> its clock-probe readings (``role`` client: ``peers`` node -> [[t1, t4], ...];
         server: ``peer``, ``rows`` [[t2, t3], ...]; ns on that node's clock; :mod:`dpro_kit.align`).
@@ -464,6 +478,8 @@ class Facts:
     optimizer_state_bytes: int | None = None
     collective_latency_us: float | None = None
     cpu_placement: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: node -> {"cpus", "throttled_us", "limit_cpus"} (each a finite number >= 0, or None)
+    cpu_use: dict[str, dict[str, float | None]] = field(default_factory=dict)
     clock_probe: dict[str, dict[str, Any]] = field(default_factory=dict)
     layers: dict[str, str] = field(default_factory=dict)
     host_gaps: str = "fold"
@@ -525,6 +541,8 @@ class Facts:
             else None,
             collective_latency_us=_pos(cal.get("median_us")),
             cpu_placement={str(k): v for k, v in (get("cpu_placement", dict) or {}).items() if isinstance(v, dict)},
+            cpu_use={str(k): {f: _nonneg(v.get(f)) for f in ("cpus", "throttled_us", "limit_cpus")}
+                     for k, v in (get("cpu_use", dict) or {}).items() if isinstance(v, dict)},
             clock_probe={str(k): v for k, v in (get("clock_probe", dict) or {}).items() if isinstance(v, dict)},
             layers={str(k): str(v) for k, v in (get("layers", dict) or {}).items() if isinstance(v, str)},
             host_gaps=host_gaps, profiler_overhead=overhead,

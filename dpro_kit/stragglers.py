@@ -52,7 +52,7 @@ def attribute(session: Any) -> dict[str, Any]:
         ``baseline_ms`` (the session's prediction), ``ranks``: one dict per worker, most costly
         first - ``node``, ``rank``, ``host``, ``compute_ms`` (traced computation per iteration),
         ``compute_vs_median`` (ratio), ``like_median_ms`` (predicted if it computed like the
-        median worker), ``saved_ms`` / ``saved_pct``, ``late_start_ms``; ``first`` (the node
+        median worker), ``saved_ms`` / ``saved_pct``, ``late_start_ms``, and where the collector recorded them ``cpus_used`` / ``limit_cpus`` / ``throttled_ms`` (its CPU per step, its cgroup's quota, time stopped by it per step); ``first`` (the node
         ranked first, or None when no rank saves more than 1 % of the iteration), ``note``.
     """
     from .session import Session
@@ -67,6 +67,7 @@ def attribute(session: Any) -> dict[str, Any]:
     per = comp.groupby(comp["node"].astype(str), observed=True)["dur"].sum() / n_it / 1e3
     med = float(np.median([per.get(n, 0.0) for n, _ in workers])) if workers else 0.0
     late = late_start_ms(ts)
+    cpu_use = ts.manifest.facts.cpu_use   # the collector's CPU time and cgroup throttling per step
     order = sorted(workers, key=lambda w: -per.get(w[0], 0.0))
     rows = []
     prior = session.whatif or WhatIf()
@@ -75,6 +76,10 @@ def attribute(session: Any) -> dict[str, Any]:
                                "compute_ms": round(float(per.get(node, 0.0)), 3),
                                "compute_vs_median": round(float(per.get(node, 0.0)) / med, 3) if med > 0 else None,
                                "late_start_ms": round(late[node], 3) if node in late else None}
+        u = cpu_use.get(node) or {}
+        if any(v is not None for v in u.values()):
+            row.update(cpus_used=u.get("cpus"), limit_cpus=u.get("limit_cpus"),
+                       throttled_ms=round(u["throttled_us"] / 1e3, 3) if u.get("throttled_us") is not None else None)
         if k < MAX_REPLAYED_RANKS and len(workers) > 1:
             wi = replace(prior, like_median=sorted(set(prior.like_median) | {int(info.rank)}))
             t = Session(session.path, whatif=wi, align=session.align,
@@ -93,12 +98,17 @@ def attribute(session: Any) -> dict[str, Any]:
 
 def format_attribution(doc: dict[str, Any]) -> str:
     """The text block ``dpro replay --stragglers`` prints."""
+    cpu = any("cpus_used" in r for r in doc["ranks"])
     lines = [f"stragglers (predicted {doc['baseline_ms']:.3f} ms; saved = if this rank computed like the median of the other workers):",
-             f"  {'node':<22}{'rank':>5}{'compute ms':>12}{'x median':>10}{'saved ms':>10}{'saved %':>9}{'late start ms':>15}"]
+             f"  {'node':<22}{'rank':>5}{'compute ms':>12}{'x median':>10}{'saved ms':>10}{'saved %':>9}{'late start ms':>15}"
+             + (f"{'CPU used/limit':>16}{'throttled ms':>14}" if cpu else "")]
     for r in doc["ranks"]:
         f = (lambda v, w, p: f"{v:>{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}")
+        used = (f"{r['cpus_used']:.2f}" if r.get("cpus_used") is not None else "-") + "/" + \
+            (f"{r['limit_cpus']:g}" if r.get("limit_cpus") is not None else "-")
         lines.append(f"  {r['node']:<22}{r['rank']:>5}{f(r['compute_ms'], 12, 3)}{f(r['compute_vs_median'], 10, 2)}"
-                     f"{f(r.get('saved_ms'), 10, 3)}{f(r.get('saved_pct'), 9, 1)}{f(r.get('late_start_ms'), 15, 3)}")
+                     f"{f(r.get('saved_ms'), 10, 3)}{f(r.get('saved_pct'), 9, 1)}{f(r.get('late_start_ms'), 15, 3)}"
+                     + (f"{used:>16}{f(r.get('throttled_ms'), 14, 2)}" if cpu else ""))
     lines.append(f"  -> {doc['first']} holds the job back most" if doc["first"] else
                  "  -> no rank costs the job more than 1 % of an iteration")
     return "\n".join(lines)

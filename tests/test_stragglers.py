@@ -124,3 +124,27 @@ def test_real_slowed_host_is_named_first(tmp_path):
     # the bound only asks for a clear margin over per-op noise
     assert by["host1/1"]["compute_ms"] > 1.15 * by["host0/0"]["compute_ms"], st
     assert by["host1/1"]["like_median_ms"] < doc["iteration_time_ms"], st
+    # the collector recorded each rank's cgroup quota and how long it stopped the rank per step
+    assert by["host1/1"]["limit_cpus"] == 0.5 and by["host0/0"]["limit_cpus"] == 1.0, st
+    assert by["host1/1"]["throttled_ms"] > 0 and by["host1/1"]["throttled_ms"] > by["host0/0"]["throttled_ms"], st
+    assert 0 < by["host1/1"]["cpus_used"] <= 0.6, st
+    assert any(w.startswith("host1/1 is held back by its cgroup's CPU limit (0.5 CPU)") for w in doc["warnings"]), doc["warnings"]
+
+
+def test_cpu_limited_from_recorded_use():
+    """placement.cpu_limited reads the collector's per-node CPU use leniently and flags the quota-bound rank."""
+    from dpro_kit.placement import cpu_limited, placement_warnings
+    from dpro_kit.schema import Facts
+    extra = {"measured_iteration_ms_per_node": {"h0/0": 20.0, "h1/1": 20.0, "h2/2": 20.0, "h3/3": 20.0},
+             "cpu_use": {"h0/0": {"cpus": 0.55, "throttled_us": 100.0, "limit_cpus": 1.0},    # 0.5 % throttled: fine
+                         "h1/1": {"cpus": 0.49, "throttled_us": 6000.0, "limit_cpus": 0.5},   # 30 %: limited
+                         "h2/2": {"cpus": 0.95, "throttled_us": None, "limit_cpus": 1.0},     # busy at its limit
+                         "h3/3": {"cpus": float("nan"), "throttled_us": -5, "limit_cpus": "x"}}}
+    assert Facts.from_extra(extra).cpu_use["h3/3"] == {"cpus": None, "throttled_us": None, "limit_cpus": None}
+    got = {r["node"]: r for r in cpu_limited(extra)}
+    assert sorted(got) == ["h1/1", "h2/2"]
+    assert got["h1/1"]["throttled_ms"] == 6.0 and abs(got["h1/1"]["throttled_share"] - 0.3) < 1e-12
+    w = [x for x in placement_warnings(extra) if "CPU limit" in x]
+    assert w[0].startswith("h1/1 is held back by its cgroup's CPU limit (0.5 CPU): used 0.49 CPU per step, "
+                           "stopped 6.0 ms per step by the quota")
+    assert cpu_limited({}) == [] and cpu_limited({"cpu_use": "x"}) == []

@@ -94,6 +94,11 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
                   "layers": {str(p["name"]): str(p["layer"]) for p in (ddp0.get("params") or []) if p.get("layer")},
                   # per-collective cost: the slowest rank's median time of a one-element allreduce
                   "comm_calibration": _slowest_calibration([by_rank[r][1] for r in range(world)]),
+                  # CPUs used per unprofiled step, the cgroup's CPU limit and its throttling (dpro_kit.cpu_use)
+                  "cpu_use": {f"{by_rank[r][1]['host']}/{r}": {
+                      "cpus": (by_rank[r][1].get("measured") or {}).get("median_cpus"),
+                      "throttled_us": (by_rank[r][1].get("measured") or {}).get("median_throttled_us"),
+                      "limit_cpus": (by_rank[r][1].get("cpu") or {}).get("limit_cpus")} for r in range(world)},
                   # CPU set, machine and torch threads of every rank (dpro_kit.placement)
                   "cpu_placement": {f"{by_rank[r][1]['host']}/{r}": {**(by_rank[r][1].get("cpu") or {}),
                                                                      "threads": by_rank[r][1].get("threads"),

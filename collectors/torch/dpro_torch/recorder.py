@@ -99,7 +99,82 @@ def cpu_placement() -> dict[str, Any]:
         machine: str | None = Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
     except OSError:
         machine = None
-    return {"affinity": cpus, "count": os.cpu_count(), "machine": machine}
+    out: dict[str, Any] = {"affinity": cpus, "count": os.cpu_count(), "machine": machine}
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        out["limit_cpus"] = limit
+    return out
+
+
+def _cgroup_cpu_dir() -> tuple[Path, int] | None:
+    """This process's cgroup folder of the ``cpu`` controller and the cgroup version, or None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hid, ctrls, path = (line.split(":", 2) + ["", ""])[:3]
+        if "cpu" in ctrls.split(","):
+            for base in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
+                d = Path(base + path)
+                if (d / "cpu.cfs_quota_us").exists():
+                    return d, 1
+        if hid == "0" and ctrls == "":
+            d = Path("/sys/fs/cgroup" + path)
+            if (d / "cpu.max").exists():
+                return d, 2
+    return None
+
+
+def cgroup_cpu_limit() -> float | None:
+    """CPUs this process's cgroup may use (its CFS quota / period), or None when unlimited or unknown.
+
+    A container's CPU limit (Kubernetes ``limits.cpu``, ``docker --cpus``) and the emulated
+    cluster's per-host budget (``dpro_kit.jobs.CpuBudget``) are such a quota.
+    """
+    found = _cgroup_cpu_dir()
+    if found is None:
+        return None
+    d, ver = found
+    try:
+        if ver == 1:
+            q, per = int((d / "cpu.cfs_quota_us").read_text()), int((d / "cpu.cfs_period_us").read_text())
+        else:
+            a, b = (d / "cpu.max").read_text().split()[:2]
+            if a == "max":
+                return None
+            q, per = int(a), int(b)
+    except (OSError, ValueError):
+        return None
+    return round(q / per, 4) if q > 0 and per > 0 else None
+
+
+class CpuClock:
+    """Process CPU time and its cgroup's throttled time, read at every step boundary (cheap: one
+    clock call and one small file read).  ``throttled_ns`` is None where the cgroup's ``cpu.stat``
+    is not readable."""
+
+    def __init__(self) -> None:
+        found = _cgroup_cpu_dir()
+        self._stat = (found[0] / "cpu.stat", found[1]) if found else None
+
+    def throttled_ns(self) -> int | None:
+        if self._stat is None:
+            return None
+        path, ver = self._stat
+        try:
+            for line in path.read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if ver == 1 and k == "throttled_time":
+                    return int(v)
+                if ver == 2 and k == "throttled_usec":
+                    return int(v) * 1000
+        except (OSError, ValueError):
+            self._stat = None
+        return None
+
+    def read(self) -> tuple[int, int | None]:
+        return time.process_time_ns(), self.throttled_ns()
 
 
 def gpu_placement() -> dict[str, Any] | None:
@@ -321,6 +396,11 @@ class Recorder:
         self._step = 0
         self._t_activated = time.time_ns()
         self._step_end_ns: list[int] = []
+        # process CPU time and the cgroup's throttled time at each step end (meta.json steps[].cpu_us,
+        # throttled_us): how much CPU the rank used and how long its CPU quota stopped it
+        self._cpu_clock = CpuClock()
+        self._cpu_at_activation = self._cpu_clock.read()
+        self._step_cpu: list[tuple[int, int | None]] = []
         self._profiled_steps: list[int] = []
         self._prof = None
         self._profiling = False
@@ -636,6 +716,7 @@ class Recorder:
             k = self._step
             if len(self._step_end_ns) < MAX_STEP_RECORDS:
                 self._step_end_ns.append(now)
+                self._step_cpu.append(self._cpu_clock.read())
             if self._profiling:
                 self._marker(M.STEP_END)
                 self._profiled_steps.append(k)
@@ -838,9 +919,16 @@ class Recorder:
 
     def _step_records(self) -> list[dict[str, Any]]:
         profiled = set(self._profiled_steps)
-        recs, prev = [], self._t_activated
+        recs, prev, (pcpu, pthr) = [], self._t_activated, self._cpu_at_activation
         for k, end in enumerate(self._step_end_ns):
-            recs.append({"step": k, "end_time_ns": end, "dur_us": (end - prev) / 1e3, "profiled": k in profiled})
+            rec = {"step": k, "end_time_ns": end, "dur_us": (end - prev) / 1e3, "profiled": k in profiled}
+            if k < len(self._step_cpu):
+                cpu, thr = self._step_cpu[k]
+                rec["cpu_us"] = round((cpu - pcpu) / 1e3, 1)
+                if thr is not None and pthr is not None:
+                    rec["throttled_us"] = round(max(0, thr - pthr) / 1e3, 1)
+                pcpu, pthr = cpu, thr
+            recs.append(rec)
             prev = end
         return recs
 
@@ -852,7 +940,13 @@ class Recorder:
         excluded = {after_stop, after_stop + 1} if self.shapes else {after_stop}
         used = [r for r in recs if not r["profiled"] and r["step"] >= max(skip, 1) and r["step"] not in excluded]
         prof = [r["dur_us"] for r in recs if r["profiled"]]
+        cpus = [r["cpu_us"] / r["dur_us"] for r in used if "cpu_us" in r and r["dur_us"] > 0]
+        thr = [r["throttled_us"] for r in used if "throttled_us" in r]
         return {
+            # CPUs the process used over an unprofiled step (all its threads), and how long per step its
+            # cgroup's CPU quota stopped it (absent: not readable here)
+            **({"median_cpus": round(statistics.median(cpus), 4)} if cpus else {}),
+            **({"median_throttled_us": statistics.median(thr)} if thr else {}),
             "median_unprofiled_us": statistics.median([r["dur_us"] for r in used]) if used else None,
             "unprofiled_steps_used": [r["step"] for r in used],
             "median_profiled_us": statistics.median(prof) if prof else None,
