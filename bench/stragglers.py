@@ -126,6 +126,36 @@ def effective_cuts(cuts: list[float], cpus: float, period_us: int, shares: int, 
     return out
 
 
+def repredict(rows_file: Path) -> int:
+    """Predictions of an earlier run's rows (its kept traces, its replay arguments) with this code."""
+    rows = json.loads(rows_file.read_text())
+    base: dict[str, float] = {}
+    errs = []
+    print("| Mbit/s | injected | predicted then | predicted now | measured | error now |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        t = r["trace"]
+        if t not in base:
+            base[t] = Bench.replay(t, [])["iteration_time_ms"]
+        if r["direction"] == "slow":
+            now, then, m = Bench.replay(t, r["replay_args"].split())["iteration_time_ms"] / base[t], \
+                r["predicted_slowdown"], r["measured_slowdown"]
+        elif r["direction"] == "fix":
+            s = int(r["injected"].split("host", 1)[1].split()[0])
+            now, then, m = base[t] / Bench.replay(t, ["--like-median", str(s)])["iteration_time_ms"], \
+                r["predicted_speedup"], r["measured_speedup"]
+        else:
+            print(f"| {r['rate']:g} | balanced | {r['predicted_ms']:.3f} ms | {base[t]:.3f} ms | "
+                  f"{r['measured_ms']:.3f} ms | {100 * (base[t] / r['measured_ms'] - 1):+.1f} % |")
+            continue
+        errs.append(abs(now / m - 1))
+        print(f"| {r['rate']:g} | {r['direction']} {r['injected']} | {then:.3f} | {now:.3f} | {m:.3f} | "
+              f"{100 * (now / m - 1):+.1f} % |")
+    if errs:
+        print(f"\n|error| median {100 * statistics.median(errs):.1f} %, max {100 * max(errs):.1f} % ({len(errs)} rows)")
+    return 0
+
+
 def pct(x: float) -> float:
     return round(100.0 * x, 2)
 
@@ -152,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib-reps", type=int, default=3,
                     help="busy-loop measurements of each cut's real compute factor per (model, rate) (0: use nominal F)")
     ap.add_argument("--out", type=Path, default=Path("bench-stragglers"))
+    ap.add_argument("--repredict", type=Path, default=None,
+                    help="no jobs: re-predict the rows of an earlier run's rows.json from its kept traces with this code")
     a = ap.parse_args(argv)
+    if a.repredict is not None:
+        return repredict(a.repredict)
     H = a.hosts
     S = H - 1 if a.slow_host is None else a.slow_host
     cuts = [float(x) for x in a.cuts.split(",") if x]
