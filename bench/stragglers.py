@@ -126,6 +126,14 @@ def effective_cuts(cuts: list[float], cpus: float, period_us: int, shares: int, 
     return out
 
 
+def cpu_use(trace: str) -> dict[str, Any]:
+    """The profiled job's per-rank CPU use (manifest extra.cpu_use: CPUs per step, throttled us, limit)."""
+    try:
+        return json.loads((Path(trace) / "manifest.json").read_text()).get("extra", {}).get("cpu_use") or {}
+    except (OSError, ValueError):
+        return {}
+
+
 def repredict(rows_file: Path) -> int:
     """Predictions of an earlier run's rows (its kept traces, its replay arguments) with this code."""
     rows = json.loads(rows_file.read_text())
@@ -251,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                              "predicted_slowdown_mean_durations": round(mean_ps, 4),
                              "trace": prof["trace"]})
             rows.append({"model": model, "rate": rate, "injected": "balanced", "direction": "base",
+                         "cpu_use": cpu_use(prof["trace"]),
                          "predicted_ms": round(base_pred, 3), "measured_ms": round(mb, 3),
                          "error_pct": pct(base_pred / mb - 1.0), "attribution_first": att0.get("first"),
                          "trace": prof["trace"]})
@@ -272,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                              "predicted_speedup": round(slow_pred / fixed, 4),
                              "measured_speedup": round(ms, 4) if ms else None,
                              "error_pct": pct((slow_pred / fixed) / ms - 1.0) if ms else None,
-                             "attribution_first": att.get("first"),
+                             "attribution_first": att.get("first"), "cpu_use": cpu_use(sp["trace"]),
                              "attribution": [{k2: r.get(k2) for k2 in ("node", "saved_ms", "compute_vs_median",
                                                                         "late_start_ms")} for r in att.get("ranks", [])],
                              "trace": sp["trace"]})
