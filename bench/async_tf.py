@@ -16,6 +16,11 @@ trace of the training step in one process (``--trace``, or one recorded here); t
 W = 1..N are simulated.
 
     sudo python bench/async_tf.py --bandwidths 100,300 --workers 1-4 --rounds 2 --out bench-async
+
+``--link FILE`` (a ``bench/link_sharing.py --out`` file at the same bandwidths) adds the predictions
+with the link's measured sharing (``--sharing arrival``), each as the steady window after random
+start offsets and as the bench's own run (``--steps`` steps from a common start), next to equal
+sharing; every run also records each host group's CFS throttled time (docs/async.md).
 """
 from __future__ import annotations
 
