@@ -22,7 +22,9 @@ cpu_period_us=10000)``; links shaped by ``dpro_kit.cluster.EmulatedCluster``):
    (strategy, rate), when the command exists (else the prediction columns say ``-``; re-fill them later
    from the recorded rows with ``--repredict OUT/rows.json``, which runs no job; ``--reprofile
    OUT/rows.json`` runs only the profiles again, with this run's ``--profile-batches``, and predicts the
-   recorded measurements from them).
+   recorded measurements from them);
+5. the single process WITHOUT the profiler at every profiled batch (same host budget): measured vs
+   ``dpro replay`` of its profile -- how faithful the op times the simulator starts from are, per batch.
 
 Tables: per row measured vs predicted time and error; per (model, rate) the rank order of the
 strategies measured vs predicted; per model peak memory measured vs predicted, and OOM verdicts
@@ -142,7 +144,7 @@ class Bench:
             profile: bool = False, batch: int | None = None) -> dict[str, Any]:
         a = self.a
         self.n += 1
-        tag = f"{self.n:03d}-{model}-{sfile.stem if sfile else 'single'}-{'prof' if profile else 'mem' if memory else f'{rate:g}'}"
+        tag = f"{self.n:03d}-{model}-{sfile.stem if sfile else 'single'}-{'prof' if profile else 'mem' if memory else 'plain' if rate is None else f'{rate:g}'}"
         if batch is not None:
             tag += f"-b{batch}"
         jdir = a.out / tag
@@ -196,13 +198,17 @@ def _sfile(r: dict[str, Any]) -> Path:
     return p if p.exists() else STRATS / p.name
 
 
-def predict(rows: dict[str, Any]) -> None:
-    """Fill the prediction columns of every row from ``dpro simulate`` (nothing if it does not exist)."""
+def predict(rows: dict[str, Any], at_batch: bool = True) -> None:
+    """Fill the prediction columns of every row from ``dpro simulate`` (nothing if it does not exist);
+    ``at_batch`` False: from the global-batch profile alone (op times linear in the batch)."""
     if not simulate_available():
         rows["simulate"] = "dpro simulate not available in this checkout: prediction columns empty"
         return
     rows["simulate"] = "dpro simulate"
-    extra = rows.get("profiles_at_batch") or {}
+    for r in rows.get("single", []):
+        r["replay_ms"] = replay_ms(r["trace"])
+    extra = (rows.get("profiles_at_batch") or {}) if at_batch else {}
+    rows["simulate"] = "dpro simulate" + ("" if at_batch else " (global-batch profile only: --profile-batches none)")
     for r in rows["time"]:
         trace = rows["profiles"][r["model"]]["trace"]
         cap = rows["caps"].get(r["model"])
@@ -219,8 +225,9 @@ def f(x: float | None, fmt: str = "{:.2f}") -> str:
 
 
 def tables(rows: dict[str, Any]) -> str:
+    used = "(global-batch profile only" not in str(rows.get("simulate"))
     prof = "; ".join(f"{m}: batch {p.get('batch') or 'default'}"
-                     + "".join(f", {q['batch']}" for q in (rows.get("profiles_at_batch") or {}).get(m, []))
+                     + "".join(f", {q['batch']}" for q in (rows.get("profiles_at_batch") or {}).get(m, []) if used)
                      for m, p in rows["profiles"].items())
     out = [f"prediction: {rows.get('simulate', '-')}; profiles ({prof})", "",
            "| model | strategy | ranks | Mbit/s | measured ms | rounds | predicted ms | error % |",
@@ -245,6 +252,12 @@ def tables(rows: dict[str, Any]) -> str:
         mo, po = order(g["m"]), order(g["p"])
         out.append(f"| {model} | {rate:g} | {' < '.join(mo or [])} | {' < '.join(po) if po else '-'} | "
                    f"{'-' if po is None else 'yes' if po == mo else 'NO'} |")
+    if rows.get("single"):
+        out += ["", "single process, no profiler, one host at the same budget, vs `dpro replay` of its profile:", "",
+                "| model | batch | measured ms | profiled window ms | dpro replay ms | error % |", "|---|---|---|---|---|---|"]
+        for r in rows["single"]:
+            out.append(f"| {r['model']} | {r['batch']} | {r['measured_ms']:.2f} | {r['profiled_window_ms']:.2f} | "
+                       f"{f(r.get('replay_ms'))} | {f(pct(r.get('replay_ms'), r['measured_ms']), '{:+.1f}')} |")
     out += ["", "| model | strategy | measured peak MiB (largest rank) | predicted MiB | error % | cap MiB | "
                 "measured OOM | predicted OOM |", "|---|---|---|---|---|---|---|---|"]
     for r in rows["memory"]:
@@ -258,12 +271,28 @@ def tables(rows: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def replay_ms(trace: str) -> float | None:
+    """``dpro replay TRACE --no-align --json``: the profile's own predicted iteration (the 1-rank simulation)."""
+    p = subprocess.run(DPRO + ["replay", trace, "--no-align", "--json"], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, **ENV})
+    return float(json.loads(p.stdout)["iteration_time_ms"]) if p.returncode == 0 else None
+
+
+def single_rows(a: argparse.Namespace, b: Bench, rows: dict[str, Any], model: str) -> None:
+    """The single process without the profiler at every profiled batch: ``rows["single"]``."""
+    for p in [rows["profiles"][model]] + (rows.get("profiles_at_batch") or {}).get(model, []):
+        j = b.job(model, None, 1, None, batch=p.get("batch"))
+        rows.setdefault("single", []).append({"model": model, "batch": p.get("batch"), "measured_ms": j["ms"],
+                                              "profiled_window_ms": p["ms"], "trace": p["trace"]})
+
+
 def profile_model(a: argparse.Namespace, b: Bench, rows: dict[str, Any], model: str, sfiles: list[Path]) -> None:
     """The single process under ``dpro profile --shapes`` at the global batch and (``--profile-batches auto``)
     at every per-rank batch of ``sfiles``: ``rows["profiles"][model]``, ``rows["profiles_at_batch"][model]``."""
     batch = model_batch(model)
     print(f"== {model}: single-process profile (--shapes) at {a.cpus:g} CPU, batch {batch}", flush=True)
     rows["profiles"][model] = b.job(model, None, 1, None, profile=True, batch=batch)
+    rows["single"] = [r for r in rows.get("single", []) if r["model"] != model]
     extra = []
     if a.profile_batches == "auto":
         for x in rank_fractions(sfiles):
@@ -273,6 +302,7 @@ def profile_model(a: argparse.Namespace, b: Bench, rows: dict[str, Any], model: 
                 continue
             extra.append(b.job(model, None, 1, None, profile=True, batch=int(round(bx))))
     rows.setdefault("profiles_at_batch", {})[model] = extra
+    single_rows(a, b, rows, model)
 
 
 def save(a: argparse.Namespace, rows: dict[str, Any]) -> None:
@@ -325,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.repredict:
         rows = json.loads(a.repredict.read_text())
-        predict(rows)
+        predict(rows, at_batch=a.profile_batches == "auto")
         a.out = a.repredict.parent
         save(a, rows)
         print(tables(rows))
