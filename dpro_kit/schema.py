@@ -42,7 +42,8 @@ __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "MANIFEST_VERSIONS", "TORCH_ME
            "MXNET_RAW_FORMAT", "MARKER_PREFIX", "MARKERS", "PHASE_MARKERS", "Field",
            "MANIFEST_FIELDS", "NODE_FIELDS", "TORCH_META_FIELDS", "TORCH_PARAM_FIELDS", "TORCH_WINDOW_FIELDS",
            "TORCH_STEP_FIELDS", "TORCH_MEASURED_FIELDS", "TORCH_CLOCK_SYNC_FIELDS", "EXTRA_FIELDS", "OVERHEAD_MODES",
-           "HOST_GAP_MODES", "Facts", "find_offsets", "validate_manifest", "validate_torch_meta"]
+           "HOST_GAP_MODES", "MAX_NAME_CHARS", "check_name", "Facts", "find_offsets", "validate_manifest",
+           "validate_torch_meta"]
 
 # --------------------------------------------------------------------------- fields
 
@@ -80,6 +81,19 @@ _JSON_NAME = {str: "a string", int: "an integer", float: "a number", list: "a li
               bool: "true/false"}
 _NUM = (int, float)
 _TYPE_OF = {"str": (str,), "int": (int,), "number": _NUM, "list": (list,), "dict": (dict,), "bool": (bool,)}
+
+#: longest host, node or run name a reader takes (a DNS name has at most 253 characters, Linux's
+#: HOST_NAME_MAX is 64): the name is copied into a column of every event of its node, so a 1 MB one
+#: made the replay of a ps-lite folder take 100 s and 4 GB (fuzz cases 14774, 16953)
+MAX_NAME_CHARS = 255
+
+
+def check_name(v: Any, *, what: str, path: Any, record: str, hint: str) -> None:
+    """Raise a one-line error unless ``v`` is a non-empty string of at most :data:`MAX_NAME_CHARS`."""
+    if not isinstance(v, str) or not 0 < len(v) <= MAX_NAME_CHARS:
+        got = f"{len(v):,} characters" if isinstance(v, str) and v else repr(v)[:60]
+        raise TraceFormatError(f"{what} must be a non-empty string of at most {MAX_NAME_CHARS} characters, "
+                               f"got {got}", path=path, record=record[:300], hint=hint)
 
 
 def _table(rows: str) -> tuple[Field, ...]:
@@ -253,10 +267,12 @@ def validate_manifest(doc: Any, path: Any = None) -> dict[str, Any]:
                                hint=_FIX_MANIFEST)
     for name, info in doc["nodes"].items():
         rec = f"nodes.{name}"
+        check_name(name, what="a node name", path=path, record=rec, hint=_FIX_MANIFEST)
         if not isinstance(info, dict) or "host" not in info:
             raise TraceFormatError("node entry needs at least a 'host'", path=path, record=rec, hint=_FIX_MANIFEST)
         for f in NODE_FIELDS:
             f.check(info, path=path, record=rec, hint=_FIX_MANIFEST)
+        check_name(info["host"], what="a host name", path=path, record=f"{rec}.host", hint=_FIX_MANIFEST)
         for key in ("dir", "file"):   # a relative path inside the trace folder, names the filesystem accepts
             v = info.get(key)
             if isinstance(v, str) and (v.startswith("/") or any(len(p) > 255 or p == ".." for p in v.split("/"))):
@@ -302,6 +318,8 @@ def validate_torch_meta(doc: Any, path: Any = None) -> dict[str, Any]:
                                hint=f"this reader understands versions {list(TORCH_META_VERSIONS)}")
     for f in TORCH_META_FIELDS:
         f.check(doc, path=path, record="", hint=_FIX_META)
+    if doc.get("host") is not None:
+        check_name(doc["host"], what="a host name", path=path, record="host", hint=_FIX_META)
     _check_object(doc, "window", TORCH_WINDOW_FIELDS, path=path, hint=_FIX_META)
     marks = doc.get("markers")
     for k, v in (marks.items() if isinstance(marks, dict) else ()):

@@ -188,6 +188,14 @@ CASES = {
                                                                      lambda d: d.update(node_id=0),
                                                                      ["pslite-server-8.5158.json", "of node id 8 in "
                                                                       "the file of node id 0"]),
+    "ps-lite host a 1 MB string (cases 14774, 16953: 117 s and 4.3 GB)": (
+        "pslite-2w1s-200mbit", "pslite-worker-11.5159.json", lambda d: d.update(host="h" * 10**6),
+        ["pslite-worker-11.5159.json [host]", "at most 255 characters", "1,000,000 characters"]),
+    "manifest host a 1 MB string": ("ddp-2rank-gloo", "manifest.json",
+                                    lambda d: d["nodes"]["host0/1"].update(host="h" * 10**6),
+                                    ["[nodes.host0/1.host]", "at most 255 characters"]),
+    "meta.json host a 1 MB string": ("ddp-2rank-gloo", "host0/1/meta.json", lambda d: d.update(host="h" * 10**6),
+                                     ["host0/1/meta.json [host]", "at most 255 characters"]),
     "manifest dir a 1 MB name (case 3557)": ("ddp-2host-1000mbit", "manifest.json",
                                              lambda d: next(iter(d["nodes"].values())).update(dir="A" * 10**6),
                                              ["dir must be a relative path"]),
