@@ -49,6 +49,14 @@ def _first_x(doc, **where):
     return next(e for e in doc["traceEvents"] if e.get("ph") == "X" and all(e.get(k) == v for k, v in where.items()))
 
 
+def _swap_step_times_16958(doc):
+    """Fuzz case 16958: steps 13 and 32 of rank 1 swap ``dur_us`` (9257.167 and 7189.032 us); the median of
+    the profiled steps moved and with it the profiler-cost correction: +5.9 % without a word."""
+    a, b = doc["steps"][13], doc["steps"][32]
+    assert a["dur_us"] == 9257.167
+    a["dur_us"], b["dur_us"] = b["dur_us"], a["dur_us"]
+
+
 def _mx_swap_2653(doc):
     """Fuzz case 2653: a push-pull's begin (B) and a DeleteVariable's async end (e) swap ``ts``; every
     begin still precedes its end, and before the twin check this replayed +60.7 % without a word."""
@@ -196,6 +204,14 @@ CASES = {
                                     ["[nodes.host0/1.host]", "at most 255 characters"]),
     "meta.json host a 1 MB string": ("ddp-2rank-gloo", "host0/1/meta.json", lambda d: d.update(host="h" * 10**6),
                                      ["host0/1/meta.json [host]", "at most 255 characters"]),
+    "two steps' dur_us swapped (case 16958: +5.9 % silently)": ("ddp-h100-2rank-nccl-cnn", "host1/1/meta.json",
+                                                               _swap_step_times_16958,
+                                                               ["host1/1/meta.json [steps[13].dur_us]",
+                                                                "not end_time_ns minus step 12's (9257.167 us)"]),
+    "median_profiled_us another step's time": ("ddp-2rank-gloo", "host0/0/meta.json",
+                                               lambda d: d["measured"].update(median_profiled_us=9822.857),
+                                               ["[measured.median_profiled_us]",
+                                                "not the median of its steps' dur_us (9027.142 us)"]),
     "manifest dir a 1 MB name (case 3557)": ("ddp-2host-1000mbit", "manifest.json",
                                              lambda d: next(iter(d["nodes"].values())).update(dir="A" * 10**6),
                                              ["dir must be a relative path"]),
