@@ -199,6 +199,8 @@ CASES = {
     "ps-lite host a 1 MB string (cases 14774, 16953: 117 s and 4.3 GB)": (
         "pslite-2w1s-200mbit", "pslite-worker-11.5159.json", lambda d: d.update(host="h" * 10**6),
         ["pslite-worker-11.5159.json [host]", "at most 255 characters", "1,000,000 characters"]),
+    "nccl host a 1 MB string (110 s and 11 GB before)": (NCCL_RING, NCCL_R0, lambda d: d[0].update(host="h" * 10**6),
+                                                        ["[line 1.host]", "at most 255 characters"]),
     "manifest host a 1 MB string": ("ddp-2rank-gloo", "manifest.json",
                                     lambda d: d["nodes"]["host0/1"].update(host="h" * 10**6),
                                     ["[nodes.host0/1.host]", "at most 255 characters"]),
