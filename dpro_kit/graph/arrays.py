@@ -132,19 +132,26 @@ def _compile_trace(ts: TraceSet) -> Any:
         out[ok] = lookup(ncodes[ok] * nop + o[ok])
         return out
 
-    # local dependencies, in the order Job.from_trace adds them; a node whose list equals the
-    # previous one's (ranks of one job name their ops alike) reuses its op codes
+    # local dependencies, in the order Job.from_trace adds them; a node whose list equals one seen
+    # before (ranks of one job name their ops alike; a few variants, e.g. one rank per host
+    # copying the input) reuses its op codes: up to 4 lists per length are kept, the last used first
     op_codes: list[np.ndarray] = []
-    prev: Any = None
-    prev_codes = np.zeros(0, dtype=np.int64)
+    seen_lists: dict[int, list[tuple[Any, np.ndarray]]] = {}
     for edges in ts.edges.values():
-        if prev is None or len(edges) != len(prev) or edges != prev:
+        cands = seen_lists.setdefault(len(edges), [])
+        for j, (lst, codes) in enumerate(cands):
+            if lst == edges:
+                if j:
+                    cands.insert(0, cands.pop(j))
+                break
+        else:
             flat = list(chain.from_iterable(edges))
             if len(flat) != 2 * len(edges):
                 return None
-            prev, prev_codes = edges, np.fromiter(map(op_idx.get, flat, repeat(-1)), dtype=np.int64,
-                                                  count=len(flat))
-        op_codes.append(prev_codes)
+            codes = np.fromiter(map(op_idx.get, flat, repeat(-1)), dtype=np.int64, count=len(flat))
+            cands.insert(0, (edges, codes))
+            del cands[4:]
+        op_codes.append(codes)
     counts = np.array([c.size for c in op_codes], dtype=np.int64)
     ends = find(np.array([node_idx.get(n, n_ev_nodes) for n in ts.edges], dtype=np.int64), counts,
                 np.concatenate(op_codes) if op_codes else np.zeros(0, dtype=np.int64))
