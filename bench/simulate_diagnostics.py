@@ -89,9 +89,10 @@ def profile_job(a: argparse.Namespace) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     times = a.out / "times.json"
     argv = [sys.executable, str(train), "--model", a.model, "--strategy", str(sfile), "--warmup", "4", "--iters", "10",
-            "--threads", "1", "--quiet", "--json-out", str(times)]
-    r = run_job(argv, hosts=ranks, ranks_per_host=1, rate_mbit=a.rate, cpus_per_host=a.cpus, cpu_period_us=a.period_us,
-                cpu_shares=8192, profile=a.out / "trace", steps="5:10", env=env, timeout=300, prefix=a.prefix)
+            "--threads", "1", "--quiet", "--json-out", str(times)] + (["--batch-size", str(a.batch_size)] if a.batch_size else [])
+    r = run_job(argv, hosts=ranks, ranks_per_host=1, rate_mbit=a.rate if a.rate > 0 else None, cpus_per_host=a.cpus,
+                cpu_period_us=a.period_us, cpu_shares=8192, profile=a.out / "trace", steps="5:10",
+                profile_flags=["--shapes"] if a.shapes else (), env=env, timeout=300, prefix=a.prefix)
     print(f"exit codes {r.codes}; iteration {json.loads(times.read_text())['iteration_ms']:.2f} ms (profiled); "
           f"trace {a.out / 'trace'}")
 
@@ -110,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("profile-job")
     p.add_argument("strategy")
     p.add_argument("--model", default="mlp")
-    p.add_argument("--rate", type=float, default=1000)
+    p.add_argument("--rate", type=float, default=1000, help="link rate (Mbit/s); 0: no emulated cluster (loopback)")
+    p.add_argument("--batch-size", type=int, default=0, help="global batch (default: the model's)")
+    p.add_argument("--shapes", action="store_true", help="dpro profile --shapes (as the simulator's profile)")
     p.add_argument("--cpus", type=float, default=0.5)
     p.add_argument("--period-us", type=int, default=10000)
     p.add_argument("--prefix", default="sd")
