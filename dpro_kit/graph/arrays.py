@@ -354,7 +354,10 @@ def _group_dense(nc, oc, kc, comm, dur, nop, ncomb):  # pragma: no cover - compi
             comp[g] = 0.0
             nobs[g] = 0
         val = dur[i]
-        if val == val:                  # as _group_reduce: pandas' group_mean, bit for bit
+        # as _group_reduce: pandas' group_mean, bit for bit.  Written out in both loops on purpose: the
+        # same step as a shared @njit helper (even inline="always") made the two 2.5x slower (in-process
+        # A/B, 2.6 M rows: 0.12-0.17 s vs 0.32-0.38 s CPU for both functions, equal results)
+        if val == val:
             nobs[g] += 1
             y = val - comp[g]
             t = sumx[g] + y
