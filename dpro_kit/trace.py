@@ -432,9 +432,11 @@ def read_node(manifest: Manifest, node: str, ndir: str, where: str) -> NodeTrace
         The manifest's path, for an unknown format's message.
     """
     from .readers import get_reader  # late import: readers import this module
+    from .readers.kineto import gc_paused
     info = manifest.nodes[node]
     reader = get_reader(info.format or manifest.raw_format, path=where)
-    return reader(manifest, node, Path(ndir))
+    with gc_paused():   # a reader builds 10^4..10^7 objects: collections during it cost as much as the reading
+        return reader(manifest, node, Path(ndir))
 
 
 def load_trace(trace_dir: str | os.PathLike, *, progress: Any = None, store: bool | None = None,
