@@ -54,6 +54,22 @@ DURATIONS_MEAN = "mean over the profiled iterations"
 DURATIONS_PER_ITERATION = "per iteration: the median of one replay per profiled iteration"
 
 
+def median_durations(graph: "nx.DiGraph", graphs: "list[nx.DiGraph]") -> "nx.DiGraph":
+    """A copy of ``graph`` whose every op's ``dur`` is the median (``statistics.median``) over ``graphs``.
+
+    ``graphs`` are one-iteration graphs of the same job (:attr:`Session.iteration_graphs`); an op of
+    ``graph`` missing from some of them takes the median over those that have it, an op in none keeps
+    its duration.  Structure, devices and every other attribute are ``graph``'s.
+    """
+    import statistics
+    out = graph.copy()
+    for k, d in out.nodes(data=True):
+        vals = [float(g.nodes[k].get("dur", 0.0)) for g in graphs if k in g]
+        if vals:
+            d["dur"] = statistics.median(vals)
+    return out
+
+
 class Progress(Protocol):
     """What a session reports progress to (:class:`dpro_kit.cli._common.Progress` is one)."""
 
@@ -256,7 +272,8 @@ class Session:
         _, g, ts_it, res, job = runs[median_it]
         self._replays[1] = res
         self._stages.update(graph=g, graph_trace=ts_it, job_model=job, median_iteration=median_it,
-                            per_iteration_ms={str(i): runs[i][0] for i in sorted(runs)})
+                            per_iteration_ms={str(i): runs[i][0] for i in sorted(runs)},
+                            iteration_graphs={i: runs[i][1] for i in sorted(runs)})
 
     @property
     def graph(self) -> "nx.DiGraph":
@@ -264,6 +281,30 @@ class Session:
         if "graph" not in self._stages:
             self._build()
         return self._stages["graph"]
+
+    @property
+    def iteration_graphs(self) -> "dict[int, nx.DiGraph]":
+        """Per profiled iteration, the global DFG of its own op durations (what-if applied); ``{}`` with mean durations.
+
+        ``graph`` is the one of them whose replay of the job as profiled is the median.
+        """
+        self.graph  # noqa: B018  (builds them)
+        return dict(self._stages.get("iteration_graphs") or {})
+
+    @property
+    def op_median_graph(self) -> "nx.DiGraph":
+        """``graph`` with every op's duration the median of its durations over the profiled iterations.
+
+        :func:`median_durations` of :attr:`iteration_graphs`; ``graph`` itself with mean durations or one
+        iteration.  For schedules whose critical path runs through other ops than the profiled job's
+        (``dpro replay --deft``, docs/deft.md §7): the iteration whose stock replay is the median can
+        carry a one-iteration spike (a 3.8 ms ``AccumulateGrad`` where the others take 0.3-0.8 ms) that
+        the stock job hides under communication and a schedule with a second link does not.
+        """
+        if "op_median_graph" not in self._stages:
+            gs = list(self.iteration_graphs.values())
+            self._stages["op_median_graph"] = median_durations(self.graph, gs) if len(gs) >= 2 else self.graph
+        return self._stages["op_median_graph"]
 
     @property
     def job(self) -> "Job | None":

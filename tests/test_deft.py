@@ -244,6 +244,51 @@ def test_replay_hand_second_link():
     assert two_sync.iteration_us == pytest.approx(11.0)
 
 
+def test_replay_hand_partial_delay_fifo_by_launch():
+    """A delayed bucket does not jump the link queue ahead of the current iteration's synchronous one.
+
+    One worker: F 2 -> B1 1 -> B2 1 -> U 1 on ``w:compute``.  T1 (ready after B1, synchronous) is a ring
+    of two halves on the link ``L``: S1a (2), then a wait for the peer ``P1`` on its own device (1.5),
+    then S1b (2); T2 (ready after B2, delayed by one) is S2a (2) -> S2b (2) on ``L``.  U(i) waits for
+    T1(i) and T2(i-1).  By hand, FIFO by ready time (the DDP hook launches both when DDP finds them
+    ready; gloo runs its queue in that order): iteration i starts at 0 (F 0-2, B1 2-3, B2 3-4); S1a 3-5;
+    S2a(i) ready 4, runs 5-7; S1b ready 6.5 (S1a 5 + P1 1.5), S2b ready 7: at 7 S1b (ready first) runs
+    7-9, S2b 9-11; U(i) needs T1(i) (9) and T2(i-1) (done at 11 of the previous iteration): 9-10, and
+    the next iteration starts at 10.  Its S1a is ready at 13 > 11: the link is idle in between, so
+    every iteration repeats the first: 10 us.  The old rule (the delayed sync at a smaller priority
+    than the synchronous one, the same in every unrolled copy) ran S2b(i) first at 7-9, S1b 9-11, U
+    11-12: 12 us per iteration.
+    """
+    import networkx as nx
+
+    from dpro_kit.graph.model import add_op
+    g = nx.DiGraph()
+    add_op(g, "F", node="w", device="w:compute", kind="FW", dur=2.0)
+    add_op(g, "B1", node="w", device="w:compute", kind="BW", dur=1.0)
+    add_op(g, "B2", node="w", device="w:compute", kind="BW", dur=1.0)
+    add_op(g, "U", node="w", device="w:compute", kind="UPDATE", dur=1.0)
+    add_op(g, "STEP_END", node="w", kind="VIRTUAL")
+    for t, ops in (("T1", [("S1a", "L", 2.0), ("P1", "peer", 1.5), ("S1b", "L", 2.0)]),
+                   ("T2", [("S2a", "L", 2.0), ("S2b", "L", 2.0)])):
+        add_op(g, f"In {t}", node="w", kind="VIRTUAL", tensor=t)
+        for name, dev, dur in ops:
+            add_op(g, name, node="w", device=f"link:{dev}", kind="SEND", tensor=t, dur=dur, bytes=1)
+        add_op(g, f"Out {t}", node="w", kind="VIRTUAL", tensor=t)
+        chain = [f"In {t}"] + [o[0] for o in ops] + [f"Out {t}", "U"]
+        g.add_edges_from(zip(chain, chain[1:]))
+    g.add_edges_from([("F", "B1"), ("B1", "B2"), ("B1", "In T1"), ("B2", "In T2"), ("B2", "U"), ("U", "STEP_END")])
+    g.graph["iteration_edges"] = [("STEP_END", "F")]
+    syncs = deft.delayed_syncs(g, {"T2": 1})
+    assert {(s.tensor, s.stage, s.ready) for s in syncs} == {("T1", 1, 0), ("T2", 1, -1)}
+    r = deft.replay_syncs(g, syncs)
+    assert r.iteration_us == pytest.approx(10.0)
+    # the old priorities (delayed sync at stage 0) reproduce the hand count of the old rule: 12 us
+    old = [deft.Sync(s.tensor, s.fraction, s.link, s.at, 0 if s.ready < 0 else 1, s.ready, s.update) for s in syncs]
+    assert deft.replay_syncs(g, old).iteration_us == pytest.approx(12.0)
+    # synchronous: F 2 + B1 1 + B2 1, T1 3-9 and T2 (S2a 5-7, S2b 9-11) -> U 11-12: 12 us
+    assert deft.replay_syncs(g, deft.synchronous_syncs(g)).iteration_us == pytest.approx(12.0)
+
+
 def test_replay_hand_schedule_four_cases():
     # the CR 1.5 schedule of test_schedule_four_cases_merged_updates on a hand graph: 3 tensors of 3 us,
     # forward stage = F (2) + U (1) = 3, backward B = 3 split evenly by the schedule's bucket times

@@ -259,6 +259,27 @@ def test_profiler_overhead_is_subtracted_per_recorded_event():
     assert torch_kineto.window_overhead_ns(meta, 1e-6) == torch_kineto.MAX_EVENT_OVERHEAD_NS
 
 
+def test_window_overhead_takes_the_cpu_clock_when_the_wall_clock_hides_it():
+    # a communication-bound rank: profiled steps take the same wall time as unprofiled ones (the
+    # profiler's cost hides in the wait for the network) but 1000 us more CPU time each
+    steps = [{"step": k, "dur_us": 50_000.0, "cpu_us": 15_000.0, "profiled": False} for k in range(1, 10)]
+    steps += [{"step": k, "dur_us": 50_000.0 + (9_000.0 if k == 10 else 0.0), "cpu_us": 16_000.0, "profiled": True}
+              for k in range(10, 15)]
+    meta = {"steps": steps, "measured": {"median_unprofiled_us": 50_000.0, "unprofiled_steps_used": list(range(1, 10))}}
+    # 1000 us of CPU over 500 recorded events per iteration: 2000 ns per event (the first profiled step,
+    # +9 ms of wall time for the profiler's start, is excluded)
+    assert torch_kineto.window_overhead_ns(meta, 500) == pytest.approx(2000.0)
+    # without cpu_us (an older collector): the wall clock alone, 0 here
+    old = {**meta, "steps": [{k: v for k, v in st.items() if k != "cpu_us"} for st in steps]}
+    assert torch_kineto.window_overhead_ns(old, 500) == 0.0
+    # the wall clock wins where it shows more (a compute-bound job: 3000 us per iteration)
+    wall = {**meta, "steps": [{**st, "dur_us": st["dur_us"] + 3000.0} if st["profiled"] else st for st in steps]}
+    assert torch_kineto.window_overhead_ns(wall, 500) == pytest.approx(6000.0)
+    # a damaged cpu_us is ignored, not a crash
+    bad = {**meta, "steps": [{**st, "cpu_us": "n/a"} for st in steps]}
+    assert torch_kineto.window_overhead_ns(bad, 500) == 0.0
+
+
 def test_micro_calibration_is_read_from_the_calibrate_marker():
     meta, doc, path = _fixture_node()
     evs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]

@@ -743,14 +743,22 @@ def synchronous_syncs(g: "nx.DiGraph") -> list[Sync]:
 
 def delayed_syncs(g: "nx.DiGraph", delays: dict[str, int], links: dict[str, int] | None = None) -> list[Sync]:
     """Fixed per-bucket delays (period 1): bucket ``t`` of iteration ``i`` is synchronised during iteration
-    ``i + delays[t]`` and applied at its end (delay 0: stock DDP); ``links[t]``: its link (default 0)."""
+    ``i + delays[t]`` and applied at its end (delay 0: stock DDP); ``links[t]``: its link (default 0).
+
+    Every sync has stage 1 (backward), delayed or not: the DDP hook (``dpro_torch.deft``) launches each
+    bucket's all-reduce the moment DDP finds it ready and only waits for it ``delays[t]`` iterations
+    later, so a link runs the collectives in launch order (equal priorities: FIFO by ready time,
+    docs/deft.md §7).  A smaller priority for the delayed ones would let iteration ``i``'s delayed
+    bucket jump the queue ahead of the all-gather half of iteration ``i``'s synchronous bucket on a
+    shared link (every unrolled copy has the same priorities) - the order a real gloo queue never runs.
+    """
     links = links or {}
     out = []
     for t in sorted(set(_comm_ops(g).values())):
         d = int(delays.get(t, 0))
         if d < 0:
             raise ValueError(f"delay of {t} must be >= 0, got {d}")
-        out.append(Sync(t, 1.0, int(links.get(t, 0)), 0, 1 if d == 0 else 0, -d, 0))
+        out.append(Sync(t, 1.0, int(links.get(t, 0)), 0, 1, -d, 0))
     return out
 
 
@@ -938,8 +946,9 @@ def replay_syncs(g: "nx.DiGraph", syncs: Sequence[Sync], period: int = 1, rates:
     become periodic (a replay is a max-plus linear system), but not necessarily
     constant: a delayed schedule can alternate between building and draining a
     backlog on a link.  The iteration time is the mean gap over the last
-    repeating pattern of gaps (:func:`_steady_gap`), divided by the iterations
-    per copy.  The
+    repeating pattern of gaps (:func:`_steady_gap`; the last copy left out: the
+    delayed syncs that would compete with it belong to a copy not replayed),
+    divided by the iterations per copy.  The
     lower bound is the busiest device's time per iteration (each device runs one
     op at a time, so no schedule beats it).
 
@@ -969,7 +978,9 @@ def replay_syncs(g: "nx.DiGraph", syncs: Sequence[Sync], period: int = 1, rates:
     import numpy as np
     own = np.array(["#" not in k for k in res.graph.keys])    # the copies' computation, not their syncs
     ends = np.array([float(res.end[i * n:(i + 1) * n][own].max(initial=0.0)) for i in range(copies)])
-    steady, pattern = _steady_gap(ends)
+    # the last copy is left out: the syncs of the copy after it (a delayed bucket of its own iterations)
+    # are not replayed, so nothing competes with its own syncs on a shared link and it ends early
+    steady, pattern = _steady_gap(ends[:-1])
     busy: dict[str, float] = {}
     for _, d in h.nodes(data=True):
         if d.get("device"):

@@ -91,7 +91,9 @@ gaps, profiler cost).  What the reader takes from where:
   per loop`` (~0.3 us on the 2-core test VM; a lower bound: real ops cost the
   profiler more than these hot, tiny ones); ``"window"`` (default) - the larger
   of that and the cost measured on the job itself: (median profiled iteration,
-  the first excluded - median unprofiled iteration of the same rank) / events
+  the first excluded - median unprofiled iteration of the same rank, or the
+  same difference of the process's CPU time per step when larger: a
+  communication-bound iteration hides the profiler's cost in its wait) / events
   recorded per iteration inside ops (:func:`window_overhead_ns`), at most
   20 us; ``"keep"`` - nothing is subtracted;
 * **COMM durations** - collectives that ran at the same time on a node (gloo
@@ -107,6 +109,9 @@ of one machine share a clock.  As float64 such values step by 0.25 us;
 durations are exact (computed in integer nanoseconds).
 """
 from __future__ import annotations
+
+import math
+import statistics
 
 import bisect
 from collections import Counter, defaultdict
@@ -272,16 +277,34 @@ def window_overhead_ns(meta: dict[str, Any], events_per_iteration: float) -> flo
     recorded event, so this is the measured per-event overhead of this job on this
     machine; drift between the window and the rest of the run would be attributed
     to it too, which is why the unprofiled iterations on both sides are used.
+
+    When the steps carry the process's CPU time (``cpu_us``, the collector since
+    2026-11), the excess is the larger of the wall-clock one and the same
+    difference of CPU time per step (profiled steps, the first excluded, vs the
+    unprofiled steps of ``measured.unprofiled_steps_used``): in a
+    communication-bound job the profiler's cost on the computation is hidden in
+    the wait for the network and the wall clock shows only part of it (a
+    2-host gloo job at 500 Mbit/s: wall +1.2..1.7 ms, CPU +4.3..6.1 ms per
+    iteration; docs/deft.md §7, "Which graph").
     """
     steps = meta.get("steps") or []
     prof = [float(s["dur_us"]) for s in steps if s.get("profiled")][1:]
     unprof = (meta.get("measured") or {}).get("median_unprofiled_us")
     if len(prof) < 2 or not unprof or events_per_iteration <= 0:
         return None
-    prof.sort()
-    mid = len(prof) // 2
-    p_med = prof[mid] if len(prof) % 2 else (prof[mid - 1] + prof[mid]) / 2
-    return min(MAX_EVENT_OVERHEAD_NS, max(0.0, (p_med - float(unprof)) * 1e3 / events_per_iteration))
+    excess = statistics.median(prof) - float(unprof)
+    # the same difference in the process's CPU time per step: where the iteration waits for the network
+    # (a communication-bound job) the profiler's cost on the computation hides in that wait and the wall
+    # clock shows little of it; the CPU clock does not wait (docs/deft.md §7, "Which graph")
+    try:
+        used = {int(k) for k in (meta.get("measured") or {}).get("unprofiled_steps_used") or []}
+        cpu_p = [float(s["cpu_us"]) for s in steps if s.get("profiled") and "cpu_us" in s][1:]
+        cpu_u = [float(s["cpu_us"]) for s in steps if s.get("step") in used and "cpu_us" in s]
+    except (TypeError, ValueError, OverflowError):   # an older or damaged meta.json: the wall clock only
+        cpu_p, cpu_u = [], []
+    if len(cpu_p) >= 2 and cpu_u and all(math.isfinite(x) for x in cpu_p + cpu_u):
+        excess = max(excess, statistics.median(cpu_p) - statistics.median(cpu_u))
+    return min(MAX_EVENT_OVERHEAD_NS, max(0.0, excess * 1e3 / events_per_iteration))
 
 
 def profiler_overhead_ns(meta: dict[str, Any], main: list[K.KEvent], markers: list[K.KEvent]) -> float:

@@ -202,6 +202,7 @@ def train(args: argparse.Namespace) -> None:
     else:
         model = DDP(net, bucket_cap_mb=args.bucket_mb, **opts)
     deferred = None
+    stamps: list | None = [] if args.phase_log else None
     if (args.deft_defer or args.deft_link1) and not args.plan:  # DeFT: delayed updates and/or a second link
         api = _deft_api()
         links = {}
@@ -211,7 +212,7 @@ def train(args: argparse.Namespace) -> None:
                                          else [int(k) for k in args.deft_link1.split(",")])}
         deferred = api.DeferredBuckets(
             defer=range(1 << 16) if args.deft_defer == "all" else
-            [int(k) for k in args.deft_defer.split(",") if k.strip()], links=links)
+            [int(k) for k in args.deft_defer.split(",") if k.strip()], links=links, stamps=stamps)
         model.register_comm_hook(None, deferred.hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     n_params = sum(p.numel() for p in net.parameters())
@@ -224,10 +225,15 @@ def train(args: argparse.Namespace) -> None:
             print(f"plan: {applied.description}", flush=True)
 
     times = []
+    phases: list[dict] = []   # --phase-log: per iteration, ms since its start (docs/deft.md §9)
     losses: list[float] = []
     total = args.warmup + args.iters
+    starts: list[float] = []
     for it in range(total):
         t0 = time.perf_counter()
+        starts.append(t0)
+        if deferred is not None:
+            deferred.iteration = it
         if mem:
             mem.begin(it)
         x, y = batch_fn()
@@ -235,7 +241,9 @@ def train(args: argparse.Namespace) -> None:
         if args.accum_steps == 1:
             out = model(x)
             loss = loss_fn(out, y)
+            t_fwd = time.perf_counter()
             loss.backward()
+            t_bwd = time.perf_counter()
         else:  # M micro-batches of batch/M; DDP synchronises only in the last backward
             for j, (xj, yj) in enumerate(zip(x.chunk(args.accum_steps), y.chunk(args.accum_steps))):
                 with model.no_sync() if j < args.accum_steps - 1 else contextlib.nullcontext():
@@ -243,6 +251,10 @@ def train(args: argparse.Namespace) -> None:
                     loss = loss_fn(out, yj) / args.accum_steps
                     loss.backward()
         opt.step()
+        if stamps is not None:
+            t_end = time.perf_counter()
+            phases.append({"forward": (t_fwd - t0) * 1e3, "backward_end": (t_bwd - t0) * 1e3,
+                           "step_end": (t_end - t0) * 1e3, "ready": {}, "done": {}})
         if args.loss_log:
             losses.append(float(loss.detach()) * args.accum_steps)
         if mem:
@@ -260,6 +272,8 @@ def train(args: argparse.Namespace) -> None:
 
     if deferred is not None:
         deferred.flush()
+    for i, k, what, t in list(stamps or ()):   # ms since the start of the iteration that launched it
+        phases[i][what][str(k)] = (t - starts[i]) * 1e3
     measured = times[args.warmup:]
     all_times = [None] * world
     dist.all_gather_object(all_times, measured)
@@ -277,6 +291,14 @@ def train(args: argparse.Namespace) -> None:
             with open(tmp, "w") as fh:
                 json.dump(doc, fh)
             os.replace(tmp, args.loss_log)
+    if args.phase_log:
+        every = [None] * world
+        dist.all_gather_object(every, phases[args.warmup:])
+        if rank == 0:
+            tmp = args.phase_log + f".tmp{os.getpid()}"
+            with open(tmp, "w") as fh:
+                json.dump({"first_iteration": args.warmup, "phases_ms": {str(r): p for r, p in enumerate(every)}}, fh)
+            os.replace(tmp, args.phase_log)
     if rank == 0:
         per_iter_max = [max(ts[i] for ts in all_times) for i in range(len(measured))]
         med = statistics.median(measured) if measured else float("nan")
@@ -517,6 +539,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(mlp and cnn; for loss curves, --loss-log)")
     p.add_argument("--loss-log", default="", metavar="FILE",
                    help="write every iteration's loss, per rank and their mean, here (rank 0; JSON)")
+    p.add_argument("--phase-log", default="", metavar="FILE",
+                   help="a light timer without the profiler: per measured iteration and rank, ms from the "
+                        "iteration's start to the end of the forward pass, to each DDP bucket's ready moment "
+                        "(with --deft-*: stamped in the DeFT comm hook), to the end of backward and of the optimizer "
+                        "step (rank 0 writes it; JSON; not with --accum-steps)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--iters", type=int, default=20, help="measured iterations (after warm-up)")
     p.add_argument("--warmup", type=int, default=5)
@@ -548,6 +575,10 @@ def main(argv: list[str] | None = None) -> None:
         print("train.py: error: --deft-link1 needs a second link: DPRO_LINK1_IFNAME is not set; run on an emulated "
               "cluster with `dpro cluster --second-rate-mbit R` (or set DPRO_LINK1_IFNAME to the interface)",
               file=sys.stderr)
+        sys.exit(2)
+    if args.phase_log and (args.accum_steps != 1 or args.plan):
+        print("train.py: error: --phase-log times one forward and one backward through the DeFT comm hook: not with "
+              "--accum-steps > 1 or --plan", file=sys.stderr)
         sys.exit(2)
     if args.plan:
         check_plan(args)

@@ -30,6 +30,7 @@ all-reduce over it, deferred or (not in ``defer``) synchronous.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Iterable
 
 import torch
@@ -96,6 +97,11 @@ class DeferredBuckets:
         The group the deferred buckets are all-reduced on (None: ``process_group``).
     record : bool, default False
         Keep ``launches``: ``(iteration, bucket index, deferred)`` per hook call.
+    stamps : list or None
+        If a list, a light timer without the profiler (``train.py --phase-log``): every hook call appends
+        ``(iteration, bucket index, "ready", time.perf_counter())`` on entry (the moment DDP found the
+        bucket ready) and ``(iteration, bucket index, "done", t)`` when its all-reduce completes (a callback
+        on the gloo thread); ``iteration`` is the attribute the training loop sets.
     links : dict of int to group, optional
         Per bucket, the group its all-reduce goes on instead of ``delayed_group`` (deferred) or
         ``process_group`` (not deferred), e.g. a :func:`link_group` on the second interface.  With
@@ -109,7 +115,9 @@ class DeferredBuckets:
     """
 
     def __init__(self, defer: Iterable[int] = (), process_group: Any = None, delayed_group: Any = None,
-                 record: bool = False, links: dict[int, Any] | None = None) -> None:
+                 record: bool = False, links: dict[int, Any] | None = None, stamps: list | None = None) -> None:
+        self.stamps = stamps
+        self.iteration = 0
         self.defer = {int(k) for k in defer}
         self.links = {int(k): g for k, g in (links or {}).items()}
         self.process_group = process_group
@@ -125,6 +133,9 @@ class DeferredBuckets:
     def hook(self, state, bucket):  # noqa: ANN001, ANN201  (DDP checks the annotations it finds: none)
         """The comm hook (``ddp.register_comm_hook(None, deferred.hook)``): a future of the bucket's gradient."""
         idx = int(bucket.index())
+        stamps, it = self.stamps, self.iteration
+        if stamps is not None:
+            stamps.append((it, idx, "ready", time.perf_counter()))
         buf = bucket.buffer()
         self.calls += 1
         deferred = idx in self.defer
@@ -134,12 +145,16 @@ class DeferredBuckets:
             group = self.links.get(idx, self.process_group)
             world = self._world(group)
             fut = _allreduce(buf, group).get_future()
+            if stamps is not None:
+                fut = fut.then(lambda f: (stamps.append((it, idx, "done", time.perf_counter())), f.value())[1])
             return fut.then(lambda f: f.value()[0].div_(world))
         key = tuple(p.data_ptr() for p in bucket.parameters())
         prev = self._pending.pop(idx, None)
         mine = buf.detach().clone()
         group = self.links.get(idx, self.delayed_group)
         work = _allreduce(mine, group)
+        if stamps is not None:
+            work.get_future().then(lambda f: stamps.append((it, idx, "done", time.perf_counter())))
         self._pending[idx] = (key, work, mine, group)
         out: torch.futures.Future = torch.futures.Future()
         if prev is not None and prev[0] == key:
