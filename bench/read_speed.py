@@ -6,8 +6,12 @@ For every file: CPU seconds (``time.process_time``, median of ``--reps``) of
 * ``load``  — :func:`dpro_kit.readers.kineto.load_doc` (the JSON decode);
 * ``parse`` — :func:`dpro_kit.readers.kineto.parse` of the loaded document (events, call trees,
   launches, steps, flows);
-* ``node``  — :func:`dpro_kit.readers.torch_kineto.read_node` of the rank's folder when the file is
-  a dpro collector's ``kineto_trace.json[.gz]`` (everything a rank costs ``dpro replay``);
+* ``stream`` — :func:`dpro_kit.readers.kineto.parse_file` (the same parse, the file read as a stream:
+  how plain torch.profiler files are read);
+* ``peek`` — :func:`dpro_kit.readers.kineto_plain._peek` (what discovery of a folder of more than
+  two plain files reads of each: the stream, no parse);
+* ``node``  — :func:`dpro_kit.trace.read_node` of the rank's folder when the file is a dpro
+  collector's ``kineto_trace.json[.gz]`` (everything a rank costs ``dpro replay``);
 
 events per CPU second, and a digest of the parsed trace (every event's fields, its parent and
 children, launches, steps, forward/backward pairs, warnings), so two versions of the reader can be
@@ -82,6 +86,15 @@ def measure(path: Path, reps: int) -> dict:
     n = sum(len(v) for v in tr.cpu.values()) + sum(len(v) for v in tr.gpu.values())
     row = {"file": str(path), "events": n, "load_s": statistics.median(loads),
            "parse_s": statistics.median(parses), "digest": digest(tr)}
+    from dpro_kit.readers import kineto_plain
+    for col, f in (("stream_s", kineto.parse_file), ("peek_s", kineto_plain._peek)):
+        ts_ = []
+        for _ in range(reps):
+            t0 = time.process_time()
+            with kineto.gc_paused():
+                f(path)
+            ts_.append(time.process_time() - t0)
+        row[col] = statistics.median(ts_)
     row["parse_events_per_s"] = n / row["parse_s"] if row["parse_s"] else float("inf")
     job = path.parents[2]
     if (path.parent / "meta.json").is_file() and (job / "manifest.json").is_file():
@@ -104,16 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args(argv)
     rows = [measure(p, args.reps) for p in (args.files or default_files())]
-    print(f"{'file':60} {'events':>8} {'load s':>7} {'parse s':>8} {'node s':>7} {'ev/s':>9}  digest")
+    print(f"{'file':50} {'events':>8} {'load s':>7} {'parse s':>8} {'stream s':>8} {'peek s':>7} {'node s':>7} "
+          f"{'ev/s':>9}  digest")
     for r in rows:
-        name = str(r["file"])[-60:]
+        name = str(r["file"])[-50:]
         node = f"{r['node_s']:7.3f}" if "node_s" in r else f"{'-':>7}"
-        print(f"{name:60} {r['events']:8d} {r['load_s']:7.3f} {r['parse_s']:8.3f} {node} "
-              f"{r['parse_events_per_s']:9.0f}  {r['digest']}")
+        print(f"{name:50} {r['events']:8d} {r['load_s']:7.3f} {r['parse_s']:8.3f} {r['stream_s']:8.3f} "
+              f"{r['peek_s']:7.3f} {node} {r['parse_events_per_s']:9.0f}  {r['digest']}")
     tot_e = sum(r["events"] for r in rows)
     tot_p = sum(r["parse_s"] for r in rows)
     print(f"all: {tot_e} events, parse {tot_p:.3f} s CPU ({tot_e / tot_p:.0f} events/s), "
-          f"load {sum(r['load_s'] for r in rows):.3f} s, node {sum(r.get('node_s', 0) for r in rows):.3f} s")
+          f"load {sum(r['load_s'] for r in rows):.3f} s, stream {sum(r['stream_s'] for r in rows):.3f} s, "
+          f"peek {sum(r['peek_s'] for r in rows):.3f} s, node {sum(r.get('node_s', 0) for r in rows):.3f} s")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -213,3 +213,40 @@ def test_stand_ins_cannot_change_the_replayed_time(tmp_path: Path, capsys):
         times.append((out["iteration_time_ms"], len(out["nodes"])))
     assert times[0][1] == 2 and times[1][1] == 6
     assert times[1][0] == pytest.approx(times[0][0], rel=1e-9)
+
+
+def test_discovery_without_parsing_gives_the_same_manifest(tmp_path: Path, monkeypatch):
+    """Folders of more than PEEK_ABOVE_FILES files are discovered from the event stream alone
+    (:func:`kineto_plain._peek`); the manifest is the one a full parse of every file gives."""
+    d = tmp_path / "r4"
+    d.mkdir()
+    src = raw_doc(FILES["r128"][0])
+    for r in range(4):       # the real rank-0 file as ranks 0..3 of 4 (a folder of more than 2 files)
+        _write_gz(d / f"rank{r}.json.gz", dict(src, distributedInfo=dict(src["distributedInfo"], rank=r,
+                                                                            world_size=4)))
+    peeked = P.discover(d)
+    P._cache.clear()
+    monkeypatch.setattr(P, "PEEK_ABOVE_FILES", 100)
+    parsed = P.discover(d)
+    assert peeked == parsed
+    assert peeked.world_size == 4 and len(peeked.nodes) == 4 and peeked.iterations
+
+
+@pytest.mark.parametrize("files", [1, 3])
+@pytest.mark.parametrize("bad", ["abc", None, float("inf")])
+def test_profiler_step_without_a_valid_time_is_refused(tmp_path: Path, capsys, files: int, bad):
+    """A ProfilerStep range whose ts is not a number: one line naming the file and the record, exit 2,
+    whether discovery parses the file (1 file) or only streams it (3 files).  Was a ValueError
+    traceback from discovery."""
+    src = raw_doc(FILES["r128"][0])
+    i = next(i for i, e in enumerate(src["traceEvents"]) if str(e.get("name", "")).startswith("ProfilerStep#"))
+    d = tmp_path / f"bad{files}"
+    d.mkdir()
+    for r in range(files):
+        doc = dict(src, distributedInfo=dict(src["distributedInfo"], rank=r, world_size=files))
+        if r == files - 1:
+            doc["traceEvents"] = [dict(e, ts=bad) if j == i else e for j, e in enumerate(src["traceEvents"])]
+        (d / f"rank{r}.json").write_text(json.dumps(doc))
+    assert main(["replay", str(d), "-q"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and f"rank{files - 1}.json" in err[0] and f"traceEvents[{i}]" in err[0], err

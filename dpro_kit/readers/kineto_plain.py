@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import math
 import os
 import statistics
 from collections import Counter, defaultdict
@@ -84,12 +85,50 @@ _cache: dict[tuple[str, int, int], "_Scan"] = {}
 
 @dataclass
 class _Scan:
-    """One file read once (streamed, :func:`kineto.parse_file`): what discovery needs and the parsed trace."""
+    """What discovery needs of one file, and (when it was parsed whole) the parsed trace."""
 
-    trace: K.KinetoTrace
+    trace: K.KinetoTrace | None     # None: streamed for discovery only (:func:`_peek`)
+    distributed: dict[str, Any] | None
     steps: list[K.Step]             # every complete ProfilerStep#N event, any category
     gpu_labels: int                 # "GPU n" process labels
     device_props: int               # entries of a non-empty deviceProperties list (0: none)
+
+
+#: folders of more files than this are discovered by :func:`_peek` (no parse: reading parses each
+#: file once, and the parses cannot all be kept, docs/reliability.md "Memory"); smaller ones by
+#: :func:`_scan`, whose parse reading then reuses
+PEEK_ABOVE_FILES = 2
+
+
+class _Seen:
+    """The steps and GPU labels of a file's events, seen one by one (``traceEvents[i]`` in order)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.i, self.steps, self.labels = path, -1, [], 0
+
+    def __call__(self, e: Any) -> None:
+        self.i += 1
+        if not isinstance(e, dict):
+            return
+        ph = e.get("ph")
+        if ph == "X" and (m := K.STEP_RE.match(str(e.get("name", "")))):
+            try:
+                ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
+            except (TypeError, ValueError, OverflowError):
+                ts = dur = math.nan
+            if not (math.isfinite(ts) and abs(ts) <= K.MAX_ABS_TS_US and 0 <= dur <= K.MAX_DUR_US):
+                raise TraceFormatError(f"{m.group(0)} has no valid time (ts {e.get('ts')!r:.40}, dur "
+                                       f"{e.get('dur')!r:.40})", path=self.path, record=f"traceEvents[{self.i}]",
+                                       hint="the file is corrupt; export it again")
+            self.steps.append(K.Step(int(m.group(1)), ts, ts + dur))
+        elif ph == "M" and e.get("name") == "process_labels" and \
+                str((e.get("args") or {}).get("labels", "")).startswith("GPU"):
+            self.labels += 1
+
+
+def _devices(header: dict[str, Any]) -> int:
+    dp = header.get("deviceProperties")
+    return len(dp) if isinstance(dp, list) else 0
 
 
 def _scan(path: Path) -> _Scan:
@@ -98,25 +137,24 @@ def _scan(path: Path) -> _Scan:
     st = path.stat()
     key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
     if key not in _cache:
-        steps: list[K.Step] = []
-        labels = [0]
-
-        def see(e: Any) -> None:
-            if not isinstance(e, dict):
-                return
-            if e.get("ph") == "X" and (m := K.STEP_RE.match(str(e.get("name", "")))):
-                steps.append(K.Step(int(m.group(1)), float(e.get("ts", 0.0)),
-                                    float(e.get("ts", 0.0)) + float(e.get("dur", 0.0))))
-            elif e.get("ph") == "M" and e.get("name") == "process_labels" and \
-                    str((e.get("args") or {}).get("labels", "")).startswith("GPU"):
-                labels[0] += 1
-        header: dict[str, Any] = {}
-        tr = K.parse_file(path, on_event=see, header=header)
-        dp = header.get("deviceProperties")
+        seen, header = _Seen(path), {}
+        tr = K.parse_file(path, on_event=seen, header=header)
         while len(_cache) >= 2:
-            K.release(_cache.pop(next(iter(_cache))).trace)
-        _cache[key] = _Scan(tr, steps, labels[0], len(dp) if isinstance(dp, list) else 0)
+            old = _cache.pop(next(iter(_cache))).trace
+            if old is not None:
+                K.release(old)
+        _cache[key] = _Scan(tr, tr.distributed, seen.steps, seen.labels, _devices(header))
     return _cache[key]
+
+
+def _peek(path: Path) -> _Scan:
+    """Discovery's facts of ``path`` from its event stream, without parsing the events (about a
+    third of :func:`_scan`'s CPU time: ``bench/read_speed.py``, columns ``stream s`` and ``peek s``)."""
+    seen, header = _Seen(path), {}
+    with K.gc_paused():
+        for e in K.iter_events(path, header):
+            seen(e)
+    return _Scan(None, K.distributed_info(header), seen.steps, seen.labels, _devices(header))
 
 
 def _looks_like_kineto(path: Path) -> bool:
@@ -175,9 +213,10 @@ def discover(trace_dir: Path) -> Manifest | None:
         return None
     found: list[tuple[Path, dict[str, Any] | None, list[K.Step]]] = []
     gpus_of: dict[Path, int] = {}
+    look = _peek if len(files) > PEEK_ABOVE_FILES else _scan
     for p in files:
-        scan = _scan(p)
-        found.append((p, scan.trace.distributed, scan.steps))
+        scan = look(p)
+        found.append((p, scan.distributed, scan.steps))
         gpus_of[p] = _gpus_per_host(scan)
     no_di = [p for p, di, _ in found if di is None]
     if no_di:
