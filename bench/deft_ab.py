@@ -28,6 +28,14 @@ and ``eth1`` at ``--rate1``, ``dpro_kit.cluster.EmulatedCluster(second_rate_mbit
    and the Gaussian-walk ratio (``loss_ratio``) of the DeFT schedule's batch sequence with ``s0``,
    ``mu``, ``sigma`` estimated from the synchronous run's first 20 steps.
 
+With ``--preserver-loop LR`` (phase 1b, after the predictions): DeFT's Preserver as a loop on real
+training: from the DeFT schedule's delays in the hook's form (``fixed_delays``), train the job and
+synchronous DDP with the same seed and data (loopback, ``--loss-steps``), and while the loss ratio is
+outside ``1 +- eps`` make the next bucket in backward-ready order synchronous and train again
+(``dpro_kit.optimize.deft.preserve_measured``).  The accepted delays go into ``plan.json``'s ``deft``
+section (``plan_section``: delays, links, the ``train.py`` options, the loop's log) and become the arm
+``preserved-2links``, predicted with ``dpro replay --deft --defer``.
+
 The prediction is compared honestly: predicted speed-up = replay(stock) / replay(variant) from the
 trace of this session, and each replay's error against the measured time of the same job.
 Run ``python /work/notes/quiet.py $$ &`` (or any way to keep other load off) in the shell first.
@@ -104,6 +112,37 @@ def preserver(args: argparse.Namespace, work: Path, batch_sequence: list[int], l
     return rows
 
 
+def preserver_loop(args: argparse.Namespace, work: Path, rep: dict[str, Any], link1: str
+                   ) -> tuple[dict[str, int], list[dict[str, Any]], dict[str, list[float]]]:
+    """Phase 1b (``--preserver-loop LR``): DeFT's Preserver as a loop on real training (docs/deft.md §9).
+
+    From the DeFT schedule's delays in the hook's form (``fixed_delays``), measure the loss ratio of
+    synchronous DDP over the delayed job (``train.py --nproc 2 --data teacher``, same seed and data,
+    loopback, the link-1 buckets on a second gloo group bound to ``lo``), and while it is outside
+    ``1 +- eps`` make the next bucket of ``lowering_order`` synchronous and measure again
+    (``preserve_measured``).  Returns the accepted delays, the loop's log and every curve it ran.
+    """
+    from dpro_kit.optimize.deft import measured_loss_ratio, preserve_measured
+
+    lr = args.preserver_loop
+    curves: dict[str, list[float]] = {"sync": loss_run(lr, args.loss_steps, args.seed, args.bucket_mb, [],
+                                                       work / f"loop-sync-{lr:g}.json")}
+
+    def measure(delays: dict[str, int]) -> float:
+        defer = ",".join(t.removeprefix("bucket") for t, d in sorted(delays.items()) if d > 0)
+        extra = ["--deft-defer", defer] + (["--deft-link1", link1] if link1 else [])
+        curves[defer] = loss_run(lr, args.loss_steps, args.seed, args.bucket_mb, extra,
+                                 work / f"loop-defer-{defer.replace(',', '_')}-{lr:g}.json")
+        r = measured_loss_ratio(curves["sync"], curves[defer], 10)
+        print(f"preserver loop lr {lr:g}: delayed buckets {defer}: loss ratio sync / delayed {r:.4f} "
+              f"({'within' if abs(r - 1) <= args.eps else 'OUTSIDE'} 1 +- {args.eps})", file=sys.stderr, flush=True)
+        return r
+
+    accepted, log = preserve_measured(rep["fixed_delays"], rep["lowering_order"], measure, eps=args.eps)
+    print(f"preserver loop: accepted delays {accepted}", file=sys.stderr, flush=True)
+    return accepted, log, curves
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -124,13 +163,19 @@ def main() -> None:
     ap.add_argument("--partial", default="", metavar="K[,K..]",
                     help="also the arm partial-2links: only these DDP buckets one iteration late (the Preserver's "
                          "per-bucket fallback), on the links of the assignment; predicted with dpro replay --defer")
+    ap.add_argument("--preserver-loop", type=float, default=None, metavar="LR",
+                    help="run the Preserver as a loop on real training at this learning rate (loopback, "
+                         "--loss-steps steps): start from the DeFT schedule's delays, lower them bucket by bucket "
+                         "until the loss ratio is within 1 +- eps; the accepted delays become the arm "
+                         "preserved-2links (predicted with dpro replay --defer) and plan.json's deft section")
+    ap.add_argument("--prefix", default="dft", help="cgroup / netns name prefix of the emulated cluster")
     ap.add_argument("--keep", default="", help="keep the work folder (trace, plan, logs) here")
     ap.add_argument("--json", default="", help="write everything here")
     args = ap.parse_args()
     base = ["--model", "mlp", "--batch-size", "64", "--bucket-mb", f"{args.bucket_mb:g}", "--warmup", str(args.warmup)]
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="deft-ab-"))
     work.mkdir(parents=True, exist_ok=True)
-    cl = Cluster(work, prefix="dft", cpus_per_host=args.cpus_per_host)
+    cl = Cluster(work, prefix=args.prefix, cpus_per_host=args.cpus_per_host)
     t0 = time.time()
 
     # 1. profile the stock job in this session
@@ -147,6 +192,29 @@ def main() -> None:
     plan = json.loads(plan_file.read_text())
     assign = rep["delay_one_links"]["assignment"]
     on1 = sorted(int(n.removeprefix("bucket")) for n, j in assign.items() if j == 1)
+    loop = None
+    if args.preserver_loop is not None:
+        from dpro_collect.plan import validate_plan
+        from dpro_kit.optimize.deft import plan_section
+        accepted, log, curves = preserver_loop(args, work, rep, ",".join(map(str, on1)))
+        defer_acc = [t for t, d in sorted(accepted.items()) if d > 0]
+        pred_acc = None
+        if defer_acc:
+            pa = dpro_json(["replay", str(trace), "--deft", "--links", f"{args.rate:g},{args.rate1:g}", "--json", "-q",
+                            "--defer", ",".join(defer_acc)])["deft"]["partial_delay"]
+            pred_acc = (pa["links"] if "links" in pa else pa["one_link"])["iteration_ms"]
+        else:
+            pred_acc = rep["synchronous_links"]["iteration_ms"]
+        plan["deft"] = plan_section(accepted, assign, [args.rate, args.rate1], eps=args.eps, log=log,
+                                    predicted={"iteration_ms": pred_acc},
+                                    training={"lr": args.preserver_loop, "steps": args.loss_steps, "seed": args.seed,
+                                              "data": "teacher", "last": 10})
+        validate_plan(plan, where=str(plan_file))
+        tmp = plan_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(plan, indent=1))
+        os.replace(tmp, plan_file)
+        loop = {"accepted": accepted, "log": log, "predicted_ms": pred_acc, "run": plan["deft"]["run"],
+                "curves": curves}
     variants: dict[str, list[str]] = {"default": [], "plan": ["--plan", str(plan_file)],
                                       "deft-1link": ["--deft-defer", "all"]}
     link1 = ",".join(map(str, on1))
@@ -155,12 +223,17 @@ def main() -> None:
         variants["sync-2links"] = ["--deft-link1", link1]
         if partial:
             variants["partial-2links"] = ["--deft-defer", args.partial, "--deft-link1", link1]
+    if loop is not None:
+        variants["preserved-2links"] = loop["run"] if on1 else ["--deft-defer", ",".join(
+            t.removeprefix("bucket") for t, d in sorted(loop["accepted"].items()) if d > 0)]
     sync_ms = rep["synchronous"]["iteration_ms"]
     predicted = {"default": sync_ms, "plan": sync_ms * plan["predicted"]["after_ms"] / plan["predicted"]["before_ms"],
                  "deft-1link": rep["delay_one"]["iteration_ms"], "deft-2links": rep["delay_one_links"]["iteration_ms"],
                  "sync-2links": rep["synchronous_links"]["iteration_ms"]}
     if partial:
         predicted["partial-2links"] = rep["partial_delay"]["links"]["iteration_ms"]
+    if loop is not None:
+        predicted["preserved-2links"] = loop["predicted_ms"]
     print(f"profiled (unprofiled time of that job {prof['ms']:.2f} ms); predicted: " + ", ".join(
         f"{v} {predicted[v]:.2f} ms" for v in variants) + f"; link-1 buckets {on1}", file=sys.stderr, flush=True)
 
@@ -198,7 +271,8 @@ def main() -> None:
         "replay_deft": {k: rep[k] for k in ("coverage_rate", "forward_ms", "backward_ms", "buckets", "batch_sequence",
                                             "update_frequency")},
         "deft_schedule_ms": rep["deft"]["iteration_ms"], "link1_buckets": on1,
-        "plan_predicted": plan["predicted"], "rounds": rounds, "rows": rows}
+        "plan_predicted": plan["predicted"], "rounds": rounds, "rows": rows,
+        **({"preserver_loop": loop} if loop is not None else {})}
     # 4. the Preserver on real training
     if not args.no_preserver:
         out["preserver"] = preserver(args, work, rep["batch_sequence"], link1)

@@ -420,3 +420,83 @@ def test_walk_statistics_and_measured_ratio_hand():
     assert deft.measured_loss_ratio([5, 1, 1.2], [5, 2, 2.4], last=2) == pytest.approx(0.5)
     with pytest.raises(ValueError):
         deft.walk_statistics([1.0, 0.9], lr=0.1, batch=1, steps=3)
+
+
+# ----------------------------------------------------------------- the Preserver as a loop on real training
+
+FIXTURE = Path(__file__).parent / "fixtures" / "deft_preserver_curves.json"
+
+
+def test_preserver_loop_on_recorded_real_loss_curves():
+    """The loop replayed on loss curves recorded from real 2-rank training (bench/deft_ab.py preserver_loop).
+
+    Synchronous DDP and three delayed jobs with the same seed and data (lr 0.1, 300 steps): every bucket
+    delayed, buckets 1 and 2, bucket 2 only.  From all delays 1 the loop lowers bucket 0 first (backward-ready
+    order), then bucket 1, and accepts bucket 2 alone: ratios 0.530, 0.901, 1.003 (eps 0.01).
+    """
+    import json
+    doc = json.loads(FIXTURE.read_text())
+    curves = doc["loss_mean"]
+    seen = []
+
+    def measure(delays):
+        key = ",".join(t.removeprefix("bucket") for t, d in sorted(delays.items()) if d > 0)
+        seen.append(key)
+        return deft.measured_loss_ratio(curves["sync"], curves[key], 10)
+
+    start = {"bucket0": 1, "bucket1": 1, "bucket2": 1}
+    accepted, log = deft.preserve_measured(start, ["bucket0", "bucket1", "bucket2"], measure, eps=0.01)
+    assert accepted == {"bucket0": 0, "bucket1": 0, "bucket2": 1} == doc["accepted"]
+    assert seen == ["0,1,2", "1,2", "2"]
+    assert [round(x["ratio"], 3) for x in log] == [0.530, 0.901, 1.003]
+    assert [x["within"] for x in log] == [False, False, True]
+    # the same decisions as the live loop that recorded the curves
+    assert [x["delays"] for x in log] == [x["delays"] for x in doc["log"]]
+    for a, b in zip(log, doc["log"]):
+        assert a["ratio"] == pytest.approx(b["ratio"], abs=1e-4)
+    # a tighter threshold accepts no delay: every bucket lowered, stock DDP (no run for all zeros)
+    seen.clear()
+    acc0, log0 = deft.preserve_measured(start, ["bucket0", "bucket1", "bucket2"], measure, eps=0.001)
+    assert acc0 == {"bucket0": 0, "bucket1": 0, "bucket2": 0} and seen == ["0,1,2", "1,2", "2"]
+    assert log0[-1] == {"delays": acc0, "ratio": None, "within": True}
+
+
+def test_preserver_loop_hand_cases():
+    calls = []
+
+    def never(delays):
+        calls.append(dict(delays))
+        return 0.5
+    # tries bounds the measurements; what is left is stock DDP
+    acc, log = deft.preserve_measured({"a": 1, "b": 1, "c": 1}, ["a", "b", "c"], never, tries=2)
+    assert len(calls) == 2 and acc == {"a": 0, "b": 0, "c": 0} and log[-1]["ratio"] is None
+    # nothing delayed: accepted without a run
+    calls.clear()
+    acc, log = deft.preserve_measured({"a": 0}, ["a"], never)
+    assert calls == [] and acc == {"a": 0} and log == [{"delays": {"a": 0}, "ratio": None, "within": True}]
+    # a non-finite ratio (a diverged run) is outside
+    acc, log = deft.preserve_measured({"a": 1, "b": 1}, ["b", "a"], lambda d: math.nan if d["b"] else 1.0)
+    assert acc == {"a": 1, "b": 0} and [x["within"] for x in log] == [False, True]
+    with pytest.raises(ValueError):
+        deft.preserve_measured({"a": 1}, ["z"], never)
+
+
+def test_fixed_delays_lowering_order_and_plan_section():
+    # the CR 1.5 schedule of test_schedule_four_cases_merged_updates: every bucket synchronised after its
+    # own iteration's backward at some point of the steady period -> delay 1 each
+    s = deft.schedule(times([3, 3, 3], [1, 1, 1], 3), iterations=20)
+    assert set(deft.fixed_delays(s).values()) == {1}
+    # c = 4, 1; T = 1, 3; forward 10, backward 4.  By hand: each iteration is Case 4 (current empty):
+    # Algorithm 1 on [b0, b1] with B = 4: knapsack -> {b0} (4; 4 + 1 > 4), dropping b0 gives
+    # knapsack([1], 4 - 1) = 1 < 4, so b0 is synchronised in its own backward, b1 becomes the current
+    # queue and goes in the next forward stage (Case 1, 1 <= 10): delays 0 and 1
+    t = times([4, 1], [1, 3], 10)
+    sched = deft.schedule(t, iterations=10)
+    assert sched.delays() == {"b0": 0.0, "b1": 1.0}
+    assert deft.fixed_delays(sched) == {"b0": 0, "b1": 1}
+    assert deft.lowering_order(t) == ["b0", "b1"]
+    from dpro_collect.plan import PLAN_SCHEMA, validate_plan
+    sec = deft.plan_section({"bucket0": 0, "bucket1": 0, "bucket2": 1}, {"bucket0": 0, "bucket1": 1, "bucket2": 1},
+                            [500, 500], eps=0.01, log=[{"delays": {"bucket2": 1}, "ratio": 1.003, "within": True}])
+    assert sec["run"] == ["--deft-defer", "2", "--deft-link1", "1,2"]
+    validate_plan(sec, PLAN_SCHEMA["properties"]["deft"], where="plan.deft")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
@@ -39,7 +39,8 @@ __all__ = ["Bucket", "BucketTimes", "bucket_times", "knapsack", "recursive_knaps
            "exact_multi_knapsack", "multi_knapsack", "partition_counts", "partitioned", "Item", "Stage", "Step", "Schedule",
            "schedule", "link_speeds", "link_assignment", "Sync", "synchronous_syncs", "delayed_syncs", "schedule_syncs",
            "DeftReplay", "period_graph", "replay_syncs", "predict", "expected_next_loss", "loss_ratio",
-           "walk_statistics", "measured_loss_ratio", "preserve"]
+           "walk_statistics", "measured_loss_ratio", "preserve", "fixed_delays", "lowering_order", "preserve_measured",
+           "plan_section"]
 
 _REF = ("Meng and Sun, \"DeFT: Mitigating Data Dependencies for Flexible Communication Scheduling in "
         "Distributed Training\" (``/work/shared/seeds/002_d6311c65601a268e.txt``)")
@@ -1061,7 +1062,8 @@ def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "
         "buckets": [{"name": b.name, "backward_ms": b.backward_us / 1e3, "comm_ms": b.comm_us / 1e3}
                     for b in times.buckets],
         "parts": len(sched.times.buckets), "period": sched.period, "update_frequency": sched.update_frequency,
-        "batch_sequence": sched.batch_sequence(), "delays": sched.delays(), "link_load_ms":
+        "batch_sequence": sched.batch_sequence(), "delays": sched.delays(), "fixed_delays": fixed_delays(sched),
+        "lowering_order": lowering_order(times), "link_load_ms":
             [x / 1e3 for x in sched.link_load_us()],
         "steady_steps": [{"iteration": s.iteration, "forward_case": s.forward.case,
                           "backward_case": s.backward.case,
@@ -1178,6 +1180,110 @@ def measured_loss_ratio(sync: Sequence[float], other: Sequence[float], last: int
         raise ValueError(f"need at least {last} losses in both curves")
     a, b = sum(sync[-last:]) / last, sum(other[-last:]) / last
     return a / b if b else math.inf
+
+
+def fixed_delays(sched: Schedule) -> dict[str, int]:
+    """The DeFT schedule's delays in the form the DDP hook runs: per DDP bucket (graph tensor), 1 or 0.
+
+    :meth:`Schedule.delays` is per item (a part of a partitioned bucket) and fractional (a mean over
+    the steady period, merged items counted from their oldest iteration); the hook
+    (``dpro_torch.deft.DeferredBuckets``) delays a bucket by exactly one iteration or not at all.
+    **choice**: a bucket any of whose parts the schedule synchronises after its own iteration's
+    backward stage starts at delay 1, the others at 0 (what the Preserver's loop then lowers,
+    :func:`preserve_measured`).
+    """
+    tensor = {b.name: b.graph_tensor for b in sched.times.buckets}
+    out: dict[str, int] = {t: 0 for t in tensor.values()}
+    for name, d in sched.delays().items():
+        if d > 0:
+            out[tensor[name]] = 1
+    return dict(sorted(out.items()))
+
+
+def lowering_order(times: BucketTimes) -> list[str]:
+    """The order in which the Preserver's loop makes buckets synchronous: backward-ready order (first ready first).
+
+    DeFT's Preserver raises the knapsack capacity when the loss drifts (§IV-C3), which lets more
+    communication happen inside its own iteration.  With a fixed delay per bucket, the capacity
+    a bucket needs to be synchronised in its own iteration without a bubble is the backward
+    computation after it becomes ready, ``sum_{j > k} T_j``: largest for the first-ready bucket (DDP's
+    bucket 0, the output layers), zero for the last (the input layer, whose synchronisation only a
+    delay can hide).  So a growing capacity admits buckets in backward-ready order, and the loop
+    lowers their delays in that order; the last-ready bucket keeps its delay longest, which is also
+    the one whose delay costs the least speed to drop last.  Names are the graph tensors.
+    """
+    seen: list[str] = []
+    for b in times.buckets:
+        if b.graph_tensor not in seen:
+            seen.append(b.graph_tensor)
+    return seen
+
+
+def preserve_measured(start: dict[str, int], order: Sequence[str], measure: "Callable[[dict[str, int]], float]",
+                      *, eps: float = 0.01, tries: int = 10) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """The Preserver as a loop on real training: lower per-bucket delays until the measured loss ratio is near 1.
+
+    ``measure(delays)`` trains the job with those per-bucket delays (same seed and data as its
+    synchronous run) and returns :func:`measured_loss_ratio` of the synchronous run over it.
+    Starting from ``start`` (:func:`fixed_delays` of the DeFT schedule): measure; while the
+    ratio is outside ``[1 - eps, 1 + eps]``, set the delay of the next bucket of ``order``
+    (:func:`lowering_order`) that still has one to 0 and measure again, at most ``tries``
+    measurements (the paper re-solves at most ten times).  All delays 0 is stock DDP's
+    arithmetic (ratio 1 by construction: the hook with nothing deferred gives DDP's gradients,
+    ``tests/test_deft_hook.py``), accepted without a run.
+
+    Returns the accepted delays (all 0 when no delayed schedule passed within ``tries``) and the
+    log: per step ``{"delays", "ratio", "within"}`` (``ratio`` None where not measured).
+
+    References
+    ----------
+    .. [1] {ref}, §IV-C3 (the feedback loop; ε = 0.01).
+    """
+    if eps < 0 or tries < 1:
+        raise ValueError(f"need eps >= 0 and tries >= 1, got eps {eps}, tries {tries}")
+    delays = {k: int(v) for k, v in start.items()}
+    unknown = [k for k in order if k not in delays]
+    if unknown:
+        raise ValueError(f"lowering order names bucket(s) with no delay: {', '.join(unknown)}")
+    log: list[dict[str, Any]] = []
+    for _ in range(tries):
+        if not any(delays.values()):
+            log.append({"delays": dict(delays), "ratio": None, "within": True})
+            return delays, log
+        ratio = float(measure(dict(delays)))
+        ok = math.isfinite(ratio) and abs(ratio - 1.0) <= eps
+        log.append({"delays": dict(delays), "ratio": ratio, "within": ok})
+        if ok:
+            return delays, log
+        nxt = next((k for k in order if delays[k] > 0), None)
+        if nxt is None:
+            break
+        delays[nxt] = 0
+    zero = {k: 0 for k in delays}
+    log.append({"delays": zero, "ratio": None, "within": True})
+    return zero, log
+
+
+preserve_measured.__doc__ = preserve_measured.__doc__.replace("{ref}", _REF)
+
+
+def plan_section(delays: dict[str, int], links: dict[str, int], rates: Sequence[float], *, eps: float,
+                 log: Sequence[dict[str, Any]], predicted: dict[str, float] | None = None,
+                 training: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``plan["deft"]``: the accepted per-bucket delays and links, how to run them, and the Preserver's log.
+
+    ``run`` gives ``examples/ddp/train.py``'s options for them (``--deft-defer`` the buckets with
+    delay 1, ``--deft-link1`` the buckets on link 1; ``dpro_torch.deft.DeferredBuckets`` in another
+    training loop).
+    """
+    idx = {t: t.removeprefix("bucket") for t in delays}
+    defer = [idx[t] for t, d in sorted(delays.items()) if d > 0]
+    on1 = [idx[t] for t, j in sorted(links.items()) if j == 1 and t in idx]
+    run = (["--deft-defer", ",".join(defer)] if defer else []) + (["--deft-link1", ",".join(on1)] if on1 else [])
+    return {"delays": dict(sorted(delays.items())), "links": dict(sorted(links.items())),
+            "rates_mbit": [float(r) for r in rates], "run": run,
+            "preserver": {"eps": float(eps), "tries": [dict(x) for x in log], **({"training": training} if training else {})},
+            **({"predicted": predicted} if predicted else {})}
 
 
 def preserve(times: BucketTimes, rates: Sequence[float] = (1.0,), *, s0: float, mu: float, sigma: float,

@@ -66,6 +66,13 @@ PLAN_SCHEMA: dict[str, Any] = {
                                     "predicted": {"type": "object"},
                                     "orders": {"type": "object", "properties": {o: {"type": "object"} for o in
                                                                                  ("tic", "tac", "random")}}}},
+        # optional: DeFT per-bucket delays and links accepted by the Preserver's loop on real training
+        # (dpro_kit.optimize.deft.plan_section; bench/deft_ab.py --preserver-loop)
+        "deft": {"type": "object", "required": ["delays", "links", "rates_mbit", "run", "preserver"],
+                 "properties": {"delays": {"type": "object"}, "links": {"type": "object"},
+                                "rates_mbit": {"type": "array", "items": _num}, "run": _strs,
+                                "preserver": {"type": "object", "required": ["eps", "tries"],
+                                              "properties": {"eps": _num, "tries": {"type": "array"}}}}},
     },
 }
 
