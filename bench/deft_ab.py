@@ -258,6 +258,13 @@ def main() -> None:
                      "measured_range_ms": [min(rounds[v]), max(rounds[v])], "measured_speedup": sp_m,
                      "predicted_ms": predicted[v], "predicted_speedup": sp_p,
                      "ms_error": predicted[v] / meas[v] - 1.0, "speedup_error": sp_p / sp_m - 1.0})
+    # the trace stands for the job only if the profiled job ran like the measured one (its own unprofiled
+    # iterations vs the default arm's median): a disturbed profile makes every prediction of this run wrong
+    prof_off = prof["ms"] / meas["default"] - 1.0
+    if abs(prof_off) > 0.10:
+        print(f"WARNING: the profiled job's unprofiled iterations ran {prof['ms']:.2f} ms, {prof_off:+.1%} off the "
+              f"measured default ({meas['default']:.2f} ms): the trace does not stand for the job (load during the "
+              f"profile); its predictions are not a test of the replay - run again", file=sys.stderr, flush=True)
     print(f"\n{'variant':<12} {'measured ms':>22} {'speed-up':>9} {'predicted ms':>13} {'pred. speed-up':>15} "
           f"{'ms error':>9} {'speed-up error':>15}")
     for r in rows:
@@ -268,6 +275,7 @@ def main() -> None:
     out: dict[str, Any] = {
         "command": " ".join(sys.argv), "rate_mbit": args.rate, "rate1_mbit": args.rate1, "bucket_mb": args.bucket_mb,
         "cpus_per_host": args.cpus_per_host, "profiled_job_unprofiled_ms": prof["ms"], "trace": str(trace),
+        "profiled_job_vs_default": prof_off,
         "replay_deft": {k: rep[k] for k in ("coverage_rate", "forward_ms", "backward_ms", "buckets", "batch_sequence",
                                             "update_frequency")},
         "deft_schedule_ms": rep["deft"]["iteration_ms"], "link1_buckets": on1,
