@@ -150,7 +150,10 @@ class Bench:
         jdir = a.out / tag
         jdir.mkdir(exist_ok=True)
         times = jdir / "times.json"
-        iters = a.prof_start + a.prof_steps + 2 - a.warmup if profile else a.iters
+        # profiled: warm-up, the window, its export and the --shapes iteration, then --post-steps unprofiled
+        # iterations: the reader measures the profiler's cost on this process from them ("window" mode,
+        # docs/simulate.md "Where the error comes from"); without them it subtracts only the calibration loop's
+        iters = a.prof_start + a.prof_steps + 2 + a.post_steps - a.warmup if profile else a.iters
         argv = [PY, str(TRAIN), "--model", model, "--warmup", str(a.warmup), "--iters", str(iters),
                 "--threads", "1", "--quiet", "--json-out", str(times)]
         if sfile is not None:
@@ -178,8 +181,24 @@ class Bench:
         if profile:
             row["trace"] = str(trace)
             row["batch"] = batch
+            meas = _profile_measured(trace)
+            row["profiled_window_ms"] = meas.get("profiled_ms")
+            row["unprofiled_ms"] = meas.get("unprofiled_ms")
         print(f" {row['ms']:.2f} ms ({res.wall_s:.0f} s)", flush=True)
         return row
+
+
+def _profile_measured(trace: Path) -> dict[str, float | None]:
+    """The profiled process's own step times (the collector's ``meta.json`` ``measured``): the median profiled
+    and unprofiled iteration, ms (None where absent: no unprofiled step after warm-up outside the window)."""
+    out: dict[str, float | None] = {"profiled_ms": None, "unprofiled_ms": None}
+    for meta in sorted(Path(trace).glob("*/*/meta.json")):
+        m = (json.loads(meta.read_text()).get("measured") or {})
+        for k, key in (("profiled_ms", "median_profiled_us"), ("unprofiled_ms", "median_unprofiled_us")):
+            if isinstance(m.get(key), (int, float)):
+                out[k] = round(m[key] / 1e3, 3)
+        break
+    return out
 
 
 def pct(p: float | None, m: float | None) -> float | None:
@@ -254,9 +273,11 @@ def tables(rows: dict[str, Any]) -> str:
                    f"{'-' if po is None else 'yes' if po == mo else 'NO'} |")
     if rows.get("single"):
         out += ["", "single process, no profiler, one host at the same budget, vs `dpro replay` of its profile:", "",
-                "| model | batch | measured ms | profiled window ms | dpro replay ms | error % |", "|---|---|---|---|---|---|"]
+                "| model | batch | measured ms | profiled window ms | unprofiled steps of the profiled run ms | "
+                "dpro replay ms | error % |", "|---|---|---|---|---|---|---|"]
         for r in rows["single"]:
             out.append(f"| {r['model']} | {r['batch']} | {r['measured_ms']:.2f} | {r['profiled_window_ms']:.2f} | "
+                       f"{f(r.get('unprofiled_in_profile_ms'))} | "
                        f"{f(r.get('replay_ms'))} | {f(pct(r.get('replay_ms'), r['measured_ms']), '{:+.1f}')} |")
     out += ["", "| model | strategy | measured peak MiB (largest rank) | predicted MiB | error % | cap MiB | "
                 "measured OOM | predicted OOM |", "|---|---|---|---|---|---|---|---|"]
@@ -283,7 +304,8 @@ def single_rows(a: argparse.Namespace, b: Bench, rows: dict[str, Any], model: st
     for p in [rows["profiles"][model]] + (rows.get("profiles_at_batch") or {}).get(model, []):
         j = b.job(model, None, 1, None, batch=p.get("batch"))
         rows.setdefault("single", []).append({"model": model, "batch": p.get("batch"), "measured_ms": j["ms"],
-                                              "profiled_window_ms": p["ms"], "trace": p["trace"]})
+                                              "profiled_window_ms": p.get("profiled_window_ms") or p["ms"],
+                                              "unprofiled_in_profile_ms": p.get("unprofiled_ms"), "trace": p["trace"]})
 
 
 def profile_model(a: argparse.Namespace, b: Bench, rows: dict[str, Any], model: str, sfiles: list[Path]) -> None:
@@ -326,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--prof-start", type=int, default=5)
     ap.add_argument("--prof-steps", type=int, default=5)
+    ap.add_argument("--post-steps", type=int, default=8,
+                    help="unprofiled iterations after the profiled window (and its export / --shapes iteration) in "
+                         "the single-process profiles: the reader measures the profiler's cost on them and takes it "
+                         "out of the op times (0: only the calibration loop's cost is taken out, the profile's op "
+                         "times carry the rest; docs/simulate.md)")
     ap.add_argument("--cap-mib", type=float, default=None, help="memory cap for the OOM verdicts (default: per model "
                     "the median of the measured peaks)")
     ap.add_argument("--job-timeout", type=float, default=300)
@@ -338,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reprofile", type=Path, default=None,
                     help="rows.json of an earlier run: run only the profiles again (--models, --profile-batches) into "
                          "--out and predict that run's measurements from them")
+    ap.add_argument("--no-predict", action="store_true",
+                    help="run the jobs and stop (no dpro simulate / replay: those need no lock on a shared machine); "
+                         "predict later with --repredict OUT/rows.json")
     a = ap.parse_args(argv)
     if a.reprofile:
         rows = json.loads(a.reprofile.read_text())
@@ -349,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
         sfiles = sorted({_sfile(r) for r in rows["time"]})
         for model in models:
             profile_model(a, b, rows, model, sfiles)
+            save(a, rows)
+        if a.no_predict:
+            print(f"measured; predict with: {Path(sys.argv[0]).name} --repredict {a.out / 'rows.json'}")
+            return 0
         predict(rows)
         save(a, rows)
         print(tables(rows))
@@ -393,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
                                      "rounds_ms": meas[sf.stem]})
             save(a, rows)
     rows["wall_s"] = round(time.time() - t0, 1)
+    if a.no_predict:
+        save(a, rows)
+        print(f"measured; predict with: {Path(sys.argv[0]).name} --repredict {a.out / 'rows.json'}")
+        return 0
     predict(rows)
     save(a, rows)
     print()

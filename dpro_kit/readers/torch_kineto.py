@@ -262,6 +262,9 @@ def read_op_shapes(node_dir: Path) -> dict[str, dict[str, Any]]:
 
 #: how the reader removes the profiler's cost from op durations (manifest extra torch_kineto.profiler_overhead)
 OVERHEAD_MODES = S.OVERHEAD_MODES
+#: the words every warning of a node whose op times keep part of the profiler's cost contains (the
+#: "window" correction could not be measured on the job); ``dpro simulate`` passes such warnings on as notes
+COST_NOT_MEASURED = "the profiler's cost is the calibration loop's only"
 #: upper bound on the per-event cost the "window" mode may attribute (ns)
 MAX_EVENT_OVERHEAD_NS = 20_000.0
 
@@ -823,9 +826,22 @@ def _subtract_profiler_cost(ops: list[_Op], sizes: dict[int, int], meta: dict[st
         n_iter = len({o.iteration for o in cpu_ops}) or 1
         w = window_overhead_ns(meta, sum(sizes.get(id(o.ev), 1) for o in cpu_ops) / n_iter)
         per_event = max(per_event, w) if w is not None else per_event
-        if w is None and not ((meta.get("measured") or {}).get("median_unprofiled_us") and meta.get("steps")):
-            warning = ("meta.json has no step times ('steps', 'measured'): the profiler's cost is the calibration "
-                       "loop's only, not measured on the job's own iterations (re-collect for the usual correction)")
+        n_prof = sum(1 for x in (meta.get("steps") or []) if isinstance(x, dict) and x.get("profiled"))
+        if w is None and not meta.get("steps"):
+            warning = (f"meta.json has no step times ('steps', 'measured'): {COST_NOT_MEASURED}, not measured on "
+                       "the job's own iterations (re-collect for the usual correction)")
+        elif w is None and not (meta.get("measured") or {}).get("median_unprofiled_us"):
+            win = meta.get("window")
+            steps = win.get("profiled_steps") if isinstance(win, dict) else None
+            span = (f"steps {min(steps)}..{max(steps)}" if isinstance(steps, list) and steps
+                    and all(type(x) is int for x in steps) else "steps ?")
+            warning = (f"no unprofiled iteration after warm-up outside the profiled window ({span}; the one after it "
+                       f"holds the export, and one more the --shapes iteration): {COST_NOT_MEASURED}, so "
+                       "the op times carry the rest of it (often 10-30 % of a small model's iteration; "
+                       "docs/simulate.md): run the script a few more iterations after the window")
+        elif w is None and n_prof < 3:
+            warning = (f"the profiled window has {n_prof} iteration(s) and the first holds the profiler's start: "
+                       f"{COST_NOT_MEASURED}, so the op times carry the rest of it (profile 3 or more iterations)")
     if per_event > 0:
         for o in ops:   # the part of a split op after its synchronising call waited: it is not charged
             if not o.thread.startswith("gpu") and not o.after_sync:
@@ -1092,7 +1108,7 @@ def _edges(ops: list[_Op], steps: list[int],
     return list(dict.fromkeys(edges))
 
 
-__all__ = ["C10D_COLLECTIVES", "C10D_NS", "GLOO_WORKER", "MARKER_NS", "MARKERS", "MAX_EVENT_OVERHEAD_NS",
+__all__ = ["COST_NOT_MEASURED", "C10D_COLLECTIVES", "C10D_NS", "GLOO_WORKER", "MARKER_NS", "MARKERS", "MAX_EVENT_OVERHEAD_NS",
            "META_FORMAT", "META_VERSIONS", "OVERHEAD_MODES", "RING_COLUMNS", "RING_FORMAT", "finish", "parse_node",
            "profiler_overhead_ns", "read_node", "read_op_shapes", "window_overhead_ns"]
 

@@ -326,6 +326,7 @@ def fit_batches(main: ModelGraph, others: list[ModelGraph]) -> ModelGraph:
             raise DproError(f"its batch is {x:g} x that of {main.source}, the same as {seen[key]}'s", path=o.source,
                             hint="give profiles at different batch sizes")
         seen[key] = o.source
+        main.notes.extend(n for n in o.notes if n.startswith("op times of ") and n not in main.notes)
         for la, lb in zip(main.layers, o.layers):
             for oa, ob in zip(la.ops, lb.ops):
                 oa.at = (oa.at or ((1.0, oa.fwd_us),)) + ((x, ob.fwd_us),)
@@ -400,6 +401,10 @@ def from_profile(path: str | Path, *, session: Any = None, allocator: bool = Tru
         raise DproError("the trace has no worker", path=path)
     node = workers[0]
     notes: list[str] = []
+    from ..readers.torch_kineto import COST_NOT_MEASURED
+    # op times that keep part of the profiler's cost (no unprofiled iteration to measure it on): say so, the
+    # prediction inherits it (docs/simulate.md "Where the error comes from", 2026-11-27 sim3)
+    notes.extend(f"op times of {path}: {w}" for w in (m.extra.get("warnings") or []) if COST_NOT_MEASURED in str(w))
     if len(workers) > 1:
         notes.append(f"the profile has {len(workers)} ranks; the model is read from {node} (a single-process "
                      "profile is the intended input)")
