@@ -4,7 +4,9 @@
 ``stalls TRACE...``      per profiled iteration of a single-process profile: the sum of its op durations, the sum
                          of every op's median over the iterations, and the ops more than 2 ms above their median
                          (a CPU-budget throttle stall, or a preemption, lands on whichever op is running);
-``opcost OP TRACE...``   per trace and rank, the median / mean duration of op OP (e.g. aten::linear) per call;
+``opcost OP TRACE...``   per trace and rank, the median / mean duration of op OP (e.g. aten::linear) per call: as
+                         recorded, with the host gap before it, and as the reader gives it (minus the profiler's
+                         cost, measured differently per trace: compare the first two across traces);
 ``waits TRACE...``       per rank, the host ops by kind and the top OTHER ops per iteration (gloo send/recv waits);
 ``profile-job STRATEGY`` the real strategy job (examples/strategies/train.py) under ``dpro profile`` on emulated
                          hosts (one rank per host, the bench's CPU budget and period), to compare its ops with the
@@ -55,12 +57,45 @@ def stalls(paths: list[str]) -> None:
 
 
 def opcost(op: str, paths: list[str]) -> None:
+    """Per rank: OP's per-call median as recorded (Kineto ``dur``), with the host gap before it folded in, and as
+    the reader gives it (gap folded, minus the profiler's per-event cost times the events inside the op), and that
+    per-event cost: the reader's correction differs between traces (measured on the job's own unprofiled
+    iterations, or the calibration loop's only when it has none), so compare the first two columns across traces."""
+    import glob
+    from dpro_kit.readers import kineto as K
+    from dpro_kit.readers import torch_kineto as R
     for path in paths:
-        ev = _events(path)
-        for node in sorted(ev["node"].unique()):
-            x = ev[(ev["node"] == node) & (ev["name"].astype(str) == op)]["dur"]
-            if len(x):
-                print(f"{path} {node}: {op} n={len(x)} median {x.median():.0f} us, mean {x.mean():.0f} us")
+        for f in sorted(glob.glob(f"{path}/*/*/kineto_trace.json")):
+            meta = json.loads((Path(f).parent / "meta.json").read_text())
+            doc = K.load_doc(Path(f)) if hasattr(K, "load_doc") else json.loads(Path(f).read_text())
+            cols, cost = {}, {}
+            real = R._subtract_profiler_cost
+
+            def spy(ops, sizes, meta, overhead, main, markers, _real=real):
+                before = {id(o): o.dur for o in ops}
+                warn = _real(ops, sizes, meta, overhead, main, markers)
+                lin = [o for o in ops if o.name == op and sizes.get(id(o.ev), 1)]
+                if lin and overhead != "keep":
+                    o = lin[0]
+                    cost["ns"] = (before[id(o)] - o.dur) / sizes.get(id(o.ev), 1) if o.dur > 0 else None
+                    cost["events"] = sizes.get(id(o.ev), 1)
+                return warn
+            R._subtract_profiler_cost = spy
+            try:
+                for name, fold, ov in (("recorded", False, "keep"), ("+host gap", True, "keep"),
+                                       ("as read", True, "window")):
+                    ev = R.parse_node(meta, doc, path=Path(f), fold_gaps=fold, overhead=ov).events
+                    x = ev[ev["name"].astype(str) == op]["dur"]
+                    cols[name] = (len(x), float(x.median()) if len(x) else float("nan"), float(x.mean()) if len(x) else 0.0)
+            finally:
+                R._subtract_profiler_cost = real
+            if cols["recorded"][0]:
+                m = meta.get("measured") or {}
+                print(f"{f}: {op} n={cols['recorded'][0]} per-call median (mean) us: "
+                      + ", ".join(f"{k} {v[1]:.0f} ({v[2]:.0f})" for k, v in cols.items())
+                      + (f"; profiler cost taken out {cost['ns'] / 1e3:.2f} us/event x {cost['events']} events"
+                         if cost.get("ns") is not None else "")
+                      + f"; unprofiled steps used {m.get('unprofiled_steps_used')}")
 
 
 def waits(paths: list[str]) -> None:
