@@ -95,11 +95,15 @@ def test_classify_counts_what_is_wrong(tmp_path):
     assert fuzz.classify(tb, case)[0] == "traceback"
 
 
-def test_subprocess_runner_counts_hangs():
-    """The long run's workers: a case past the time limit is killed and counted as a hang, the run goes on."""
-    # --stall 600: every case sleeps 10 minutes in its worker before it starts
+@pytest.mark.parametrize("blocked", [False, True])
+def test_subprocess_runner_counts_hangs(blocked):
+    """The long run's workers: a case past the CPU-time limit (spinning) or the wall-clock limit (blocked)
+    is killed and counted as a hang, the run goes on."""
+    # --stall 600: every case spins 10 CPU minutes (or sleeps 10 minutes) in its worker before it starts
     r = subprocess.run([sys.executable, str(REPO / "bench" / "fuzz.py"), "--cases", "2", "--jobs", "1",
-                        "--timeout", "2", "--small", "--stall", "600"], capture_output=True, text=True, timeout=300,
+                        "--timeout", "2", "--wall-timeout", "4", "--small", "--stall", "600",
+                        *(["--stall-sleep"] if blocked else [])], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "hang 2" in r.stdout and "over 2 s, killed" in r.stdout, r.stdout + r.stderr
+    why = "over 4 s wall" if blocked else "over 2 CPU s, killed"
+    assert "hang 2" in r.stdout and why in r.stdout, r.stdout + r.stderr
