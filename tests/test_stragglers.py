@@ -125,10 +125,17 @@ def test_real_slowed_host_is_named_first(tmp_path):
     assert by["host1/1"]["compute_ms"] > 1.15 * by["host0/0"]["compute_ms"], st
     assert by["host1/1"]["like_median_ms"] < doc["iteration_time_ms"], st
     # the collector recorded each rank's cgroup quota and how long it stopped the rank per step
-    assert by["host1/1"]["limit_cpus"] == 0.5 and by["host0/0"]["limit_cpus"] == 1.0, st
-    assert by["host1/1"]["throttled_ms"] > 0 and by["host1/1"]["throttled_ms"] > by["host0/0"]["throttled_ms"], st
-    assert 0 < by["host1/1"]["cpus_used"] <= 0.6, st
-    assert any(w.startswith("host1/1 is held back by its cgroup's CPU limit (0.5 CPU)") for w in doc["warnings"]), doc["warnings"]
+    h1 = by["host1/1"]
+    assert h1["limit_cpus"] == 0.5 and by["host0/0"]["limit_cpus"] == 1.0, st
+    assert h1["throttled_ms"] is not None and h1["throttled_ms"] >= 0, st
+    assert 0 < h1["cpus_used"] <= 0.6, st
+    if h1["cpus_used"] >= 0.4:
+        # the quota bound: host1 was stopped by it, more than host0, and the replay says so.  (On a
+        # machine so loaded that host1 could not even use its 0.5 CPU, the quota never stopped it: a
+        # fresh-clone CI run beside three benches and a fuzz run, load ~10, recorded 0 ms.)
+        assert h1["throttled_ms"] > 0 and h1["throttled_ms"] > by["host0/0"]["throttled_ms"], st
+        assert any(w.startswith("host1/1 is held back by its cgroup's CPU limit (0.5 CPU)")
+                   for w in doc["warnings"]), doc["warnings"]
 
 
 def test_cpu_limited_from_recorded_use():
