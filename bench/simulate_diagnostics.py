@@ -8,6 +8,9 @@
                          recorded, with the host gap before it, and as the reader gives it (minus the profiler's
                          cost, measured differently per trace: compare the first two across traces);
 ``waits TRACE...``       per rank, the host ops by kind and the top OTHER ops per iteration (gloo send/recv waits);
+``linear-probe``         per-call ``nn.Linear`` time without the profiler: one batch per iteration vs micro-batches
+                         back to back (a GPipe stage), in a CPU-budget group; ``--threads``, ``--cpus`` variants;
+``budget-noise``         the single process's iteration times plain vs under ``dpro profile`` (window or not);
 ``profile-job STRATEGY`` the real strategy job (examples/strategies/train.py) under ``dpro profile`` on emulated
                          hosts (one rank per host, the bench's CPU budget and period), to compare its ops with the
                          single-process profiles.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -111,6 +115,95 @@ def waits(paths: list[str]) -> None:
                   + ", ".join(f"{k} {v:.2f}" for k, v in top.items()))
 
 
+_PROBE = r"""
+import sys, time, json, statistics, collections
+sys.path.insert(0, sys.argv[1])
+import torch, torch.nn as nn
+import train as T
+mode, batch, m, iters, warmup, threads, prof = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), \
+    int(sys.argv[6]), int(sys.argv[7]), sys.argv[8] == "1"
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+net, c = T.build("mlp")
+opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+gen = torch.Generator().manual_seed(1)
+rec, on, orig = collections.defaultdict(list), [False], nn.Linear.forward
+def fwd(self, x):
+    t0 = time.perf_counter(); y = orig(self, x); t1 = time.perf_counter()
+    if on[0]:
+        rec[f"{self.in_features}x{self.out_features}"].append((t1 - t0) * 1e6)
+    return y
+nn.Linear.forward = fwd
+def step():
+    opt.zero_grad(set_to_none=True)
+    losses = []
+    for _ in range(1 if mode == "single" else m):   # micro: m micro-batches forward, then their backward
+        x, y = T.make_batch("mlp", c, batch, gen)
+        losses.append(T.loss_fn(net(x), y))
+    for l in losses:
+        l.backward()
+    opt.step()
+for _ in range(warmup):
+    step()
+on[0] = True
+p = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if prof else None
+if p is not None:
+    p.__enter__()
+wall, cpu0 = [], time.process_time()
+for _ in range(iters):
+    t0 = time.perf_counter(); step(); wall.append(time.perf_counter() - t0)
+cpu = time.process_time() - cpu0
+out = {"iter_ms": round(statistics.median(wall) * 1e3, 2), "cpu_ms_per_iter": round(cpu / iters * 1e3, 2),
+       "linear_us": {k: round(statistics.median(v), 1) for k, v in rec.items()},
+       "linear_all_us": round(statistics.median([d for v in rec.values() for d in v]), 1)}
+if p is not None:
+    p.__exit__(None, None, None)
+    out["profiler_aten_linear_us"] = round(statistics.median(
+        e.time_range.elapsed_us() for e in p.events() if e.name == "aten::linear"), 1)
+print(json.dumps(out), flush=True)
+"""
+
+
+def linear_probe(a: argparse.Namespace) -> None:
+    """The mlp of examples/strategies/train.py in one process per variant, each in a fresh CpuBudget group:
+    per-call nn.Linear time (perf_counter, no profiler unless --prof) with one batch per iteration ("single",
+    the single-process profile) vs M micro-batches back to back ("micro", a GPipe stage's order)."""
+    import subprocess
+    from dpro_kit.jobs import CpuBudget
+    for cpus in a.cpus:
+        for mode in ("single", "micro"):
+            for threads in a.threads:
+                argv = [sys.executable, "-c", _PROBE, str(ROOT / "examples" / "strategies"), mode, str(a.batch),
+                        str(a.micro_batches), str(a.iters), "5", str(threads), "1" if a.prof else "0"]
+                with CpuBudget(1, cpus, prefix=a.prefix, period_us=a.period_us, shares=8192) as b:
+                    r = subprocess.run(argv, capture_output=True, text=True, preexec_fn=b.preexec(0), timeout=600)
+                line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else f"failed: {r.stderr[-300:]}"
+                print(f"{cpus:g} CPU {mode:6s} batch {a.batch}{f' x {a.micro_batches}' if mode == 'micro' else ''} "
+                      f"threads {threads}: {line}", flush=True)
+
+
+def budget_noise(a: argparse.Namespace) -> None:
+    """train.py --ranks 1 (mlp) on one CpuBudget host, loopback: plain, under dpro profile with a window that never
+    opens, with a real window (+ --post-steps-like unprofiled iterations after it), plain again; every iteration."""
+    import statistics
+    from dpro_kit.jobs import run_job
+    train = ROOT / "examples" / "strategies" / "train.py"
+    env = dict(DPRO_QUIET="1", PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "collectors" / "torch"), str(ROOT / "collectors" / "common"), str(ROOT)]))
+    a.out.mkdir(parents=True, exist_ok=True)
+    for name, prof, steps, flags in [("plain", False, "", ()), ("instrumented, window never opens", True, "100:105", ()),
+                                     ("profiled --steps 5:10 --shapes", True, "5:10", ("--shapes",)),
+                                     ("plain again", False, "", ())]:
+        j = a.out / f"{name.split()[0]}-{steps.replace(':', '_') or 'none'}.json"
+        argv = [sys.executable, str(train), "--model", "mlp", "--batch-size", str(a.batch), "--warmup", "1",
+                "--iters", "19", "--threads", "1", "--quiet", "--json-out", str(j)]
+        r = run_job(argv, hosts=1, ranks_per_host=1, rate_mbit=None, cpus_per_host=a.cpus[0], cpu_period_us=a.period_us,
+                    cpu_shares=8192, profile=(a.out / f"trace-{steps.replace(':', '_')}") if prof else None,
+                    steps=steps or "10:15", profile_flags=flags, env=env, timeout=300, prefix=a.prefix)
+        ms = [round(t * 1e3, 1) for t in json.loads(j.read_text())["iteration_times_s"]["0"]]
+        print(f"{name}: exit {r.codes}; median {statistics.median(ms):.1f} ms; iterations {ms}", flush=True)
+
+
 def profile_job(a: argparse.Namespace) -> None:
     import os
     from dpro_kit.jobs import run_job
@@ -153,6 +246,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--period-us", type=int, default=10000)
     p.add_argument("--prefix", default="sd")
     p.add_argument("--out", type=Path, required=True)
+    lp = sub.add_parser("linear-probe", help="per-call nn.Linear cost, one batch vs micro-batches, no profiler")
+    lp.add_argument("--batch", type=int, default=16)
+    lp.add_argument("--micro-batches", type=int, default=4)
+    lp.add_argument("--iters", type=int, default=30)
+    lp.add_argument("--cpus", type=lambda v: [float(x) for x in v.split(",")], default=[0.5], help="e.g. 0.5,2")
+    lp.add_argument("--threads", type=lambda v: [int(x) for x in v.split(",")], default=[1], help="e.g. 1,2")
+    lp.add_argument("--prof", action="store_true", help="inside torch.profiler (plain, no dpro collector)")
+    lp.add_argument("--period-us", type=int, default=10000)
+    lp.add_argument("--prefix", default="sd")
+    bn = sub.add_parser("budget-noise", help="iteration times of the single process: plain vs under dpro profile")
+    bn.add_argument("--batch", type=int, default=16)
+    bn.add_argument("--cpus", type=lambda v: [float(x) for x in v.split(",")], default=[0.5])
+    bn.add_argument("--period-us", type=int, default=10000)
+    bn.add_argument("--prefix", default="sd")
+    bn.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     if a.cmd == "stalls":
         stalls(a.traces)
@@ -160,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         opcost(a.op, a.traces)
     elif a.cmd == "waits":
         waits(a.traces)
+    elif a.cmd == "linear-probe":
+        linear_probe(a)
+    elif a.cmd == "budget-noise":
+        budget_noise(a)
     else:
         profile_job(a)
     return 0
