@@ -5,10 +5,13 @@ Issue 21 item 3 (docs/stragglers.md).  For each (model, link rate) this runs the
 ``examples/ddp/train.py`` (gloo, CPU, one rank per emulated host, every host with a fixed CPU
 budget: ``dpro_kit.jobs.run_job(cpus_per_host=..., cpu_period_us=10000)``):
 
-1. the balanced job under ``dpro profile`` once; from that one trace ``dpro replay`` predicts
-   the balanced iteration time and every injected straggler: host S's CPU budget cut to 1/F of
-   the others' -> ``--slow-rank S=F``; host S's link rate x f -> ``--slow-link hostS=f``.
-   Predicted slowdown = replay(what-if) / replay(balanced);
+1. the balanced job under ``dpro profile`` ``--profiles`` times (before the rounds and after
+   evenly spaced rounds); from each trace ``dpro replay`` predicts the balanced iteration time and
+   every injected straggler: host S's CPU budget cut to 1/F of the others' ->
+   ``--cpu-limit hostS=<cpus/F> --cpu-period-ms <period>`` (the CFS model: full speed until the
+   period's quota is spent, then stopped; docs/stragglers.md) and, for comparison,
+   ``--slow-rank S=<the cut's busy-loop factor>``; host S's link rate x f -> ``--slow-link hostS=f``.
+   Predicted slowdown = median over the profiles of replay(what-if) / replay(balanced);
 2. every job (balanced and each injection) without the profiler, ``--rounds`` times in
    alternating order; measured slowdown = median(injected) / median(balanced), per-round pairs;
 3. the reverse direction: the job with host S at 1/``--reverse`` of the budget under
@@ -142,19 +145,22 @@ def repredict(rows_file: Path) -> int:
     print("| Mbit/s | injected | predicted then | predicted now | measured | error now |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        t = r["trace"]
-        if t not in base:
-            base[t] = Bench.replay(t, [])["iteration_time_ms"]
+        traces = r.get("traces") or [r["trace"]]     # this bench's rows: every balanced profile
+        for t in traces:
+            if t not in base:
+                base[t] = Bench.replay(t, [])["iteration_time_ms"]
+        t = traces[0]
         if r["direction"] == "slow":
-            now, then, m = Bench.replay(t, r["replay_args"].split())["iteration_time_ms"] / base[t], \
-                r["predicted_slowdown"], r["measured_slowdown"]
+            now, then, m = statistics.median(Bench.replay(t_, r["replay_args"].split())["iteration_time_ms"] / base[t_]
+                                             for t_ in traces), r["predicted_slowdown"], r["measured_slowdown"]
         elif r["direction"] == "fix":
             s = int(r["injected"].split("host", 1)[1].split()[0])
             now, then, m = base[t] / Bench.replay(t, ["--like-median", str(s)])["iteration_time_ms"], \
                 r["predicted_speedup"], r["measured_speedup"]
         else:
-            print(f"| {r['rate']:g} | balanced | {r['predicted_ms']:.3f} ms | {base[t]:.3f} ms | "
-                  f"{r['measured_ms']:.3f} ms | {100 * (base[t] / r['measured_ms'] - 1):+.1f} % |")
+            now_ms = statistics.median(base[t_] for t_ in traces)
+            print(f"| {r['rate']:g} | balanced | {r['predicted_ms']:.3f} ms | {now_ms:.3f} ms | "
+                  f"{r['measured_ms']:.3f} ms | {100 * (now_ms / r['measured_ms'] - 1):+.1f} % |")
             continue
         errs.append(abs(now / m - 1))
         print(f"| {r['rate']:g} | {r['direction']} {r['injected']} | {then:.3f} | {now:.3f} | {m:.3f} | "
@@ -184,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--prof-start", type=int, default=12)
-    ap.add_argument("--prof-steps", type=int, default=6)
+    ap.add_argument("--prof-steps", type=int, default=12,
+                    help="profiled steps per profile (the replay picks the median one; 6 moved predictions by +-7 %%)")
+    ap.add_argument("--profiles", type=int, default=3,
+                    help="profile the balanced job this many times (before the rounds and after evenly spaced "
+                         "rounds); each prediction is the median over them")
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--job-timeout", type=float, default=400)
     ap.add_argument("--calib-reps", type=int, default=3,
@@ -202,67 +212,93 @@ def main(argv: list[str] | None = None) -> int:
     b = Bench(a)
     t_start = time.time()
     rows: list[dict[str, Any]] = []
+    period_ms = f"{a.period_us / 1000:g}"
+    K = max(1, a.profiles)
+    # the balanced job is profiled K times: before the rounds and after evenly spaced rounds
+    prof_after = {max(0, round(j * a.rounds / (K - 1)) - 1) for j in range(1, K)} if K > 1 else set()
     for model in a.models.split(","):
         for rate in [float(r) for r in a.rates.split(",")]:
             rates = [rate] * H
             base_cpus = [a.cpus] * H
-            variants: dict[str, tuple[list[float], list[float], list[str]]] = {"balanced": (rates, base_cpus, [])}
+            # variant -> (link rates, CPU budgets, {prediction model: replay arguments})
+            variants: dict[str, tuple[list[float], list[float], dict[str, list[str]]]] = {"balanced": (rates, base_cpus, {})}
             for F in cuts:
-                variants[f"cpu host{S} x1/{F:g}"] = (rates, [a.cpus / F if i == S else a.cpus for i in range(H)],
-                                                     ["--slow-rank", f"{S}={F:g}"])
+                variants[f"cpu host{S} x1/{F:g}"] = (
+                    rates, [a.cpus / F if i == S else a.cpus for i in range(H)],
+                    {"cfs": ["--cpu-limit", f"host{S}={a.cpus / F:.4g}", "--cpu-period-ms", period_ms],
+                     "factor": ["--slow-rank", f"{S}={F:g}"]})
             for f in lcuts:
                 variants[f"link host{S} x{f:g}"] = ([rate * f if i == S else rate for i in range(H)], base_cpus,
-                                                    ["--slow-link", f"host{S}={f:g}"])
+                                                    {"link": ["--slow-link", f"host{S}={f:g}"]})
             print(f"== {model} {rate:g} Mbit/s, {H} hosts at {a.cpus:g} CPU (period {a.period_us} us)", flush=True)
             eff = effective_cuts(cuts, a.cpus, a.period_us, a.shares, a.calib_reps) if a.calib_reps else {}
             feff = {F: statistics.median(v) for F, v in eff.items()}
             for F in cuts:
                 if F in feff:
                     print(f"  budget 1/{F:g}: a busy thread runs x1/{feff[F]:.3f} as fast ({eff[F]})", flush=True)
-                    variants[f"cpu host{S} x1/{F:g}"][2][:] = ["--slow-rank", f"{S}={feff[F]:.4g}"]
-            prof = b.job(model, rates, base_cpus, profile=True)
-            base_pred = b.replay(prof["trace"], [])["iteration_time_ms"]
-            att0 = b.replay(prof["trace"], ["--stragglers"]).get("stragglers", {})
-            print(f"  balanced profile {prof['tag']}: predicted {base_pred:.3f} ms; attribution first: {att0.get('first')}",
-                  flush=True)
+                    variants[f"cpu host{S} x1/{F:g}"][2]["factor"] = ["--slow-rank", f"{S}={feff[F]:.4g}"]
+            profs: list[dict[str, Any]] = []
+
+            def profile_balanced() -> None:
+                prof = b.job(model, rates, base_cpus, profile=True)
+                base_pred = b.replay(prof["trace"], [])["iteration_time_ms"]
+                prof.update(base_pred=base_pred, cpu_use=cpu_use(prof["trace"]))
+                if not profs:
+                    prof["attribution_first"] = b.replay(prof["trace"], ["--stragglers"]).get("stragglers", {}).get("first")
+                profs.append(prof)
+                print(f"  balanced profile {prof['tag']}: predicted {base_pred:.3f} ms (measured without the profiler in "
+                      f"that job: {prof['ms']:.3f} ms)", flush=True)
+
+            profile_balanced()
             meas: dict[str, list[float]] = {k: [] for k in variants}
-            per_rank: dict[str, list[dict]] = {k: [] for k in variants}
             for rnd in range(a.rounds):
                 order = list(variants) if rnd % 2 == 0 else list(reversed(variants))
                 for k in order:
                     r_, c_, _ = variants[k]
                     j = b.job(model, r_, c_, profile=False)
                     meas[k].append(j["ms"])
-                    per_rank[k].append(j["per_rank_ms"])
                     print(f"  round {rnd + 1} {k:<22} {j['ms']:8.3f} ms", flush=True)
+                if rnd in prof_after:
+                    profile_balanced()
             mb = statistics.median(meas["balanced"])
-            for k, (_, _, extra) in variants.items():
+            for k, (_, _, how) in variants.items():
                 if k == "balanced":
                     continue
-                pred = b.replay(prof["trace"], extra)["iteration_time_ms"]
-                nominal = None
-                if k.startswith("cpu ") and feff:
-                    F = float(k.rsplit("/", 1)[1])
-                    nominal = b.replay(prof["trace"], ["--slow-rank", f"{S}={F:g}"])["iteration_time_ms"] / base_pred
-                mean_ps = (b.replay(prof["trace"], extra + ["--mean-durations"])["iteration_time_ms"]
-                           / b.replay(prof["trace"], ["--mean-durations"])["iteration_time_ms"])
                 m = statistics.median(meas[k])
-                ps, ms = pred / base_pred, m / mb
+                ms = m / mb
                 pairs = [x / y for x, y in zip(meas[k], meas["balanced"])]
-                rows.append({"model": model, "rate": rate, "injected": k, "direction": "slow",
-                             "predicted_ms": round(pred, 3), "predicted_slowdown": round(ps, 4),
-                             "measured_ms": round(m, 3), "measured_balanced_ms": round(mb, 3),
-                             "measured_slowdown": round(ms, 4), "round_ratios": [round(x, 4) for x in pairs],
-                             "error_pct": pct(ps / ms - 1.0), "replay_args": " ".join(extra),
-                             "predicted_slowdown_nominal_f": round(nominal, 4) if nominal else None,
-                             "effective_factor": eff.get(float(k.rsplit("/", 1)[1])) if k.startswith("cpu ") else None,
-                             "predicted_slowdown_mean_durations": round(mean_ps, 4),
-                             "trace": prof["trace"]})
+                row: dict[str, Any] = {"model": model, "rate": rate, "injected": k, "direction": "slow",
+                                       "measured_ms": round(m, 3), "measured_balanced_ms": round(mb, 3),
+                                       "measured_slowdown": round(ms, 4), "round_ratios": [round(x, 4) for x in pairs],
+                                       "traces": [p_["trace"] for p_ in profs],
+                                       "effective_factor": eff.get(float(k.rsplit("/", 1)[1])) if k.startswith("cpu ") else None}
+                for name, extra in how.items():
+                    per = []
+                    stop = []
+                    for p_ in profs:
+                        rep = b.replay(p_["trace"], extra)
+                        per.append(rep["iteration_time_ms"] / p_["base_pred"])
+                        if "cpu_limit" in rep:
+                            stop.append(sum(v["stopped_ms"] for v in rep["cpu_limit"].values()))
+                    ps = statistics.median(per)
+                    row[f"predicted_slowdown_{name}"] = round(ps, 4)
+                    row[f"per_profile_{name}"] = [round(x, 4) for x in per]
+                    row[f"error_pct_{name}"] = pct(ps / ms - 1.0)
+                    row[f"replay_args_{name}"] = " ".join(extra)
+                    if stop:
+                        row["predicted_stopped_ms"] = [round(x, 3) for x in stop]
+                prim = "cfs" if "cfs" in how else "link"
+                row.update(predicted_slowdown=row[f"predicted_slowdown_{prim}"], error_pct=row[f"error_pct_{prim}"],
+                           replay_args=row[f"replay_args_{prim}"], prediction=prim)
+                rows.append(row)
             rows.append({"model": model, "rate": rate, "injected": "balanced", "direction": "base",
-                         "cpu_use": cpu_use(prof["trace"]),
-                         "predicted_ms": round(base_pred, 3), "measured_ms": round(mb, 3),
-                         "error_pct": pct(base_pred / mb - 1.0), "attribution_first": att0.get("first"),
-                         "trace": prof["trace"]})
+                         "cpu_use": [p_["cpu_use"] for p_ in profs],
+                         "predicted_ms": round(statistics.median(p_["base_pred"] for p_ in profs), 3),
+                         "per_profile_ms": [round(p_["base_pred"], 3) for p_ in profs],
+                         "profiled_jobs_measured_ms": [round(p_["ms"], 3) for p_ in profs],
+                         "measured_ms": round(mb, 3),
+                         "error_pct": pct(statistics.median(p_["base_pred"] for p_ in profs) / mb - 1.0),
+                         "attribution_first": profs[0].get("attribution_first"), "traces": [p_["trace"] for p_ in profs]})
             if a.reverse:
                 F = a.reverse
                 k = f"cpu host{S} x1/{F:g}"
@@ -272,10 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 att = rep.get("stragglers", {})
                 slow_pred = rep["iteration_time_ms"]
                 fixed = b.replay(sp["trace"], ["--like-median", str(S)])["iteration_time_ms"]
-                if k in meas:
-                    ms = statistics.median(meas[k]) / mb
-                else:
-                    ms = None
+                ms = statistics.median(meas[k]) / mb if k in meas else None
                 rows.append({"model": model, "rate": rate, "injected": k, "direction": "fix",
                              "predicted_ms": round(fixed, 3), "predicted_slowed_ms": round(slow_pred, 3),
                              "predicted_speedup": round(slow_pred / fixed, 4),
@@ -283,33 +316,38 @@ def main(argv: list[str] | None = None) -> int:
                              "error_pct": pct((slow_pred / fixed) / ms - 1.0) if ms else None,
                              "attribution_first": att.get("first"), "cpu_use": cpu_use(sp["trace"]),
                              "attribution": [{k2: r.get(k2) for k2 in ("node", "saved_ms", "compute_vs_median",
-                                                                        "late_start_ms")} for r in att.get("ranks", [])],
+                                                                        "late_start_ms", "throttled_ms")}
+                                             for r in att.get("ranks", [])],
                              "trace": sp["trace"]})
                 print(f"  reverse: profiled host{S} at 1/{F:g}: first named {att.get('first')}, "
                       f"fix predicted x{slow_pred / fixed:.3f}, measured x{ms if ms else float('nan'):.3f}", flush=True)
             (a.out / "rows.json").write_text(json.dumps(rows, indent=1))
     print()
-    print(f"| model | Mbit/s | injected | predicted slowdown | measured slowdown (per-round) | error |"
-          " nominal F: predicted, error | mean durations: predicted, error |")
+    print("| model | Mbit/s | injected | predicted slowdown (median of profiles) | measured slowdown (per round) | error |"
+          " other model: predicted, error | per profile |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["direction"] == "slow":
+            other = "factor" if r["prediction"] == "cfs" else None
             print(f"| {r['model']} | {r['rate']:g} | {r['injected']} (`{r['replay_args']}`) | "
                   f"{r['predicted_slowdown']:.3f} | {r['measured_slowdown']:.3f} "
                   f"({', '.join(f'{x:.3f}' for x in r['round_ratios'])}) | {r['error_pct']:+.1f} % | "
-                  + (f"{r['predicted_slowdown_nominal_f']:.3f}, "
-                     f"{100 * (r['predicted_slowdown_nominal_f'] / r['measured_slowdown'] - 1):+.1f} % | "
-                     if r.get("predicted_slowdown_nominal_f") else "- | ")
-                  + f"{r['predicted_slowdown_mean_durations']:.3f}, "
-                    f"{100 * (r['predicted_slowdown_mean_durations'] / r['measured_slowdown'] - 1):+.1f} % |")
+                  + (f"`{r['replay_args_factor']}`: {r['predicted_slowdown_factor']:.3f}, {r['error_pct_factor']:+.1f} % | "
+                     if other else "- | ")
+                  + ", ".join(f"{x:.3f}" for x in r[f"per_profile_{r['prediction']}"]) + " |")
         elif r["direction"] == "fix":
             ms = f"{r['measured_speedup']:.3f}" if r["measured_speedup"] else "-"
             err = f"{r['error_pct']:+.1f} %" if r["error_pct"] is not None else "-"
             print(f"| {r['model']} | {r['rate']:g} | fix {r['injected']} (profiled slowed, `--like-median`) | "
-                  f"speed-up {r['predicted_speedup']:.3f} | {ms} | {err} |  first named: {r['attribution_first']}")
+                  f"speed-up {r['predicted_speedup']:.3f} | {ms} | {err} | first named: {r['attribution_first']} | |")
         else:
             print(f"| {r['model']} | {r['rate']:g} | balanced: predicted {r['predicted_ms']:.3f} ms vs measured "
-                  f"{r['measured_ms']:.3f} ms | | | {r['error_pct']:+.1f} % |")
+                  f"{r['measured_ms']:.3f} ms | | | {r['error_pct']:+.1f} % | | "
+                  + ", ".join(f"{x:.3f}" for x in r["per_profile_ms"]) + " |")
+    for name in ("cfs", "factor", "link"):
+        e = [abs(r[f"error_pct_{name}"]) for r in rows if r["direction"] == "slow" and f"error_pct_{name}" in r]
+        if e:
+            print(f"|error| {name}: median {statistics.median(e):.1f} %, max {max(e):.1f} % ({len(e)} rows)")
     errs = [abs(r["error_pct"]) for r in rows if r["direction"] in ("slow", "fix") and r["error_pct"] is not None]
     if errs:
         print(f"\n|error| of slowdowns/speed-ups: median {statistics.median(errs):.1f} %, max {max(errs):.1f} % "

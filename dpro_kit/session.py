@@ -216,7 +216,7 @@ class Session:
             return
         from .graph.build import build
         from .graph.model import validate
-        from .job import Job, identity
+        from .job import Job, JobFacts, identity
 
         def build_job(ts_: "TraceSet") -> tuple["Job", "nx.DiGraph"]:
             job = Job.from_trace(ts_, comm_model=model)
@@ -226,13 +226,23 @@ class Session:
                 job.measured = {k: v for k, v in job.measured.items() if not k.startswith(("SEND ", "RECV "))}
             g_ = build(job, identity(job), check=False)
             validate(g_, where=ts_.path)
+            if self.whatif is not None and self.whatif.cpu_limit:
+                # a CPU quota is not a factor on the trace's durations: CFS stops a throttled rank for the
+                # rest of each period (dpro_kit.whatif.cpu_limited_graph), which depends on the schedule
+                from .whatif import cpu_limit_nodes, cpu_limited_graph
+                facts = JobFacts.from_manifest(self.profiled.manifest)   # as profiled: a what-if drops measured_*
+                seen = {n: ((facts.cpu_use.get(n) or {}).get("cpus"), facts.measured_iteration_ms_per_node.get(n))
+                        for n in ts_.manifest.nodes}
+                self._stages.setdefault("cpu_limit_of", {})[id(g_)] = cpu_limited_graph(
+                    g_, cpu_limit_nodes(ts_, self.whatif), self.whatif.cpu_period_ms * 1e3,
+                    lambda gg: _replay(gg, 1), cpu_seen=seen)
             return job, g_
         ts, model = self._job()
         self._note(f"building the global DFG of {len(ts.nodes())} node(s)")
         if not self.uses_per_iteration():
             job, g = build_job(ts)
             self._stages.update(graph=g, graph_trace=ts, job_model=job, per_iteration_ms=None,
-                                median_iteration=None)
+                                median_iteration=None, cpu_limit=self._stages.get("cpu_limit_of", {}).get(id(g)))
             return
         # one graph per profiled iteration (its own op durations), the comm model fitted on all of them;
         # the graph whose replay is the median stands for the job.  With a what-if, the iteration that
@@ -273,7 +283,8 @@ class Session:
         self._replays[1] = res
         self._stages.update(graph=g, graph_trace=ts_it, job_model=job, median_iteration=median_it,
                             per_iteration_ms={str(i): runs[i][0] for i in sorted(runs)},
-                            iteration_graphs={i: runs[i][1] for i in sorted(runs)})
+                            iteration_graphs={i: runs[i][1] for i in sorted(runs)},
+                            cpu_limit=self._stages.get("cpu_limit_of", {}).get(id(g)))
 
     @property
     def graph(self) -> "nx.DiGraph":
@@ -345,6 +356,10 @@ class Session:
         if measured is not None and self.whatif is None:
             info["measured_iteration_ms"] = measured
         self.graph  # noqa: B018  (decides the durations rule)
+        if self._stages.get("cpu_limit"):
+            # the CPU-quota what-if on the graph that stands for the job: per limited worker its computation
+            # at full speed, as stretched by the quota, and the time stopped per iteration
+            info["cpu_limit"] = dict(self._stages["cpu_limit"])
         if self._stages["per_iteration_ms"] is None:
             info["durations"] = DURATIONS_MEAN
         else:

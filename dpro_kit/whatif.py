@@ -516,6 +516,209 @@ def slow_links(model: CommModel, ts: TraceSet, factors: dict[str, float]) -> Com
     return replace(model, host_bandwidth_factor={**model.host_bandwidth_factor, **factors})
 
 
+#: CFS bandwidth control: the kernel's default period of a cgroup's CPU quota (``cpu.cfs_period_us``)
+CFS_PERIOD_MS = 100.0
+#: period phases the CPU-quota what-if averages over (where the period boundaries fall in the iteration)
+CFS_PHASES = 8
+#: fixed-point rounds of the CPU-quota what-if (replay -> CFS schedule of the limited ranks -> replay)
+CFS_ROUNDS = 4
+
+
+def cfs_schedule(ops: list[tuple[float, float]], quota_us: float, period_us: float, phase_us: float = 0.0,
+                 idle_cpu: float = 0.0) -> tuple[list[float], list[float], list[tuple[float, float]]]:
+    """One thread's ops under a CFS CPU quota: full speed until the period's quota is spent, then stopped.
+
+    Linux CFS bandwidth control (cgroup ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, cgroup v2
+    ``cpu.max``): at every period boundary the group's run time is refilled to ``quota_us`` (unused
+    quota is not carried over); while the group has run time left its thread runs at full speed;
+    when it is spent the group is throttled - stopped, not slowed - until the next boundary.
+    Waiting (the gap before an op is ready: a collective's peer, a transfer) uses ``idle_cpu`` CPUs
+    of quota (gloo's threads and the network stack while a transfer is in flight); when that spends
+    the quota the group is stopped until the boundary (the gap keeps its length - it is the
+    replayed wait - but the stop is recorded and delays the next op if it is ready before the boundary).
+
+    Parameters
+    ----------
+    ops : list of (gap_us, work_us) or (gap_us, work_us, not_before_us)
+        In execution order: op ``i`` is ready ``gap_us`` after op ``i-1`` ended (op 0: after time
+        0), and not before ``not_before_us`` when given; it needs ``work_us`` of CPU at full speed.
+    quota_us, period_us : float
+        The quota per period (CPUs x period; ``quota_us >= period_us``: never throttled).
+    phase_us : float, default 0
+        Where a period boundary falls: boundaries at ``phase_us + k * period_us``.
+    idle_cpu : float, default 0
+        CPUs used while waiting in a gap (0..1).
+
+    Returns
+    -------
+    (starts, ends, stalls)
+        Per op its start and end (the end includes the stops inside it); ``stalls``: the
+        ``(from, to)`` intervals the group was stopped.
+
+    Examples
+    --------
+    Quota 6 ms per 10 ms, one op of 15 ms from time 0: runs 0-6, stopped 6-10, runs 10-16,
+    stopped 16-20, runs 20-23: ends at 23 ms.
+
+    >>> cfs_schedule([(0.0, 15.0)], 6.0, 10.0)[1]
+    [23.0]
+
+    A 4 ms wait at half a CPU before a 4 ms op, quota 3 ms per 10 ms: the wait spends 2 ms of quota,
+    the op runs 1 ms (4-5), is stopped 5-10 and runs 3 ms more (10-13).
+
+    >>> cfs_schedule([(4.0, 4.0)], 3.0, 10.0, idle_cpu=0.5)
+    ([4.0], [13.0], [(5.0, 10.0)])
+    """
+    if quota_us >= period_us:
+        t, starts, ends = 0.0, [], []
+        for op in ops:
+            gap, w = op[0], op[1]
+            t = max(t + gap, op[2]) if len(op) > 2 else t + gap
+            starts.append(t)
+            t += w
+            ends.append(t)
+        return starts, ends, []
+    t = 0.0
+    # the current period [p0, p0 + period) and the run time used in it
+    p0 = phase_us - math.ceil(phase_us / period_us) * period_us
+    used = 0.0
+    starts, ends, stalls = [], [], []
+
+    def to(t_new: float) -> None:   # idle until t_new: new periods refill the quota
+        nonlocal p0, used
+        if t_new >= p0 + period_us:
+            p0 += math.floor((t_new - p0) / period_us) * period_us
+            used = 0.0
+
+    u = min(1.0, max(0.0, float(idle_cpu)))
+    for op in ops:
+        gap, w = op[0], op[1]
+        end_gap = max(t + gap, op[2]) if len(op) > 2 else t + gap
+        while u > 0 and t < end_gap - 1e-9:     # waiting: quota spent at u CPUs, stopped when it is gone
+            room = quota_us - used
+            nxt = p0 + period_us
+            if room <= 1e-9:
+                stalls.append((t, min(nxt, end_gap)))
+                t = min(nxt, end_gap)
+                to(t)
+                continue
+            dt = min(end_gap - t, room / u, nxt - t)
+            t += dt
+            used += u * dt
+            to(t)
+        t = end_gap
+        to(t)
+        starts.append(t)
+        left = float(w)
+        while left > 1e-9:
+            room = quota_us - used
+            if room <= 1e-9:          # throttled: stopped until the next boundary
+                nxt = p0 + period_us
+                stalls.append((t, nxt))
+                t, p0, used = nxt, nxt, 0.0
+                continue
+            run = min(left, room, p0 + period_us - t)
+            t += run
+            used += run
+            left -= run
+            to(t)
+        ends.append(t)
+    return starts, ends, stalls
+
+
+def _overlap(a: float, b: float, stalls: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in stalls)
+
+
+def cpu_limited_graph(g: Any, limits: dict[str, float], period_us: float, replay_one: Any,
+                      cpu_seen: dict[str, tuple[float, float]] | None = None,
+                      phases: int = CFS_PHASES, rounds: int = CFS_ROUNDS) -> dict[str, Any]:
+    """Stretch the ops of CPU-limited worker nodes in a built graph by the CFS model (in place).
+
+    The graph's durations are the ranks' computation at full speed (an unthrottled profile).  For
+    each limited node (node -> CPUs of its quota), a fixed point: replay ``g`` (``replay_one(g)``,
+    one iteration), take the node's computation in replayed order with the idle gaps between its
+    ops (waiting for a collective, a transfer), run them through :func:`cfs_schedule` twice back
+    to back (the second iteration inherits the first one's spent quota) and set every computation
+    op's duration to its start-to-end there, averaged over ``phases`` evenly spaced period
+    phases; a transfer of that node (SEND/RECV/COMM whose node or peer it is) is lengthened by
+    the time the node is stopped while it is in flight (a stopped rank does not answer a ring
+    step).  ``rounds`` times (the gaps change as the node slows).
+
+    The CPU a node uses while it waits (``idle_cpu`` of :func:`cfs_schedule`) comes from what the
+    collector measured without the profiler: ``cpu_seen[node] = (CPUs used per step, step ms)``
+    (manifest ``extra.cpu_use`` and ``measured_iteration_ms_per_node``): the CPU time per step not
+    in the graph's computation, over the step's time not in it,
+    ``u = (cpus * T - W) / (T - W)`` clipped to [0, 1]; 0 when not recorded.
+
+    Returns
+    -------
+    dict
+        Node -> {"cpus", "stopped_ms" (per iteration, phase mean), "compute_ms" (work),
+        "stretched_ms", "idle_cpu"}.
+    """
+    import numpy as np
+    if not limits:
+        return {}
+    keys_of: dict[str, list] = {n: [] for n in limits}
+    comm_of: dict[str, list] = {n: [] for n in limits}
+    for k, d in g.nodes(data=True):
+        n = d.get("node")
+        if str(d.get("kind")) in COMPUTE_KINDS and n in keys_of and not str(d.get("device", "")).startswith("link:"):
+            keys_of[n].append(k)
+        else:
+            for m in limits:
+                if str(d.get("kind")) not in COMPUTE_KINDS and (n == m or d.get("peer") == m):
+                    comm_of[m].append(k)
+    work = {k: float(g.nodes[k]["dur"]) for n in limits for k in keys_of[n]}
+    cwork = {k: float(g.nodes[k]["dur"]) for n in limits for k in comm_of[n]}
+    out: dict[str, Any] = {}
+    for _ in range(max(1, rounds)):
+        res = replay_one(g)
+        pos = {k: i for i, k in enumerate(res.graph.keys)}
+        for n, cpus in limits.items():
+            ks = sorted(keys_of[n], key=lambda k: (res.start[pos[k]], res.end[pos[k]]))
+            if not ks:
+                continue
+            st = np.array([res.start[pos[k]] for k in ks])
+            en = np.array([res.end[pos[k]] for k in ks])
+            gaps = np.maximum(0.0, st - np.concatenate([[st[0]], np.maximum.accumulate(en)[:-1]]))
+            gaps[0] = st[0]
+            ops = [(float(gp), work[k]) for gp, k in zip(gaps, ks)]
+            # back to back: the next iteration's first op is ready one (replayed) iteration after this one's
+            ops2 = ops + [(0.0, ops[0][1], float(st[0]) + float(res.iteration_time_us))] + ops[1:]
+            durs = np.zeros(len(ks))
+            extra = {k: 0.0 for k in comm_of[n]}
+            stopped = 0.0
+            quota = cpus * period_us
+            u = 0.0
+            seen = (cpu_seen or {}).get(n)
+            W = sum(work[k] for k in ks) / 1e3
+            if seen and seen[0] is not None and seen[1] and seen[1] > W:
+                u = min(1.0, max(0.0, (seen[0] * seen[1] - W) / (seen[1] - W)))
+            for j in range(max(1, phases)):
+                s_, e_, stalls = cfs_schedule(ops2, quota, period_us, phase_us=period_us * j / max(1, phases),
+                                             idle_cpu=u)
+                m = len(ks)
+                # the second iteration, moved back onto the first one's time axis
+                shift = s_[m] - s_[0]
+                durs += np.array(e_[m:]) - np.array(s_[m:])
+                st2 = [(a - shift, b - shift) for a, b in stalls if b > s_[m]]
+                stopped += sum(b - max(a, s_[0]) for a, b in st2 if b > s_[0])
+                for k in comm_of[n]:
+                    a = float(res.start[pos[k]])
+                    extra[k] += _overlap(a, a + cwork[k], st2)
+            durs /= max(1, phases)
+            for k, d in zip(ks, durs):
+                g.nodes[k]["dur"] = float(d)
+            for k in comm_of[n]:
+                g.nodes[k]["dur"] = cwork[k] + extra[k] / max(1, phases)
+            out[n] = {"cpus": cpus, "stopped_ms": round(stopped / max(1, phases) / 1e3, 4),
+                      "compute_ms": round(sum(work[k] for k in ks) / 1e3, 4),
+                      "stretched_ms": round(float(durs.sum()) / 1e3, 4), "idle_cpu": round(u, 4)}
+    return out
+
+
 @dataclass
 class WhatIf:
     """A set of what-if changes, as the CLI takes them."""
@@ -538,15 +741,19 @@ class WhatIf:
     slow_rank: dict[int, float] = field(default_factory=dict)
     like_median: list[int] = field(default_factory=list)
     slow_link: dict[str, float] = field(default_factory=dict)
+    #: host -> CPUs of its CFS quota (:func:`cpu_limited_graph`; applied to the built graph by the session),
+    #: and the quota's period (ms)
+    cpu_limit: dict[str, float] = field(default_factory=dict)
+    cpu_period_ms: float = CFS_PERIOD_MS
 
     def any(self) -> bool:
         return self.bucket_mb is not None or self.bandwidth_mbps is not None or self.world_size is not None \
             or self.fusion_threshold_mb is not None or self.cycle_time_ms is not None or self.servers is not None \
-            or self.partition_bytes is not None or bool(self.slow_rank or self.like_median or self.slow_link)
+            or self.partition_bytes is not None or bool(self.slow_rank or self.like_median or self.slow_link or self.cpu_limit)
 
     def describe(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None and v != {} and v != [] and
-                (k != "first_bucket_mb" or self.bucket_mb is not None)}
+                (k != "first_bucket_mb" or self.bucket_mb is not None) and (k != "cpu_period_ms" or self.cpu_limit)}
 
 
 def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommModel]:
@@ -596,10 +803,38 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
         model = with_bandwidth(model, w.bandwidth_mbps)
     if w.slow_link:
         model = slow_links(model, ts, dict(w.slow_link))
+    if w.cpu_limit:
+        cpu_limit_nodes(ts, w)    # checks the hosts and values; the session applies it to the built graph
     return ts, model
 
 
-__all__ = ["COMPUTE_KINDS", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
+def cpu_limit_nodes(ts: TraceSet, w: WhatIf) -> dict[str, float]:
+    """Worker node -> CPUs of its quota for ``w.cpu_limit`` (a host's quota split evenly over its workers).
+
+    Raises
+    ------
+    DproError
+        An unknown host, a limit that is not a positive number, a period that is not > 0.
+    """
+    if not (w.cpu_period_ms > 0 and math.isfinite(w.cpu_period_ms)):
+        raise DproError(f"--cpu-period-ms {w.cpu_period_ms}: the period must be a positive number of ms",
+                        path=ts.path, hint="the kernel's default is 100 (cpu.cfs_period_us 100000)")
+    hosts = sorted({i.host for i in ts.manifest.nodes.values()})
+    out: dict[str, float] = {}
+    for h, c in w.cpu_limit.items():
+        if h not in hosts:
+            raise DproError(f"--cpu-limit: the job has no host {h!r}", path=ts.path,
+                            hint=f"hosts of this trace: {', '.join(hosts)}")
+        if not (c > 0 and math.isfinite(c)):
+            raise DproError(f"--cpu-limit {h}={c}: the limit must be a positive number of CPUs", path=ts.path,
+                            hint="e.g. --cpu-limit host1=0.667 (host1's cgroup quota: 2/3 of a CPU)")
+        nodes = [n for n, i in ts.manifest.nodes.items() if i.host == h and i.role == "worker"]
+        for n in nodes:
+            out[n] = float(c) / len(nodes)
+    return out
+
+
+__all__ = ["CFS_PERIOD_MS", "COMPUTE_KINDS", "cfs_schedule", "cpu_limit_nodes", "cpu_limited_graph", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
            "like_median", "slow_links", "slow_ranks",
            "ddp_bucket_assignment", "horovod_knobs",
            "rebucket", "scale_servers", "scale_world", "WhatIf", "with_bandwidth"]

@@ -151,7 +151,7 @@ def _pairs(kind: Callable[[str], Any], what: str) -> Callable[[Any, Any, tuple[s
 
 
 def straggler_options() -> Callable[[F], F]:
-    """``--slow-rank``, ``--like-median``, ``--slow-link``: stragglers, what if (docs/stragglers.md)."""
+    """``--slow-rank``, ``--like-median``, ``--slow-link``, ``--cpu-limit``: stragglers, what if (docs/stragglers.md)."""
     def deco(f: F) -> F:
         return _apply([
             click.option("--slow-rank", "slow_rank", multiple=True, callback=_pairs(int, "RANK"), metavar="R=F",
@@ -161,6 +161,13 @@ def straggler_options() -> Callable[[F], F]:
                          help="What if worker rank R computed as fast as the median worker (per op). Repeatable."),
             click.option("--slow-link", "slow_link", multiple=True, callback=_pairs(str, "HOST"), metavar="HOST=F",
                          help="What if HOST's network interface had F times its bandwidth (0.5: half). Repeatable."),
+            click.option("--cpu-limit", "cpu_limit", multiple=True, callback=_pairs(str, "HOST"), metavar="HOST=CPUS",
+                         help="What if HOST's cgroup had a CPU quota of CPUS (0.667: 2/3 of a CPU; split over its "
+                              "workers): Linux CFS - full speed until the period's quota is spent, then stopped "
+                              "until the next period, its transfers waiting too (docs/stragglers.md). The profile "
+                              "must be unthrottled. Repeatable."),
+            click.option("--cpu-period-ms", "cpu_period_ms", type=float, default=100.0, show_default=True,
+                         help="With --cpu-limit: the quota's period (cpu.cfs_period_us / 1000)."),
         ], f)
     return deco
 

@@ -1,0 +1,96 @@
+"""The CPU-quota what-if (--cpu-limit): Linux CFS bandwidth control on hand-computed schedules."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+from dpro_kit.replay import replay
+from dpro_kit.whatif import cfs_schedule, cpu_limited_graph
+
+ROOT = Path(__file__).resolve().parents[1]
+TWO_HOST = ROOT / "examples" / "traces" / "ddp-2host-1000mbit"
+
+
+def test_cfs_busy_op_runs_its_quota_then_stops():
+    # quota 6 ms / 10 ms: runs 0-6, stopped 6-10, runs 10-16, stopped 16-20, runs 20-23
+    s, e, stalls = cfs_schedule([(0.0, 15.0)], 6.0, 10.0)
+    assert (s, e, stalls) == ([0.0], [23.0], [(6.0, 10.0), (16.0, 20.0)])
+
+
+def test_cfs_quota_is_refilled_not_carried_over():
+    # 5 ms of work, a 6 ms wait that crosses the boundary at 10, 5 more: no stop (quota 6 refilled at 10)
+    assert cfs_schedule([(0.0, 5.0), (6.0, 5.0)], 6.0, 10.0) == ([0.0, 11.0], [5.0, 16.0], [])
+    # the same without the wait: 6 of the 10 ms run in the first period, stopped 6-10, the rest at 10-14
+    assert cfs_schedule([(0.0, 5.0), (0.0, 5.0)], 6.0, 10.0) == ([0.0, 5.0], [5.0, 14.0], [(6.0, 10.0)])
+
+
+def test_cfs_phase_and_not_before():
+    # boundaries at 3 + 10k: the partial period [-7, 3) has a full quota of 5: runs 0-3, 3-8, stopped 8-13, 13-15
+    assert cfs_schedule([(0.0, 10.0)], 5.0, 10.0, phase_us=3.0) == ([0.0], [15.0], [(8.0, 13.0)])
+    # an op that may not start before 30 starts at 30 whatever its gap says
+    assert cfs_schedule([(0.0, 1.0), (0.0, 1.0, 30.0)], 5.0, 10.0)[0] == [0.0, 30.0]
+
+
+def test_cfs_waiting_spends_quota_at_idle_cpu():
+    # a 4 ms wait at half a CPU spends 2 of the 3 ms quota; the 4 ms op runs 4-5, stopped 5-10, runs 10-13
+    assert cfs_schedule([(4.0, 4.0)], 3.0, 10.0, idle_cpu=0.5) == ([4.0], [13.0], [(5.0, 10.0)])
+    # a 10 ms wait at a full CPU with quota 3: stopped 3-10 inside the wait (recorded), the op then runs 10-11
+    s, e, stalls = cfs_schedule([(10.0, 1.0)], 3.0, 10.0, idle_cpu=1.0)
+    assert (s, e, stalls) == ([10.0], [11.0], [(3.0, 10.0)])
+
+
+def test_cfs_unlimited_quota_changes_nothing():
+    assert cfs_schedule([(0.0, 15.0), (2.0, 3.0)], 10.0, 10.0) == ([0.0, 17.0], [15.0, 20.0], [])
+
+
+def _two_ranks():
+    g = nx.DiGraph()
+    g.add_node("a|op", node="a", device="a:compute", kind="FW", dur=10000.0)
+    g.add_node("b|op", node="b", device="b:compute", kind="FW", dur=40000.0)
+    return g
+
+
+def test_cpu_limited_graph_hand_computed():
+    """Rank a: one 10 ms op per 40 ms iteration (b sets the pace), quota 0.5 CPU per 10 ms.
+
+    The op starts with a fresh quota at offset x into a period; the 8 phases put x at
+    0, 8.75, 7.5, 6.25, 5, 3.75, 2.5, 1.25 ms.  x <= 5: runs 5, stopped to the boundary, runs 5: 15 - x;
+    x > 5: runs 10 - x, refilled, runs 5, stopped 5, runs x - 5: 15.  Mean (4 * 15 + 10 + 11.25 + 12.5
+    + 13.75) / 8 = 13.4375 ms; b (not limited) keeps 40 ms, so the iteration stays 40 ms.
+    """
+    g = _two_ranks()
+    out = cpu_limited_graph(g, {"a": 0.5}, 10000.0, lambda gg: replay(gg, iterations=1))
+    assert g.nodes["a|op"]["dur"] == pytest.approx(13437.5)
+    assert g.nodes["b|op"]["dur"] == 40000.0
+    assert out["a"]["stopped_ms"] == pytest.approx(3.4375) and out["a"]["compute_ms"] == 10.0
+    assert replay(g, iterations=1).iteration_time_us == pytest.approx(40000.0)
+    # a quota of a whole CPU is never binding for one thread
+    g = _two_ranks()
+    cpu_limited_graph(g, {"a": 1.0}, 10000.0, lambda gg: replay(gg, iterations=1))
+    assert g.nodes["a|op"]["dur"] == 10000.0
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "dpro_kit.cli", "replay", str(TWO_HOST), "--json", "-q", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_cli_cpu_limit_on_a_recorded_trace():
+    import json
+    base = json.loads(_run().stdout)["iteration_time_ms"]
+    full = json.loads(_run("--cpu-limit", "host1=1", "--cpu-period-ms", "10").stdout)
+    assert full["iteration_time_ms"] == pytest.approx(base)
+    half = _run("--cpu-limit", "host1=0.5", "--cpu-period-ms", "10")
+    assert half.returncode == 0, half.stderr
+    d = json.loads(half.stdout)
+    lim = d["cpu_limit"]["host1/1"]
+    assert d["iteration_time_ms"] > base and lim["stopped_ms"] > 0 and lim["stretched_ms"] > lim["compute_ms"]
+    assert d["whatif"]["cpu_limit"] == {"host1": 0.5} and d["whatif"]["cpu_period_ms"] == 10.0
+    bad = _run("--cpu-limit", "host9=0.5")
+    assert bad.returncode == 2 and "no host 'host9'" in bad.stderr and "host0, host1" in bad.stderr
+    bad = _run("--cpu-limit", "host1=0", "--cpu-period-ms", "10")
+    assert bad.returncode == 2 and "positive number of CPUs" in bad.stderr
