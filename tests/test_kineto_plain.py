@@ -250,3 +250,34 @@ def test_profiler_step_without_a_valid_time_is_refused(tmp_path: Path, capsys, f
     assert main(["replay", str(d), "-q"]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and f"rank{files - 1}.json" in err[0] and f"traceEvents[{i}]" in err[0], err
+
+
+def test_a_file_too_big_for_the_memory_is_refused_before_reading(tmp_path: Path, capsys, monkeypatch):
+    """A file whose parse needs more memory than the process can get (the measured bound, 4.0 MiB per MB
+    + 90 MiB) is refused in one line naming it, before it is read; DPRO_MEMORY_CHECK=0 reads it."""
+    from dpro_kit import resources
+    d = tmp_path / "big"
+    d.mkdir()
+    src = raw_doc(FILES["r2"][0])          # 9.8 MB of JSON: about 129 MiB to read
+    (d / "rank0.json").write_text(json.dumps(src))
+    n = (d / "rank0.json").stat().st_size
+    assert K.json_bytes(d / "rank0.json") == n
+    monkeypatch.setattr(K, "MEMORY_CHECK_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(resources, "available_memory_bytes", lambda: 100 << 20)
+    assert main(["replay", str(d), "-q"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "rank0.json" in err[0] and "needs about 0.1 GiB" in err[0] \
+        and "0.1 GiB is available" in err[0], err
+    monkeypatch.setenv("DPRO_MEMORY_CHECK", "0")
+    assert main(["replay", str(d), "-q", "--json"]) == 0
+    capsys.readouterr()
+    # the gzip trailer's size is the JSON's size
+    gz = tmp_path / "r.json.gz"
+    _write_gz(gz, src)
+    assert K.json_bytes(gz) == len(gzip.decompress(gz.read_bytes()))
+
+
+def test_available_memory_is_read():
+    from dpro_kit.resources import available_memory_bytes
+    have = available_memory_bytes()
+    assert have is not None and have > 0

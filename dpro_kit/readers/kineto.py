@@ -467,12 +467,69 @@ def parse_file(path: str | Path, on_event: Callable[[Any], None] | None = None,
         As :func:`iter_events` and :func:`parse`.
     """
     path = Path(path)
+    check_memory(path)
     header = {} if header is None else header
     events = iter_events(path, header)
     if on_event is not None:
         events = _tap(events, on_event)
     with gc_paused():
         return _parse(events, header, path)
+
+
+#: what reading a plain file costs in peak resident memory, fitted on files of 53-2,049 MB
+#: (``bench/memory_load.py``, docs/reliability.md "Memory"): MiB per MB of JSON, and MiB on top
+MEMORY_MIB_PER_MB = 4.0
+MEMORY_BASE_MIB = 90.0
+#: files smaller than this are not checked (their reading needs well under a GiB)
+MEMORY_CHECK_MIN_BYTES = 64 << 20
+
+
+def json_bytes(path: Path) -> int | None:
+    """Size of the JSON text of ``path``: the file's size, or for a ``.gz`` the size its trailer
+    records (ISIZE, the size modulo 2^32: trusted only for files under 128 MiB compressed, which
+    Kineto's JSON, compressing about 10-20x, keeps under 4 GiB); None when it cannot be told."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            if fh.read(2) != b"\x1f\x8b":
+                return size
+            if size < 18 or size >= 128 << 20:
+                return None
+            fh.seek(-4, 2)
+            return int.from_bytes(fh.read(4), "little")
+    except OSError:
+        return None
+
+
+def check_memory(path: Path) -> None:
+    """Refuse, before reading it, a file whose parse needs more memory than this process can get.
+
+    The need is the measured bound (:data:`MEMORY_MIB_PER_MB` x the JSON's MB +
+    :data:`MEMORY_BASE_MIB`); what it can get is :func:`dpro_kit.resources.available_memory_bytes`.
+    ``DPRO_MEMORY_CHECK=0`` skips the check (e.g. when swap is meant to carry it).
+
+    Raises
+    ------
+    DproError
+        One line: the file, its size, the memory it needs and the memory available.
+    """
+    import os
+
+    if os.environ.get("DPRO_MEMORY_CHECK", "1") == "0":
+        return
+    n = json_bytes(path)
+    if n is None or n < MEMORY_CHECK_MIN_BYTES:
+        return
+    from ..errors import DproError
+    from ..resources import available_memory_bytes
+    need = (MEMORY_MIB_PER_MB * n / 1e6 + MEMORY_BASE_MIB) * 2**20
+    have = available_memory_bytes()
+    if have is not None and need > have:
+        raise DproError(f"reading this {n / 1e6:,.0f} MB trace needs about {need / 2**30:.1f} GiB of memory "
+                        f"({MEMORY_MIB_PER_MB:g} x its size + {MEMORY_BASE_MIB:g} MiB, docs/reliability.md), and "
+                        f"{have / 2**30:.1f} GiB is available", path=path,
+                        hint="run dpro where it can use more memory, or export fewer steps per file from "
+                             "torch.profiler (DPRO_MEMORY_CHECK=0 reads it anyway)")
 
 
 @contextlib.contextmanager
