@@ -500,3 +500,33 @@ def test_fixed_delays_lowering_order_and_plan_section():
                             [500, 500], eps=0.01, log=[{"delays": {"bucket2": 1}, "ratio": 1.003, "within": True}])
     assert sec["run"] == ["--deft-defer", "2", "--deft-link1", "1,2"]
     validate_plan(sec, PLAN_SCHEMA["properties"]["deft"], where="plan.deft")
+
+
+def test_cli_optimize_deft_writes_the_solver_plan(tmp_path):
+    """`dpro optimize --deft --links`: plan["deft"] is the solver's fixed delays and link assignment, its
+    train.py options, and the replayed iteration time of exactly that (the trace's one bucket delayed: the
+    delay-one replay of `dpro replay --deft`); the Preserver's part says it was not measured."""
+    import json
+
+    from click.testing import CliRunner
+
+    from dpro_collect.plan import validate_plan
+    from dpro_kit.cli.optimize import optimize as cmd
+    from dpro_kit.cli.replay import replay as rcmd
+    tr = str(REPO / "examples" / "traces" / "ddp-2host-1000mbit")
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(cmd, [tr, "--deft", "--links", "500,500", "--budget", "5", "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(out.read_text())
+    validate_plan(plan, where=str(out))
+    d = plan["deft"]
+    rep = json.loads(CliRunner().invoke(rcmd, [tr, "--deft", "--links", "500,500", "--json", "-q"]).output)["deft"]
+    assert d["delays"] == rep["fixed_delays"] == {"bucket0": 1}
+    assert d["links"] == rep["delay_one_links"]["assignment"] and d["rates_mbit"] == [500.0, 500.0]
+    assert d["run"] == ["--deft-defer", "0"]
+    assert d["predicted"]["iteration_ms"] == pytest.approx(rep["delay_one_links"]["iteration_ms"], rel=1e-9)
+    assert d["predicted"]["synchronous_ms"] == pytest.approx(rep["synchronous"]["iteration_ms"], rel=1e-9)
+    assert d["preserver"]["tries"][0]["ratio"] is None and "not measured" in d["preserver"]["note"]
+    assert "the loss is not checked" in CliRunner().invoke(cmd, [tr, "--deft", "--budget", "5", "-o",
+                                                                 str(tmp_path / "p1.json")]).output
+    assert CliRunner().invoke(cmd, [tr, "--links", "500", "-o", str(tmp_path / "p2.json")]).exit_code == 2

@@ -20,6 +20,7 @@ Examples:
   dpro optimize trace --memory-budget 8GB                         trace from `dpro profile --memory`
   dpro optimize trace --memory-budget 8GB --activation-bytes 6GB  activations given
   dpro optimize trace --budget 300 --checkpoint ck.json           resumable: --resume ck.json
+  dpro optimize ddp-trace --deft --links 500,500                 also DeFT's delays over two links (docs/deft.md)
   dpro report trace --plan plan.json -o report.html               show the plan with its gain
 """
 
@@ -55,6 +56,12 @@ Examples:
               help="Write the search state here after every step (JSON).")
 @click.option("--resume", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Continue from a checkpoint written by --checkpoint.")
+@click.option("--deft", "deft", is_flag=True,
+              help="Also write DeFT's schedule (DDP): per bucket a delay of one iteration or none and its link, "
+                   "as the replayer predicts it (plan['deft'], with the train.py options). The loss is not "
+                   "checked: run the Preserver's loop before training with delays (docs/deft.md).")
+@click.option("--links", default=None, metavar="R0[,R1...]",
+              help="With --deft: link rates in Mbit/s, one per link per host (default: one link as traced).")
 @click.option("--min-gain", default=5.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Recommend a change only if it is predicted to save at least this many percent of the "
                    "iteration time; else the plan keeps the traced configuration (predictions of another "
@@ -66,7 +73,8 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
              activation_bytes: str | None, optimizer_slots: float | None, bandwidth_mbps: float | None, world_size: int | None,
              bucket_mb: float | None, first_bucket_mb: float | None, no_op_fusion: bool, no_tensor_fusion: bool,
              no_partition: bool, fusion_timing: str, extra_passes: tuple[str, ...], checkpoint: Path | None, resume: Path | None,
-             min_gain: float, no_align: bool, per_iteration: bool | None, as_json: bool, quiet: bool) -> None:
+             min_gain: float, deft: bool, links: str | None, no_align: bool, per_iteration: bool | None,
+             as_json: bool, quiet: bool) -> None:
     """Find a faster strategy for the job in TRACE (dPRO Alg. 1) and write plan.json.
 
     The search starts from the job `dpro replay` replays (same alignment,
@@ -79,6 +87,10 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
     from ..optimize.passes import load_entry_point_passes, load_pass
     from ..optimize.search import terminal_progress
 
+    from .replay import _link_rates
+    rates = _link_rates(links, deft, bandwidth_mbps)
+    if rates and links:
+        bandwidth_mbps = rates[0]
     progress = terminal_progress(not (quiet or as_json))
     load_entry_point_passes()
     extra = [load_pass(p) for p in extra_passes]
@@ -92,6 +104,14 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
                            warn=lambda msg: click.echo(f"warning: {msg}", err=True))
     done = run_optimize(session, opts)
     plan, result = done.plan, done.result
+    if deft:
+        from ..errors import DproError
+        from ..optimize.deft import solver_plan
+        try:
+            # the op-median graph, as dpro replay --deft (docs/deft.md §7, "Which graph")
+            plan["deft"] = solver_plan(session.op_median_graph, rates or [1.0])
+        except ValueError as e:
+            raise DproError(f"--deft: {e}", path=trace) from None
     atomic_write_text(output, json.dumps(plan, indent=1))
     if as_json:
         click.echo(json.dumps(plan, indent=1))
@@ -127,6 +147,16 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
         if sec.get("export"):     # a knob pass's plan (dpro_kit.optimize.knobs)
             click.echo(f"{label}: " + ("keep the traced settings; " if sec.get("keep_traced") else "")
                        + "; ".join(sec["export"]) + f" ({sec['search']['evaluations']} settings replayed)")
+    d = plan.get("deft")
+    if d:
+        pr = d["predicted"]
+        click.echo(f"DeFT over {len(d['rates_mbit'])} link(s) {d['rates_mbit']}: delays {d['delays']}, links "
+                   f"{d['links']}; predicted {pr['iteration_ms']:.3f} ms vs synchronous DDP {pr['synchronous_ms']:.3f} ms"
+                   + (f" (x{pr['speedup']:.2f})" if pr.get("speedup") else "")
+                   + (f"; train.py {' '.join(d['run'])}" if d["run"] else ""))
+        if any(d["delays"].values()):
+            click.echo("  the loss is not checked: run the Preserver's loop before training with these delays "
+                       "(bench/deft_ab.py --preserver-loop LR, docs/deft.md)")
     click.echo(f"plan written to {output}")
 
 

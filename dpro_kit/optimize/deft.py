@@ -40,6 +40,7 @@ __all__ = ["Bucket", "BucketTimes", "bucket_times", "knapsack", "recursive_knaps
            "schedule", "link_speeds", "link_assignment", "Sync", "synchronous_syncs", "delayed_syncs", "schedule_syncs",
            "DeftReplay", "period_graph", "replay_syncs", "predict", "expected_next_loss", "loss_ratio",
            "walk_statistics", "measured_loss_ratio", "preserve", "fixed_delays", "lowering_order", "preserve_measured",
+           "solver_plan",
            "plan_section"]
 
 _REF = ("Meng and Sun, \"DeFT: Mitigating Data Dependencies for Flexible Communication Scheduling in "
@@ -1284,6 +1285,38 @@ def plan_section(delays: dict[str, int], links: dict[str, int], rates: Sequence[
             "rates_mbit": [float(r) for r in rates], "run": run,
             "preserver": {"eps": float(eps), "tries": [dict(x) for x in log], **({"training": training} if training else {})},
             **({"predicted": predicted} if predicted else {})}
+
+
+def solver_plan(g: "nx.DiGraph", rates: Sequence[float] = (1.0,)) -> dict[str, Any]:
+    """``plan["deft"]`` from the solver alone (``dpro optimize --deft``): the DeFT schedule's delays in the
+    hook's form (:func:`fixed_delays`), the buckets on the links of :func:`link_assignment`, and the
+    replayed steady iteration time of exactly that (:func:`predict`: ``partial_delay`` for some buckets
+    delayed, ``delay_one[_links]`` for all, ``synchronous[_links]`` for none).
+
+    The loss is not checked here: the Preserver's loop (:func:`preserve_measured`) needs the training
+    itself (``bench/deft_ab.py --preserver-loop LR`` for ``examples/ddp/train.py``), so the section's
+    ``preserver`` says so (``tries`` holds the start, unmeasured) and a plan with delays should go
+    through that loop before it is trained with.
+    """
+    rates = [float(r) for r in rates] or [1.0]
+    rep = predict(g, rates)
+    delays = dict(rep["fixed_delays"])
+    multi = "delay_one_links" in rep
+    assign = dict(rep["delay_one_links"]["assignment"]) if multi else {t: 0 for t in delays}
+    defer = [t for t, d in sorted(delays.items()) if d > 0]
+    if defer and len(defer) < len(delays):
+        part = predict(g, rates, defer=defer)["partial_delay"]
+        it = (part["links"] if "links" in part else part["one_link"])["iteration_ms"]
+    elif defer:
+        it = rep["delay_one_links" if multi else "delay_one"]["iteration_ms"]
+    else:
+        it = rep["synchronous_links" if multi else "synchronous"]["iteration_ms"]
+    sec = plan_section(delays, assign, rates, eps=0.01, log=[{"delays": dict(delays), "ratio": None, "within": None}],
+                       predicted={"iteration_ms": it, "synchronous_ms": rep["synchronous"]["iteration_ms"],
+                                  "speedup": rep["synchronous"]["iteration_ms"] / it if it > 0 else None})
+    sec["preserver"]["note"] = ("not measured: the solver's delays; run the Preserver's loop on the training "
+                                "(bench/deft_ab.py --preserver-loop LR, docs/deft.md) before training with them")
+    return sec
 
 
 def preserve(times: BucketTimes, rates: Sequence[float] = (1.0,), *, s0: float, mu: float, sigma: float,
