@@ -719,6 +719,20 @@ def cpu_limited_graph(g: Any, limits: dict[str, float], period_us: float, replay
     return out
 
 
+def cpu_limit_warnings(limited: dict[str, Any] | None) -> list[str]:
+    """One sentence per worker whose ``--cpu-limit`` quota is 1 CPU or more (``limited``: the
+    node -> result of :func:`cpu_limited_graph`): the model runs a rank as one thread (its
+    computation at one CPU, its waits at ``idle_cpu`` <= 1), so such a quota never stops it and the
+    prediction is the unlimited one.  A real rank whose threads together use more than a CPU
+    (Horovod's background thread, gloo's) can still be throttled by the kernel at that quota:
+    measured on Horovod jobs at 1 CPU per host (docs/horovod.md, "Accuracy", 2026-11-27)."""
+    return [f"--cpu-limit: {n} gets {r['cpus']:g} CPU: the CFS what-if runs a rank as one thread, so a "
+            "quota of 1 CPU or more never stops it and this prediction is the unlimited one; a rank whose "
+            "threads use more than a CPU together (Horovod, gloo) can still be throttled by the kernel "
+            "(its throttled_us; docs/horovod.md, 'Accuracy')"
+            for n, r in sorted((limited or {}).items()) if float(r.get("cpus", 0.0)) >= 1.0]
+
+
 @dataclass
 class WhatIf:
     """A set of what-if changes, as the CLI takes them."""
@@ -834,7 +848,7 @@ def cpu_limit_nodes(ts: TraceSet, w: WhatIf) -> dict[str, float]:
     return out
 
 
-__all__ = ["CFS_PERIOD_MS", "COMPUTE_KINDS", "cfs_schedule", "cpu_limit_nodes", "cpu_limited_graph", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
+__all__ = ["CFS_PERIOD_MS", "COMPUTE_KINDS", "cfs_schedule", "cpu_limit_nodes", "cpu_limit_warnings", "cpu_limited_graph", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
            "like_median", "slow_links", "slow_ranks",
            "ddp_bucket_assignment", "horovod_knobs",
            "rebucket", "scale_servers", "scale_world", "WhatIf", "with_bandwidth"]

@@ -84,12 +84,17 @@ def test_cli_cpu_limit_on_a_recorded_trace():
     base = json.loads(_run().stdout)["iteration_time_ms"]
     full = json.loads(_run("--cpu-limit", "host1=1", "--cpu-period-ms", "10").stdout)
     assert full["iteration_time_ms"] == pytest.approx(base)
+    # a quota of a whole CPU per rank never stops the model's one-thread rank: replay says so
+    assert [w for w in full["warnings"] if "host1/1 gets 1 CPU" in w and "never stops it" in w]
     half = _run("--cpu-limit", "host1=0.5", "--cpu-period-ms", "10")
     assert half.returncode == 0, half.stderr
     d = json.loads(half.stdout)
     lim = d["cpu_limit"]["host1/1"]
     assert d["iteration_time_ms"] > base and lim["stopped_ms"] > 0 and lim["stretched_ms"] > lim["compute_ms"]
     assert d["whatif"]["cpu_limit"] == {"host1": 0.5} and d["whatif"]["cpu_period_ms"] == 10.0
+    assert not [w for w in d["warnings"] if "never stops it" in w]
+    bad = _run("--cpu-limit", "host0=1,host1=1")
+    assert bad.returncode == 2 and "expected HOST=CPUS, e.g. host1=0.667 (repeat the option" in bad.stderr
     bad = _run("--cpu-limit", "host9=0.5")
     assert bad.returncode == 2 and "no host 'host9'" in bad.stderr and "host0, host1" in bad.stderr
     bad = _run("--cpu-limit", "host1=0", "--cpu-period-ms", "10")

@@ -135,7 +135,7 @@ def whatif_options(bucket_help: str | None = None, first_bucket_help: str | None
     return deco
 
 
-def _pairs(kind: Callable[[str], Any], what: str) -> Callable[[Any, Any, tuple[str, ...]], dict[Any, float]]:
+def _pairs(kind: Callable[[str], Any], what: str, value: str = "FACTOR", example: str = "1.5") -> Callable[[Any, Any, tuple[str, ...]], dict[Any, float]]:
     def parse(ctx: Any, param: Any, values: tuple[str, ...]) -> dict[Any, float]:
         out = {}
         for v in values:
@@ -145,7 +145,8 @@ def _pairs(kind: Callable[[str], Any], what: str) -> Callable[[Any, Any, tuple[s
             except ValueError:
                 sep = ""
             if not sep:
-                raise click.BadParameter(f"{v!r}: expected {what}=FACTOR, e.g. {'1' if kind is int else 'host1'}=1.5")
+                raise click.BadParameter(f"{v!r}: expected {what}={value}, e.g. {'1' if kind is int else 'host1'}={example}"
+                                         " (repeat the option for more)")
         return out
     return parse
 
@@ -161,7 +162,7 @@ def straggler_options() -> Callable[[F], F]:
                          help="What if worker rank R computed as fast as the median worker (per op). Repeatable."),
             click.option("--slow-link", "slow_link", multiple=True, callback=_pairs(str, "HOST"), metavar="HOST=F",
                          help="What if HOST's network interface had F times its bandwidth (0.5: half). Repeatable."),
-            click.option("--cpu-limit", "cpu_limit", multiple=True, callback=_pairs(str, "HOST"), metavar="HOST=CPUS",
+            click.option("--cpu-limit", "cpu_limit", multiple=True, callback=_pairs(str, "HOST", "CPUS", "0.667"), metavar="HOST=CPUS",
                          help="What if HOST's cgroup had a CPU quota of CPUS (0.667: 2/3 of a CPU; split over its "
                               "workers): Linux CFS - full speed until the period's quota is spent, then stopped "
                               "until the next period, its transfers waiting too (docs/stragglers.md). The profile "

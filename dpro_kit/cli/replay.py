@@ -187,6 +187,9 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
         out["warnings"] = ts.manifest.facts.warnings + placement_warnings(ts.manifest.extra)
         if world_size is not None:
             out["warnings"] += world_size_warnings(ts.manifest.extra, world_size)
+        if info.get("cpu_limit"):
+            from ..whatif import cpu_limit_warnings
+            out["warnings"] += cpu_limit_warnings(info["cpu_limit"])
     if stragglers:
         from ..stragglers import attribute
         progress.note("replaying once more per rank (straggler attribution)")
