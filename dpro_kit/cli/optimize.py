@@ -154,6 +154,7 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
                    f"{d['links']}; predicted {pr['iteration_ms']:.3f} ms vs synchronous DDP {pr['synchronous_ms']:.3f} ms"
                    + (f" (x{pr['speedup']:.2f})" if pr.get("speedup") else "")
                    + (f"; train.py {' '.join(d['run'])}" if d["run"] else ""))
+        click.echo("  for DDP's buckets as profiled, instead of (not with) the tensor groups above")
         if any(d["delays"].values()):
             click.echo("  the loss is not checked: run the Preserver's loop before training with these delays "
                        "(bench/deft_ab.py --preserver-loop LR, docs/deft.md)")

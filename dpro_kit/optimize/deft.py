@@ -1316,6 +1316,9 @@ def solver_plan(g: "nx.DiGraph", rates: Sequence[float] = (1.0,)) -> dict[str, A
                                   "speedup": rep["synchronous"]["iteration_ms"] / it if it > 0 else None})
     sec["preserver"]["note"] = ("not measured: the solver's delays; run the Preserver's loop on the training "
                                 "(bench/deft_ab.py --preserver-loop LR, docs/deft.md) before training with them")
+    sec["applies_to"] = ("DDP's buckets as profiled (bucket<k>: the k-th bucket after DDP's rebuild, with the traced "
+                         "bucket_cap_mb): an alternative to the plan's tensor groups, not on top of them "
+                         "(train.py ignores --deft-* with --plan)")
     return sec
 
 
