@@ -194,6 +194,7 @@ median_unprofiled_us  number  optional  median wall time of the unprofiled steps
 median_profiled_us    number  optional  the same inside the window
 median_cpus           number  optional  CPUs used over an unprofiled step (cpu_us / dur_us)
 median_throttled_us   number  optional  time the cgroup's CPU quota stopped it per unprofiled step
+mean_throttled_us     number  optional  the same, mean over the unprofiled steps (a quota stops some steps only)
 """)
 #: ``meta.json`` ``clock.sync[]``: time.time_ns() read around each dpro::clock_sync marker
 TORCH_CLOCK_SYNC_FIELDS = _table("""
@@ -213,7 +214,7 @@ optimizer                       dict    optional  optimizer class and state_byte
 comm_calibration                dict    optional  median_us of a one-element allreduce (slowest rank)
 clock_probe                     dict    optional  node -> its own ping-pong clock readings (dpro_torch.clockprobe)
 cpu_placement                   dict    optional  node -> affinity, machine, count, threads, gpu, limit_cpus
-cpu_use                         dict    optional  node -> cpus (used per unprofiled step), throttled_us, limit_cpus
+cpu_use                         dict    optional  node -> cpus (used per unprofiled step), throttled_us (mean per step), limit_cpus
 layers                          dict    optional  parameter name -> its layer (the unit activation checkpointing takes)
 torch_kineto                    dict    optional  reader options: host_gaps (fold|keep), profiler_overhead
 peak_memory_bytes               dict    optional  node -> peak bytes measured another way
@@ -506,8 +507,8 @@ class Facts:
     cpu_placement : dict
         Node -> {affinity, machine, count, threads} (read by :mod:`dpro_kit.placement`).
     cpu_use : dict
-        Node -> {cpus (used over an unprofiled step), throttled_us (per step, by its cgroup's CPU
-        quota), limit_cpus (that quota)}; unusable values are None (:func:`dpro_kit.placement.cpu_limit_warnings`).
+        Node -> {cpus (used over an unprofiled step), throttled_us (mean per unprofiled step, by its
+        cgroup's CPU quota; traces before 2026-11-27 12:00 UTC: the median), limit_cpus (that quota)}; unusable values are None (:func:`dpro_kit.placement.cpu_limit_warnings`).
     clock_probe : dict
         Node -> its clock-probe readings (``role`` client: ``peers`` node -> [[t1, t4], ...];
         server: ``peer``, ``rows`` [[t2, t3], ...]; ns on that node's clock; :mod:`dpro_kit.align`).

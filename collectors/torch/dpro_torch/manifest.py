@@ -26,6 +26,11 @@ from dpro_collect.schema import TORCH_RAW_FORMAT as RAW_FORMAT
 HOROVOD_DEFAULTS = {"fusion_threshold_bytes": 128 * 1024 * 1024, "cycle_time_ms": 1.0}   # Horovod 0.28.1
 
 
+def _first_known(d: dict, *keys: str) -> Any:
+    """The first of ``keys`` that ``d`` has (None: none)."""
+    return next((d[k] for k in keys if d.get(k) is not None), None)
+
+
 def horovod_settings(hvd: dict[str, Any]) -> dict[str, Any]:
     """``manifest.extra["horovod"]``: the fusion threshold and cycle time the job ran with."""
     env = hvd.get("env") or {}
@@ -97,7 +102,9 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
                   # CPUs used per unprofiled step, the cgroup's CPU limit and its throttling (dpro_kit.cpu_use)
                   "cpu_use": {f"{by_rank[r][1]['host']}/{r}": {
                       "cpus": (by_rank[r][1].get("measured") or {}).get("median_cpus"),
-                      "throttled_us": (by_rank[r][1].get("measured") or {}).get("median_throttled_us"),
+                      # per step on average (older traces: their median)
+                      "throttled_us": _first_known((by_rank[r][1].get("measured") or {}),
+                                                   "mean_throttled_us", "median_throttled_us"),
                       "limit_cpus": (by_rank[r][1].get("cpu") or {}).get("limit_cpus")} for r in range(world)},
                   # CPU set, machine and torch threads of every rank (dpro_kit.placement)
                   "cpu_placement": {f"{by_rank[r][1]['host']}/{r}": {**(by_rank[r][1].get("cpu") or {}),

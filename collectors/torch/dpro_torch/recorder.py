@@ -947,6 +947,9 @@ class Recorder:
             # cgroup's CPU quota stopped it (absent: not readable here)
             **({"median_cpus": round(statistics.median(cpus), 4)} if cpus else {}),
             **({"median_throttled_us": statistics.median(thr)} if thr else {}),
+            # the mean too: a quota stops a rank in some steps only (Horovod at 1 CPU: 1-11 of 14 steps),
+            # where the median says 0 (docs/horovod.md, "Accuracy")
+            **({"mean_throttled_us": round(statistics.fmean(thr), 1)} if thr else {}),
             "median_unprofiled_us": statistics.median([r["dur_us"] for r in used]) if used else None,
             "unprofiled_steps_used": [r["step"] for r in used],
             "median_profiled_us": statistics.median(prof) if prof else None,
