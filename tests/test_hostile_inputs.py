@@ -145,6 +145,14 @@ CASES = {
         "byteps-2w1s", "worker0/0/comm.json",
         lambda d: next(e for e in d["traceEvents"] if e.get("tid") == "total").update(dur=float("nan")),
         ["dur nan"]),
+    "byteps partition tid -inf (case 32438: OverflowError traceback)": (
+        "byteps-2w1s", "worker1/0/comm.json",
+        lambda d: next(e for e in d["traceEvents"] if e.get("ph") == "X" and e.get("tid") != "total").update(
+            tid=float("-inf")), ["partition event with tid -inf", "integer >= 0"]),
+    "byteps partition tid 1.5": (
+        "byteps-2w1s", "worker1/0/comm.json",
+        lambda d: next(e for e in d["traceEvents"] if e.get("ph") == "X" and e.get("tid") != "total").update(
+            tid=1.5), ["partition event with tid 1.5"]),
     "mxnet two ts swapped (case 2653: +60.7 % silently)": ("mxnet-ps-2w1s-loopback", "host2/worker0/profile.json",
                                                            _mx_swap_2653, ["[traceEvents[", "operator-domain twin"]),
     "mxnet compute ops overlap, no twins": ("mxnet-ps-2w1s-loopback", "host1/worker1/profile.json",

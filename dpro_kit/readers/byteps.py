@@ -221,16 +221,31 @@ def load_comm(path: str | Path) -> list[dict[str, Any]]:
         if stage not in QUEUE_TYPES:
             raise TraceFormatError(f"unknown queue stage {stage!r} in {name!r}", path=path, record=f"traceEvents[{i}]",
                                    hint="BytePS 0.2.5 stages: " + ", ".join(QUEUE_TYPES))
-        try:
-            key = int(tid)
-        except (TypeError, ValueError):
-            raise TraceFormatError(f"partition event with tid {tid!r} (a partition key is a number)", path=path,
-                                   record=f"traceEvents[{i}]") from None
+        key = _partition_key(tid)
+        if key is None:   # fuzz case 32438: tid -inf was an OverflowError traceback
+            raise TraceFormatError(f"partition event with tid {tid!r:.40} (a partition key is an integer >= 0)",
+                                   path=path, record=f"traceEvents[{i}]", hint="the file is corrupt; record again")
         out.append({"tensor": tensor, "stage": stage, "key": key, "start": ts, "dur": dur})
     if not out:
         raise TraceFormatError("no communication event", path=path, hint="record with BYTEPS_TRACE_ON=1")
     out.sort(key=lambda r: r["start"])
     return out
+
+
+def _partition_key(tid: Any) -> int | None:
+    """A partition event's ``tid`` as its key: an integer in [0, 2^62), written as a number or a string of
+    digits (BytePS writes the key); None for anything else (a fraction, inf, NaN, a bool, a negative)."""
+    if isinstance(tid, bool):
+        return None
+    if isinstance(tid, float):
+        key = int(tid) if tid.is_integer() else None     # inf and NaN are not integers
+    elif isinstance(tid, int):
+        key = tid
+    elif isinstance(tid, str) and tid.strip().isdigit():
+        key = int(tid.strip())
+    else:
+        return None
+    return key if key is not None and 0 <= key < 2**62 else None
 
 
 def _root_comm(node_dir: Path) -> Path:
