@@ -149,6 +149,9 @@ CASES = {
         "byteps-2w1s", "worker1/0/comm.json",
         lambda d: next(e for e in d["traceEvents"] if e.get("ph") == "X" and e.get("tid") != "total").update(
             tid=float("-inf")), ["partition event with tid -inf", "integer >= 0"]),
+    "pslite worker record deleted (case 34300: +9.46 % silently)": (
+        "pslite-2w1s-200mbit", "pslite-worker-11.5159.json", lambda d: d["records"].pop(211),
+        ["pslite-worker-11.5159.json", "received a request", "a record is missing"]),
     "byteps partition tid 1.5": (
         "byteps-2w1s", "worker1/0/comm.json",
         lambda d: next(e for e in d["traceEvents"] if e.get("ph") == "X" and e.get("tid") != "total").update(
