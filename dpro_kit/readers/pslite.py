@@ -250,8 +250,8 @@ def _transfers(stamp: tuple) -> dict[str, Any]:
                                             "again from the job's trace folder")
             ends[(w, s, ts)][f"{where}_{ev}_{'req' if request else 'res'}"] = r
     # a request the server received that its worker's file does not have: a record was deleted from that
-    # file, and counting pushes per key would put every later push of the key in the wrong iteration
-    # (fuzz case 34300: one record deleted, +9.46 % without a word)
+    # file. A missing pull request dropped its iteration from the replayed ones without a word (fuzz case
+    # 34300: +9.46 %); a missing push request would shift the iteration count of the key's later pushes
     for (w, s, ts), e in ends.items():
         if "server_recv_req" in e and s in sname and w in wname and (w, s, ts) not in req:
             d = by_node[wname[w]]
