@@ -152,6 +152,10 @@ CASES = {
     "pslite worker record deleted (case 34300: +9.46 % silently)": (
         "pslite-2w1s-200mbit", "pslite-worker-11.5159.json", lambda d: d["records"].pop(211),
         ["pslite-worker-11.5159.json", "received a request", "a record is missing"]),
+    "kineto fwdbwd flow ts NaN (case 40704: -2.82 % silently)": (
+        "ddp-2rank-gloo", "host0/1/kineto_trace.json",
+        lambda d: next(e for e in d["traceEvents"] if e.get("ph") == "s" and e.get("cat") == "fwdbwd").update(
+            ts=float("nan")), ["flow event ts nan", "[traceEvents["]),
     "byteps partition tid 1.5": (
         "byteps-2w1s", "worker1/0/comm.json",
         lambda d: next(e for e in d["traceEvents"] if e.get("ph") == "X" and e.get("tid") != "total").update(

@@ -589,8 +589,15 @@ def _parse(events: Any, header: dict[str, Any], path: Path) -> KinetoTrace:
         if ph in ("s", "f") and e.get("cat") in ("ac2g", "fwdbwd"):
             ends = ((flow_s if ph == "s" else flow_f) if e.get("cat") == "ac2g" else (fb_s if ph == "s" else fb_f))
             try:
-                ends[e["id"]] = (e.get("pid"), e.get("tid"), float(e["ts"]))
-            except (KeyError, TypeError, ValueError):
+                fts = float(e["ts"])
+            except (KeyError, TypeError, ValueError, OverflowError):
+                continue
+            if not (math.isfinite(fts) and abs(fts) <= MAX_ABS_TS_US):   # fuzz case 40704: a NaN lost an edge
+                raise TraceFormatError(f"flow event ts {fts!r} is not a finite time (|ts| <= {MAX_ABS_TS_US:.0e} us)",
+                                       path=path, record=f"traceEvents[{i}]", hint="the file is corrupt; export it again")
+            try:
+                ends[e["id"]] = (e.get("pid"), e.get("tid"), fts)
+            except (KeyError, TypeError):
                 pass
             continue
         if ph != "X":
