@@ -148,6 +148,8 @@ def knob_plan(session: "Session", options: "OptimizeOptions", *, pass_name: str,
         "export": [f"export {k}={v:g}" if isinstance(v, float) else f"export {k}={v}" for k, v in setting.items()],
         "apply": apply_hint, "search": found,
         "note": f"searched on the replayer ({pass_name}): every setting is a what-if of the traced iteration"}
+    # the grid's own numbers, not their round trip through microseconds (7.0896 * 1e3 / 1e3 != 7.0896)
+    plan["predicted"].update(before_ms=before, after_ms=after)
     plan["estimated"] = [e for e in plan["estimated"] if "(heuristic)" not in e] + [
         f"frameworks.{framework}.* (replayed what-ifs, {pass_name})"]
     validate_plan(plan)
