@@ -493,6 +493,18 @@ def _retimed(ts: TraceSet, ev: Any) -> TraceSet:
     return replace(ts, manifest=replace(ts.manifest, extra=extra), events=ev)
 
 
+def check_host_values(ts: TraceSet, values: dict[str, float], option: str, must: str, example: str) -> None:
+    """Refuse a per-host what-if (``--slow-link``, ``--cpu-limit``) naming a host the job does not have, or
+    a value that is not a positive finite number: one :class:`DproError` naming the option and the host."""
+    hosts = sorted({i.host for i in ts.manifest.nodes.values()})
+    for h, v in values.items():
+        if h not in hosts:
+            raise DproError(f"{option}: the job has no host {h!r}", path=ts.path,
+                            hint=f"hosts of this trace: {', '.join(hosts)}")
+        if not (v > 0 and math.isfinite(v)):
+            raise DproError(f"{option} {h}={v}: {must}", path=ts.path, hint=example)
+
+
 def slow_links(model: CommModel, ts: TraceSet, factors: dict[str, float]) -> CommModel:
     """The link model with host ``h``'s network interface at ``factors[h]`` times its bandwidth.
 
@@ -505,14 +517,8 @@ def slow_links(model: CommModel, ts: TraceSet, factors: dict[str, float]) -> Com
     factors : dict
         Host -> bandwidth factor (0.5 = half the bandwidth).
     """
-    hosts = sorted({i.host for i in ts.manifest.nodes.values()})
-    for h, f in factors.items():
-        if h not in hosts:
-            raise DproError(f"--slow-link: the job has no host {h!r}", path=ts.path,
-                            hint=f"hosts of this trace: {', '.join(hosts)}")
-        if not (f > 0 and math.isfinite(f)):
-            raise DproError(f"--slow-link {h}={f}: the factor must be a positive number", path=ts.path,
-                            hint="e.g. --slow-link host1=0.5 (host1's link at half its bandwidth)")
+    check_host_values(ts, factors, "--slow-link", "the factor must be a positive number",
+                      "e.g. --slow-link host1=0.5 (host1's link at half its bandwidth)")
     return replace(model, host_bandwidth_factor={**model.host_bandwidth_factor, **factors})
 
 
@@ -833,15 +839,10 @@ def cpu_limit_nodes(ts: TraceSet, w: WhatIf) -> dict[str, float]:
     if not (w.cpu_period_ms > 0 and math.isfinite(w.cpu_period_ms)):
         raise DproError(f"--cpu-period-ms {w.cpu_period_ms}: the period must be a positive number of ms",
                         path=ts.path, hint="the kernel's default is 100 (cpu.cfs_period_us 100000)")
-    hosts = sorted({i.host for i in ts.manifest.nodes.values()})
+    check_host_values(ts, w.cpu_limit, "--cpu-limit", "the limit must be a positive number of CPUs",
+                      "e.g. --cpu-limit host1=0.667 (host1's cgroup quota: 2/3 of a CPU)")
     out: dict[str, float] = {}
     for h, c in w.cpu_limit.items():
-        if h not in hosts:
-            raise DproError(f"--cpu-limit: the job has no host {h!r}", path=ts.path,
-                            hint=f"hosts of this trace: {', '.join(hosts)}")
-        if not (c > 0 and math.isfinite(c)):
-            raise DproError(f"--cpu-limit {h}={c}: the limit must be a positive number of CPUs", path=ts.path,
-                            hint="e.g. --cpu-limit host1=0.667 (host1's cgroup quota: 2/3 of a CPU)")
         nodes = [n for n, i in ts.manifest.nodes.items() if i.host == h and i.role == "worker"]
         for n in nodes:
             out[n] = float(c) / len(nodes)

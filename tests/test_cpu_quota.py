@@ -93,8 +93,13 @@ def test_cli_cpu_limit_on_a_recorded_trace():
     assert d["iteration_time_ms"] > base and lim["stopped_ms"] > 0 and lim["stretched_ms"] > lim["compute_ms"]
     assert d["whatif"]["cpu_limit"] == {"host1": 0.5} and d["whatif"]["cpu_period_ms"] == 10.0
     assert not [w for w in d["warnings"] if "never stops it" in w]
-    bad = _run("--cpu-limit", "host0=1,host1=1")
-    assert bad.returncode == 2 and "expected HOST=CPUS, e.g. host1=0.667 (repeat the option" in bad.stderr
+    # pairs separated by commas are the same what-if as the option repeated
+    both = json.loads(_run("--cpu-limit", "host0=0.5,host1=0.5", "--cpu-period-ms", "10").stdout)
+    rep = json.loads(_run("--cpu-limit", "host0=0.5", "--cpu-limit", "host1=0.5", "--cpu-period-ms", "10").stdout)
+    assert both["whatif"]["cpu_limit"] == {"host0": 0.5, "host1": 0.5} == rep["whatif"]["cpu_limit"]
+    assert both["iteration_time_ms"] == rep["iteration_time_ms"] > d["iteration_time_ms"]
+    bad = _run("--cpu-limit", "host0=1,host1")
+    assert bad.returncode == 2 and "'host1': expected HOST=CPUS, e.g. host1=0.667 (repeat the option" in bad.stderr
     bad = _run("--cpu-limit", "host9=0.5")
     assert bad.returncode == 2 and "no host 'host9'" in bad.stderr and "host0, host1" in bad.stderr
     bad = _run("--cpu-limit", "host1=0", "--cpu-period-ms", "10")

@@ -138,7 +138,7 @@ def whatif_options(bucket_help: str | None = None, first_bucket_help: str | None
 def _pairs(kind: Callable[[str], Any], what: str, value: str = "FACTOR", example: str = "1.5") -> Callable[[Any, Any, tuple[str, ...]], dict[Any, float]]:
     def parse(ctx: Any, param: Any, values: tuple[str, ...]) -> dict[Any, float]:
         out = {}
-        for v in values:
+        for v in (p for raw in values for p in raw.split(",") if p.strip()):   # repeated, or R=F,R2=F2
             k, sep, f = v.partition("=")
             try:
                 out[kind(k.strip())] = float(f)
@@ -146,7 +146,7 @@ def _pairs(kind: Callable[[str], Any], what: str, value: str = "FACTOR", example
                 sep = ""
             if not sep:
                 raise click.BadParameter(f"{v!r}: expected {what}={value}, e.g. {'1' if kind is int else 'host1'}={example}"
-                                         " (repeat the option for more)")
+                                         " (repeat the option, or separate pairs with commas)")
         return out
     return parse
 
@@ -157,16 +157,16 @@ def straggler_options() -> Callable[[F], F]:
         return _apply([
             click.option("--slow-rank", "slow_rank", multiple=True, callback=_pairs(int, "RANK"), metavar="R=F",
                          help="What if worker rank R's computation took F times as long (1.5: 50 % slower, "
-                              "0.8: faster). Repeatable."),
+                              "0.8: faster). Repeatable, or comma-separated (0=1.5,1=0.8)."),
             click.option("--like-median", "like_median", multiple=True, type=int, metavar="R",
                          help="What if worker rank R computed as fast as the median worker (per op). Repeatable."),
             click.option("--slow-link", "slow_link", multiple=True, callback=_pairs(str, "HOST"), metavar="HOST=F",
-                         help="What if HOST's network interface had F times its bandwidth (0.5: half). Repeatable."),
+                         help="What if HOST's network interface had F times its bandwidth (0.5: half). Repeatable, or comma-separated."),
             click.option("--cpu-limit", "cpu_limit", multiple=True, callback=_pairs(str, "HOST", "CPUS", "0.667"), metavar="HOST=CPUS",
                          help="What if HOST's cgroup had a CPU quota of CPUS (0.667: 2/3 of a CPU; split over its "
                               "workers): Linux CFS - full speed until the period's quota is spent, then stopped "
                               "until the next period, its transfers waiting too (docs/stragglers.md). The profile "
-                              "must be unthrottled. Repeatable."),
+                              "must be unthrottled. Repeatable, or comma-separated (host0=1,host1=0.5)."),
             click.option("--cpu-period-ms", "cpu_period_ms", type=float, default=100.0, show_default=True,
                          help="With --cpu-limit: the quota's period (cpu.cfs_period_us / 1000)."),
         ], f)
