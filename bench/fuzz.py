@@ -98,8 +98,9 @@ def shared_traces() -> Path:
 
 #: examples/traces folders left out of the short run (``large=False``, ``--small``): a dpro_torch
 #: folder with CUDA kernels costs ~0.9 s of CPU per case, and its twin ddp-h100-2rank-nccl-cnn
-#: (same format, same readers) stays in
-LARGE_EXAMPLES = frozenset({"ddp-h100-2rank-nccl-mlp"})
+#: (same format, same readers) stays in; ddp-3host-200mbit-slowed (3 ranks x 12 iterations, ~2 s per load;
+#: the same dpro_torch CPU format as ddp-2host-1000mbit, which stays in)
+LARGE_EXAMPLES = frozenset({"ddp-h100-2rank-nccl-mlp", "ddp-3host-200mbit-slowed"})
 
 
 def seed_folders(stage: Path, *, large: bool = True) -> dict[str, Path]:
@@ -645,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
                     "as a hang (a case blocked without using CPU; default 10 x --timeout)")
     ap.add_argument("--memory-mb", type=int, default=8192, help="address-space limit per worker (0: none; 4096 made healthy pslite replays abort or raise MemoryError now and then: the limit counts reserved virtual memory, not RSS)")
     ap.add_argument("--small", action="store_true", help="leave out the large seeds (the HTA NCCL trace and "
-                    "ddp-h100-2rank-nccl-mlp), as the short run in tests/test_fuzz.py does")
+                    "ddp-h100-2rank-nccl-mlp, ddp-3host-200mbit-slowed), as the short run in tests/test_fuzz.py does")
     ap.add_argument("--json", type=Path, help="write every case (mutations, outcome, detail) here")
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--base", help=argparse.SUPPRESS)

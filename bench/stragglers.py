@@ -15,7 +15,7 @@ budget: ``dpro_kit.jobs.run_job(cpus_per_host=..., cpu_period_us=10000)``):
 2. every job (balanced and each injection) without the profiler, ``--rounds`` times in
    alternating order; measured slowdown = median(injected) / median(balanced), per-round pairs;
 3. the reverse direction: the job with host S at 1/``--reverse`` of the budget under
-   ``dpro profile``: ``dpro replay --stragglers`` must name host S first, and ``--like-median S``
+   ``dpro profile``: ``dpro replay --stragglers`` must name host S first, and its saving (``--like-median S`` over every profiled iteration)
    predicts the speed-up of fixing it (measured: median(slowed) / median(balanced)).
 
 The CFS period is 10 ms (``--period-us``): with the kernel's 100 ms, a cut budget stalls a
@@ -137,7 +137,7 @@ def cpu_use(trace: str) -> dict[str, Any]:
         return {}
 
 
-def repredict(rows_file: Path) -> int:
+def repredict(rows_file: Path, only: str | None = None) -> int:
     """Predictions of an earlier run's rows (its kept traces, its replay arguments) with this code."""
     rows = json.loads(rows_file.read_text())
     base: dict[str, float] = {}
@@ -145,29 +145,42 @@ def repredict(rows_file: Path) -> int:
     print("| Mbit/s | injected | predicted then | predicted now | measured | error now |")
     print("|---|---|---|---|---|---|")
     for r in rows:
+        if only is not None and r["direction"] != only:
+            continue
         traces = r.get("traces") or [r["trace"]]     # this bench's rows: every balanced profile
-        for t in traces:
+        for t in traces if r["direction"] != "fix" else []:
             if t not in base:
                 base[t] = Bench.replay(t, [])["iteration_time_ms"]
         t = traces[0]
+        first = ""
         if r["direction"] == "slow":
             now, then, m = statistics.median(Bench.replay(t_, r["replay_args"].split())["iteration_time_ms"] / base[t_]
                                              for t_ in traces), r["predicted_slowdown"], r["measured_slowdown"]
         elif r["direction"] == "fix":
             s = int(r["injected"].split("host", 1)[1].split()[0])
-            now, then, m = base[t] / Bench.replay(t, ["--like-median", str(s)])["iteration_time_ms"], \
-                r["predicted_speedup"], r["measured_speedup"]
+            att = Bench.replay(t, ["--stragglers"])["stragglers"]
+            now, then, m = fix_speedup(att, s, t), r["predicted_speedup"], r["measured_speedup"]
+            first = f" (first named: then {r.get('attribution_first')}, now {att.get('first')})"
         else:
             now_ms = statistics.median(base[t_] for t_ in traces)
             print(f"| {r['rate']:g} | balanced | {r['predicted_ms']:.3f} ms | {now_ms:.3f} ms | "
                   f"{r['measured_ms']:.3f} ms | {100 * (now_ms / r['measured_ms'] - 1):+.1f} % |")
             continue
         errs.append(abs(now / m - 1))
-        print(f"| {r['rate']:g} | {r['direction']} {r['injected']} | {then:.3f} | {now:.3f} | {m:.3f} | "
+        print(f"| {r['rate']:g} | {r['direction']} {r['injected']}{first} | {then:.3f} | {now:.3f} | {m:.3f} | "
               f"{100 * (now / m - 1):+.1f} % |")
     if errs:
         print(f"\n|error| median {100 * statistics.median(errs):.1f} %, max {100 * max(errs):.1f} % ({len(errs)} rows)")
     return 0
+
+
+def fix_speedup(att: dict, rank: int, trace: str) -> float:
+    """The predicted speed-up of fixing worker ``rank``: the attribution's ``baseline_ms / like_median_ms``
+    (``dpro replay --stragglers``: its saving over all profiled iterations, dpro_kit.stragglers)."""
+    for r in att.get("ranks", []):
+        if r.get("rank") == rank and r.get("like_median_ms"):
+            return float(att["baseline_ms"]) / float(r["like_median_ms"])
+    raise SystemExit(f"{trace}: the attribution has no replayed row for rank {rank}")
 
 
 def pct(x: float) -> float:
@@ -202,9 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench-stragglers"))
     ap.add_argument("--repredict", type=Path, default=None,
                     help="no jobs: re-predict the rows of an earlier run's rows.json from its kept traces with this code")
+    ap.add_argument("--only", choices=("slow", "fix", "base"), default=None,
+                    help="with --repredict: only the rows of this direction (fix: the reverse rows, a few replays)")
     a = ap.parse_args(argv)
     if a.repredict is not None:
-        return repredict(a.repredict)
+        return repredict(a.repredict, a.only)
     H = a.hosts
     S = H - 1 if a.slow_host is None else a.slow_host
     cuts = [float(x) for x in a.cuts.split(",") if x]
@@ -307,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                 rep = b.replay(sp["trace"], ["--stragglers"])
                 att = rep.get("stragglers", {})
                 slow_pred = rep["iteration_time_ms"]
-                fixed = b.replay(sp["trace"], ["--like-median", str(S)])["iteration_time_ms"]
+                fixed = slow_pred / fix_speedup(att, S, sp["trace"])
                 ms = statistics.median(meas[k]) / mb if k in meas else None
                 rows.append({"model": model, "rate": rate, "injected": k, "direction": "fix",
                              "predicted_ms": round(fixed, 3), "predicted_slowed_ms": round(slow_pred, 3),
@@ -338,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         elif r["direction"] == "fix":
             ms = f"{r['measured_speedup']:.3f}" if r["measured_speedup"] else "-"
             err = f"{r['error_pct']:+.1f} %" if r["error_pct"] is not None else "-"
-            print(f"| {r['model']} | {r['rate']:g} | fix {r['injected']} (profiled slowed, `--like-median`) | "
+            print(f"| {r['model']} | {r['rate']:g} | fix {r['injected']} (profiled slowed, `--stragglers`: fix of host S) | "
                   f"speed-up {r['predicted_speedup']:.3f} | {ms} | {err} | first named: {r['attribution_first']} | |")
         else:
             print(f"| {r['model']} | {r['rate']:g} | balanced: predicted {r['predicted_ms']:.3f} ms vs measured "

@@ -15,6 +15,7 @@ from dpro_kit.whatif import COMPUTE_KINDS, like_median, slow_links, slow_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_HOST = ROOT / "examples" / "traces" / "ddp-2host-1000mbit"
+THREE_HOST_SLOWED = ROOT / "examples" / "traces" / "ddp-3host-200mbit-slowed"
 
 
 def _compute(ts, node):
@@ -79,6 +80,42 @@ def test_cli_slowed_rank_is_named_first_and_slows_the_job():
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "expected RANK=FACTOR" in bad.stderr
 
+
+
+def test_saved_over_iterations_hand_computed():
+    from dpro_kit.stragglers import saved_over_iterations
+    base = {"1": 100.0, "2": 80.0, "3": 120.0, "4": 100.0}
+    fixed = {"1": 90.0, "2": 80.0, "3": 90.0, "4": 99.5, "5": 10.0}   # "5" not in base: ignored
+    frac, held = saved_over_iterations(base, fixed)
+    assert frac == pytest.approx(1 - 359.5 / 400.0)                  # the whole run's saving, paired
+    assert held == [2, 4]                                             # 10 % and 25 % > 1 %; 0 and 0.5 % not
+    assert saved_over_iterations({"1": 5.0}, {"1": 4.0}) == (None, None)
+
+
+def test_recorded_3host_slowed_host_is_named_over_all_iterations():
+    """A real 3-host CNN job at 200 Mbit/s with host2's CPU budget at 1/1.5 of the others' (the
+    straggler bench's reverse profile, examples/traces/ddp-3host-200mbit-slowed/README.md): host2
+    computes the longest in 10 of 12 profiled iterations, but not in the one whose replay is the
+    median.  The saving over all iterations names host2 first; the saving of the median iteration
+    alone named host0 (the fifth run's wrong answer, docs/stragglers.md)."""
+    p = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "replay", str(THREE_HOST_SLOWED), "--json", "-q",
+                        "--stragglers"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    st = doc["stragglers"]
+    by = {r["node"]: r for r in st["ranks"]}
+    assert st["first"] == "host2/2", st
+    h2 = by["host2/2"]
+    assert h2["held_back_iterations"][1] == 12 and h2["held_back_iterations"][0] >= 7, st
+    assert h2["saved_ms"] > 3 * max(by["host0/0"]["saved_ms"], by["host1/1"]["saved_ms"]), st
+    assert h2["like_median_ms"] == pytest.approx(st["baseline_ms"] - h2["saved_ms"], abs=2e-3)
+    # the one median iteration: host2 is not the slowest there, so fixing it saves less than fixing host0
+    assert h2["saved_median_iteration_ms"] < by["host0/0"]["saved_median_iteration_ms"], st
+    # the rank-level evidence agrees: the most computation, the latest into collectives, the most stopped
+    assert h2["compute_vs_median"] > 1.2 and h2["late_start_ms"] > max(by["host0/0"]["late_start_ms"],
+                                                                        by["host1/1"]["late_start_ms"]), st
+    assert h2["limit_cpus"] == 0.4 and h2["throttled_ms"] > 3 * max(by["host0/0"]["throttled_ms"],
+                                                                   by["host1/1"]["throttled_ms"]), st
 
 
 def test_report_shows_the_attribution(tmp_path):
