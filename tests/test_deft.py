@@ -527,7 +527,11 @@ def test_cli_optimize_deft_writes_the_solver_plan(tmp_path):
     assert d["predicted"]["iteration_ms"] == pytest.approx(rep["delay_one_links"]["iteration_ms"], rel=1e-9)
     assert d["predicted"]["synchronous_ms"] == pytest.approx(rep["synchronous"]["iteration_ms"], rel=1e-9)
     assert d["preserver"]["tries"][0]["ratio"] is None and "not measured" in d["preserver"]["note"]
-    assert "as profiled" in d["applies_to"]
+    assert "as profiled" in d["applies_to"] and "mode='deft'" in d["applies_to"]
+    # what apply_plan(mode="deft") checks DDP's buckets against: the traced bucket's bytes and DDP's cap
+    meta = json.loads(next(Path(tr).rglob("meta.json")).read_text())["ddp"][0]
+    assert d["bucket_bytes"] == {f"bucket{b['index']}": b["bytes"] for b in meta["buckets"]}
+    assert d["ddp"] == {"bucket_cap_mb": None if meta.get("bucket_cap_default") else meta["bucket_cap_bytes"] / 2**20}
     assert "the loss is not checked" in CliRunner().invoke(cmd, [tr, "--deft", "--budget", "5", "-o",
                                                                  str(tmp_path / "p1.json")]).output
     assert CliRunner().invoke(cmd, [tr, "--links", "500", "-o", str(tmp_path / "p2.json")]).exit_code == 2

@@ -118,3 +118,48 @@ def test_train_loss_log_same_seed_same_data(tmp_path):
         assert sum(c[-10:]) < sum(c[:10]) - 0.03 * 10
     # buckets 1 and 2 synchronised now on the second group: stock DDP's gradients, the same training
     assert curves["sync2"] == pytest.approx(s, rel=1e-6, abs=1e-6)
+
+
+def test_train_applies_the_plans_deft_section(tmp_path):
+    """`dpro optimize --deft --links` on the recorded mlp job, then train.py --plan P --plan-mode deft
+    (dpro_torch.plan.apply_plan(mode="deft")): DDP gets the traced bucket cap, the plan's buckets are
+    deferred and put on the second link, the check finds DDP's buckets the traced ones, and the loss curve
+    is the one of the same delays given by hand (--deft-defer / --deft-link1, the plan's `run`).
+    A plan without the section, or with link-1 buckets and no second interface: one line, exit 2."""
+    from click.testing import CliRunner
+
+    from dpro_kit.cli.optimize import optimize as cmd
+    plan = tmp_path / "plan.json"
+    r = CliRunner().invoke(cmd, [str(ROOT / "examples" / "traces" / "ddp-2rank-gloo"), "--deft", "--links", "500,500",
+                                 "--budget", "5", "-o", str(plan), "-q"])
+    assert r.exit_code == 0, r.output
+    assert "--plan-mode deft" in r.output
+    doc = json.loads(plan.read_text())
+    run = doc["deft"]["run"]
+    assert "--deft-link1" in run   # the second link is used: the test covers link_group too
+    env = dict(os.environ, OMP_NUM_THREADS="1", DPRO_LINK1_IFNAME="lo",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "collectors" / "torch"), os.environ.get("PYTHONPATH", "")]))
+    base = [sys.executable, str(ROOT / "examples" / "ddp" / "train.py"), "--nproc", "2", "--model", "mlp",
+            "--batch-size", "32", "--data", "teacher", "--lr", "0.1", "--iters", "12", "--warmup", "0"]
+    curves = {}
+    for name, extra in (("plan", ["--plan", str(plan), "--plan-mode", "deft"]),
+                        ("hand", ["--bucket-mb", "0.5", *run])):
+        log = tmp_path / f"loss-{name}.json"
+        p = subprocess.run([*base, "--loss-log", str(log), *extra], env=env, timeout=300, capture_output=True,
+                           text=True)
+        assert p.returncode == 0, p.stderr
+        if name == "plan":
+            assert "plan: DeFT: bucket(s) " in p.stdout and "on the second link (lo)" in p.stdout
+            assert "plan check: ok (DDP's 3 buckets are the traced ones; bucket(s) " in p.stdout
+            assert "not checked against the loss" in p.stderr   # the solver's delays: the Preserver did not run
+        curves[name] = json.loads(log.read_text())["loss_mean"]
+    assert curves["plan"] == curves["hand"] and len(curves["plan"]) == 12
+    # bad inputs, refused before any rank starts
+    nodeft = tmp_path / "nodeft.json"
+    nodeft.write_text(json.dumps({k: v for k, v in doc.items() if k != "deft"}))
+    p = subprocess.run([*base, "--plan", str(nodeft), "--plan-mode", "deft"], env=env, timeout=120,
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "has no 'deft' section" in p.stderr and str(nodeft) in p.stderr
+    p = subprocess.run([*base, "--plan", str(plan), "--plan-mode", "deft"], timeout=120, capture_output=True, text=True,
+                       env={k: v for k, v in env.items() if k != "DPRO_LINK1_IFNAME"})
+    assert p.returncode == 2 and "DPRO_LINK1_IFNAME is not set" in p.stderr and p.stderr.count("\n") == 1

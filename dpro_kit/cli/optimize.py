@@ -58,7 +58,8 @@ Examples:
               help="Continue from a checkpoint written by --checkpoint.")
 @click.option("--deft", "deft", is_flag=True,
               help="Also write DeFT's schedule (DDP): per bucket a delay of one iteration or none and its link, "
-                   "as the replayer predicts it (plan['deft'], with the train.py options). The loss is not "
+                   "as the replayer predicts it (plan['deft']; applied by dpro_torch.plan.apply_plan(model, plan, "
+                   "mode='deft') or train.py --plan P --plan-mode deft). The loss is not "
                    "checked: run the Preserver's loop before training with delays (docs/deft.md).")
 @click.option("--links", default=None, metavar="R0[,R1...]",
               help="With --deft: link rates in Mbit/s, one per link per host (default: one link as traced).")
@@ -109,7 +110,7 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
         from ..optimize.deft import solver_plan
         try:
             # the op-median graph, as dpro replay --deft (docs/deft.md §7, "Which graph")
-            plan["deft"] = solver_plan(session.op_median_graph, rates or [1.0])
+            plan["deft"] = solver_plan(session.op_median_graph, rates or [1.0], ddp=session.job.facts.ddp or {})
         except ValueError as e:
             raise DproError(f"--deft: {e}", path=trace) from None
     atomic_write_text(output, json.dumps(plan, indent=1))
@@ -154,7 +155,8 @@ def optimize(trace: Path, output: Path, budget: float, max_steps: int, seed: int
                    f"{d['links']}; predicted {pr['iteration_ms']:.3f} ms vs synchronous DDP {pr['synchronous_ms']:.3f} ms"
                    + (f" (x{pr['speedup']:.2f})" if pr.get("speedup") else "")
                    + (f"; train.py {' '.join(d['run'])}" if d["run"] else ""))
-        click.echo("  for DDP's buckets as profiled, instead of (not with) the tensor groups above")
+        click.echo("  for DDP's buckets as profiled, instead of (not with) the tensor groups above: "
+                   f"train.py --plan {output} --plan-mode deft, or dpro_torch.plan.apply_plan(model, plan, mode='deft')")
         if any(d["delays"].values()):
             click.echo("  the loss is not checked: run the Preserver's loop before training with these delays "
                        "(bench/deft_ab.py --preserver-loop LR, docs/deft.md)")

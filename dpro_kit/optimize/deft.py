@@ -1060,8 +1060,8 @@ def predict(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), *, method: str = "
     return {
         "rates": list(map(float, rates)), "coverage_rate": times.coverage_rate,
         "forward_ms": times.forward_us / 1e3, "backward_ms": times.backward_us / 1e3,
-        "buckets": [{"name": b.name, "backward_ms": b.backward_us / 1e3, "comm_ms": b.comm_us / 1e3}
-                    for b in times.buckets],
+        "buckets": [{"name": b.name, "bytes": int(b.bytes), "backward_ms": b.backward_us / 1e3,
+                     "comm_ms": b.comm_us / 1e3} for b in times.buckets],
         "parts": len(sched.times.buckets), "period": sched.period, "update_frequency": sched.update_frequency,
         "batch_sequence": sched.batch_sequence(), "delays": sched.delays(), "fixed_delays": fixed_delays(sched),
         "lowering_order": lowering_order(times), "link_load_ms":
@@ -1287,7 +1287,7 @@ def plan_section(delays: dict[str, int], links: dict[str, int], rates: Sequence[
             **({"predicted": predicted} if predicted else {})}
 
 
-def solver_plan(g: "nx.DiGraph", rates: Sequence[float] = (1.0,)) -> dict[str, Any]:
+def solver_plan(g: "nx.DiGraph", rates: Sequence[float] = (1.0,), ddp: dict[str, Any] | None = None) -> dict[str, Any]:
     """``plan["deft"]`` from the solver alone (``dpro optimize --deft``): the DeFT schedule's delays in the
     hook's form (:func:`fixed_delays`), the buckets on the links of :func:`link_assignment`, and the
     replayed steady iteration time of exactly that (:func:`predict`: ``partial_delay`` for some buckets
@@ -1318,7 +1318,11 @@ def solver_plan(g: "nx.DiGraph", rates: Sequence[float] = (1.0,)) -> dict[str, A
                                 "(bench/deft_ab.py --preserver-loop LR, docs/deft.md) before training with them")
     sec["applies_to"] = ("DDP's buckets as profiled (bucket<k>: the k-th bucket after DDP's rebuild, with the traced "
                          "bucket_cap_mb): an alternative to the plan's tensor groups, not on top of them "
-                         "(train.py ignores --deft-* with --plan)")
+                         "(dpro_torch.plan.apply_plan(model, plan, mode='deft'); train.py --plan P --plan-mode deft)")
+    sec["bucket_bytes"] = {b["name"]: b["bytes"] for b in rep["buckets"]}
+    if ddp is not None:   # the DDP settings the buckets were traced with (the collector's meta.json ``ddp``)
+        cap = ddp.get("bucket_cap_bytes")
+        sec["ddp"] = {"bucket_cap_mb": None if ddp.get("bucket_cap_default") or not cap else int(cap) / 2**20}
     return sec
 
 

@@ -196,12 +196,14 @@ def train(args: argparse.Namespace) -> None:
     opts = {"device_ids": [device.index] if cuda else None}
     if mem:
         opts["init_sync"] = False
+    deferred = None
     if args.plan:  # a `dpro optimize` plan: exact tensor groups (bucket cap or comm hook), else the closest cap
-        applied = _plan_api().apply_plan(net, args.plan, **opts)
+        applied = _plan_api().apply_plan(net, args.plan, mode=args.plan_mode, **opts)
         model = applied.model
+        if applied.mode == "deft":   # the plan's DeFT section: its hook is the deferred-bucket state
+            deferred = applied.hook_state
     else:
         model = DDP(net, bucket_cap_mb=args.bucket_mb, **opts)
-    deferred = None
     stamps: list | None = [] if args.phase_log else None
     if (args.deft_defer or args.deft_link1) and not args.plan:  # DeFT: delayed updates and/or a second link
         api = _deft_api()
@@ -443,8 +445,11 @@ def check_plan(args: argparse.Namespace) -> None:
     from dpro_collect.errors import DproError
     try:
         api.plan_groups(args.plan, build(args.model, 1, torch.device("cpu"))[0])
+        if args.plan_mode == "deft":
+            api.deft_settings(args.plan)
     except DproError as exc:
-        sys.exit(f"train.py: error: {exc}")
+        print(f"train.py: error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _worker(local_rank: int, args: argparse.Namespace) -> None:
@@ -526,6 +531,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DDP bucket_cap_mb (default: DDP's own default - 25 MB buckets after a 1 MB first bucket; "
                         "an explicit value also caps the first bucket, torch >= 2.13); ignored with --plan")
     p.add_argument("--plan", default="", help="apply this `dpro optimize` plan.json (dpro_torch.plan.apply_plan)")
+    p.add_argument("--plan-mode", default="auto", choices=["auto", "hook", "cap", "deft"],
+                   help="how to apply --plan: its tensor groups (auto: bucket caps when exact, else a comm hook; "
+                        "hook; cap), or deft: its DeFT section (`dpro optimize --deft`: delayed buckets, a second "
+                        "link) on DDP's buckets as traced")
     p.add_argument("--deft-defer", default="", metavar="all|K,...",
                    help="DeFT delayed updates: synchronise these DDP buckets (indices after DDP's rebuild, or all) "
                         "one iteration late (dpro_torch.deft.DeferredBuckets; docs/deft.md); ignored with --plan")

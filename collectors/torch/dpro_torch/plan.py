@@ -42,6 +42,7 @@ so they are left to the job (a warning names the memory choices).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dpro_collect.errors import DproError
 from dpro_collect.plan import PLAN_FORMAT, PLAN_VERSION, validate_plan
 
-__all__ = ["AppliedPlan", "PlanGroup", "PlanHookState", "apply_plan", "ddp_kwargs", "load_plan", "plan_groups",
+__all__ = ["AppliedPlan", "PlanGroup", "PlanHookState", "apply_plan", "ddp_kwargs", "deft_settings", "load_plan", "plan_groups",
            "ddp_buckets", "cap_bytes_of", "HOOK_BUCKET_CAP_MB"]
 
 #: DDP ``bucket_cap_mb`` for the comm-hook mode: 1 byte, so every parameter closes its own bucket
@@ -262,8 +263,68 @@ def ddp_kwargs(plan: PlanLike, mode: str = "auto") -> dict[str, Any]:
 
 
 def _check_mode(mode: str) -> None:
-    if mode not in ("auto", "hook", "cap"):
-        raise DproError(f"mode must be 'auto', 'hook' or 'cap', got {mode!r}")
+    if mode not in ("auto", "hook", "cap", "deft"):
+        raise DproError(f"mode must be 'auto', 'hook', 'cap' or 'deft', got {mode!r}")
+
+
+def _bucket_index(name: Any, where: str, field_name: str) -> int:
+    k = str(name).removeprefix("bucket")
+    if not k.isdigit():
+        raise DproError(f"deft.{field_name}: {name!r} is not a bucket name (bucket<k>)", path=_path(where),
+                        hint="plan['deft'] is written by `dpro optimize TRACE --deft`")
+    return int(k)
+
+
+def deft_settings(plan: PlanLike) -> dict[str, Any]:
+    """The plan's DeFT section as :func:`apply_plan` ``mode="deft"`` applies it, checked before any rank
+    starts: ``defer`` and ``link1`` (bucket indices), ``bucket_cap_mb`` (as traced; None: DDP's
+    default), ``bucket_bytes`` (traced, by index), ``measured`` (the Preserver's loop ran).
+
+    Raises :class:`DproError` (file and field named) for a plan without a valid ``deft`` section, or one
+    that puts buckets on a second link while ``$DPRO_LINK1_IFNAME`` is not set.
+    """
+    return _deft_settings(*load_plan(plan))
+
+
+def _deft_settings(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    defer, on1, cap, sizes, measured = _deft_section(doc, where)
+    if on1 and not os.environ.get("DPRO_LINK1_IFNAME"):
+        raise DproError(f"the plan puts bucket(s) {', '.join(map(str, on1))} on a second link, and "
+                        "DPRO_LINK1_IFNAME is not set", path=_path(where),
+                        hint="set DPRO_LINK1_IFNAME to the second network interface on every host "
+                             "(dpro cluster --second-rate-mbit R sets it), or plan with one link")
+    return {"defer": defer, "link1": on1, "bucket_cap_mb": cap, "bucket_bytes": sizes, "measured": measured,
+            "cap_known": isinstance(doc["deft"].get("ddp"), dict)}
+
+
+def _deft_section(doc: dict[str, Any], where: str) -> tuple[list[int], list[int], float | None, dict[int, int], bool]:
+    """``plan["deft"]`` checked: (deferred bucket indices, bucket indices on link 1, the traced
+    bucket_cap_mb (None: DDP's default), traced bucket bytes by index, whether the loss was measured)."""
+    sec = doc.get("deft")
+    if not isinstance(sec, dict):
+        raise DproError("mode='deft': the plan has no 'deft' section", path=_path(where),
+                        hint="write one with `dpro optimize TRACE --deft [--links R0,R1]`")
+    delays, links = sec.get("delays"), sec.get("links", {})
+    if not isinstance(delays, dict) or not isinstance(links, dict):
+        raise DproError("deft.delays / deft.links must be objects of bucket<k> -> int", path=_path(where))
+    for fld, d in (("delays", delays), ("links", links)):
+        for k, v in d.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v not in (0, 1):
+                raise DproError(f"deft.{fld}[{k!r}] = {v!r}: must be 0 or 1 (the hook delays by one iteration, "
+                                "over at most two links)", path=_path(where))
+    defer = sorted(_bucket_index(k, where, "delays") for k, v in delays.items() if v)
+    on1 = sorted(_bucket_index(k, where, "links") for k, v in links.items() if v)
+    ddp = sec.get("ddp") if isinstance(sec.get("ddp"), dict) else {}
+    cap = ddp.get("bucket_cap_mb")
+    if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0):
+        raise DproError(f"deft.ddp.bucket_cap_mb = {cap!r}: must be a positive number or null", path=_path(where))
+    sizes = {}
+    for k, v in (sec.get("bucket_bytes") or {}).items():
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            sizes[_bucket_index(k, where, "bucket_bytes")] = v
+    pres = sec.get("preserver") if isinstance(sec.get("preserver"), dict) else {}
+    measured = not str(pres.get("note", "")).startswith("not measured")
+    return defer, on1, (float(cap) if cap is not None else None), sizes, measured
 
 
 # --------------------------------------------------------------------------- the comm hook
@@ -446,7 +507,9 @@ class AppliedPlan:
 
     ``mode`` is ``"bucket_cap"`` (DDP's buckets are the plan's groups),
     ``"comm_hook"`` (exact groups through :func:`_plan_comm_hook`) or
-    ``"closest_bucket_cap"`` (not exact); ``description`` says it in one line.
+    ``"closest_bucket_cap"`` (not exact), ``"deft"`` (``hook_state`` is the
+    :class:`dpro_torch.deft.DeferredBuckets`; call its ``flush()`` before
+    destroying the process group); ``description`` says it in one line.
     """
 
     model: DistributedDataParallel
@@ -457,6 +520,8 @@ class AppliedPlan:
     hook_state: PlanHookState | None = None
     warnings: list[str] = field(default_factory=list)
     source: str = "plan"
+    #: mode "deft": the traced bytes of bucket k (``plan["deft"]["bucket_bytes"]``), checked by :meth:`verify`
+    deft_bucket_bytes: dict[int, int] = field(default_factory=dict)
 
     def verify(self) -> tuple[bool, str]:
         """Whether the groups really reduced are the plan's (call after at least two iterations).
@@ -466,6 +531,8 @@ class AppliedPlan:
         exactness rests on the traced gradient order, which the run may not
         repeat; this says so instead of silently reducing something else.
         """
+        if self.mode == "deft":
+            return self._verify_deft()
         want = [list(g.params) for g in self.groups]
         if self.hook_state is not None:
             st = self.hook_state
@@ -485,6 +552,30 @@ class AppliedPlan:
         return ok, (f"DDP's {len(got)} buckets are the plan's groups" if ok
                     else f"DDP's {len(got)} buckets differ from the plan's {len(want)} groups "
                          f"(gradient order differs from the trace?); use mode='hook' for exact groups")
+
+
+    def _verify_deft(self) -> tuple[bool, str]:
+        """DeFT mode: DDP's rebuilt buckets have the traced sizes (bucket<k> is the bucket the section
+        means) and every deferred bucket went through the hook."""
+        st = self.hook_state
+        got = ddp_buckets(self.model)
+        if got is None:
+            return False, "cannot read DDP's buckets"
+        params = dict(self.model.module.named_parameters())
+        have = [sum(params[n].numel() * params[n].element_size() for n in b) for b in got]
+        want = self.deft_bucket_bytes
+        diff = [k for k, v in want.items() if k >= len(have) or have[k] != v]
+        if len(want) and (diff or len(have) != len(want)):
+            return False, (f"DDP's {len(have)} buckets are not the {len(want)} traced ones (bucket(s) "
+                           f"{', '.join(map(str, diff or sorted(want)))} differ in bytes): the DeFT section names "
+                           "other buckets; profile this configuration again")
+        missing = sorted(k for k in st.defer if k >= len(have))
+        if missing:
+            return False, f"no DDP bucket {', '.join(map(str, missing))} to defer (DDP has {len(have)})"
+        if st.calls == 0:
+            return False, "no bucket went through the DeFT hook yet"
+        return True, (f"DDP's {len(have)} buckets are the traced ones"
+                      + (f"; bucket(s) {', '.join(map(str, sorted(st.defer)))} deferred" if st.defer else ""))
 
 
 def ddp_buckets(ddp: DistributedDataParallel) -> list[list[str]] | None:
@@ -527,7 +618,10 @@ def apply_plan(model: DistributedDataParallel | nn.Module, plan: PlanLike, *, mo
     already built (then its bucket cap cannot change; build it with
     ``**ddp_kwargs(plan)`` so that groups start as early as planned).
     ``mode``: ``"auto"`` (bucket cap when it is exact, else the comm hook),
-    ``"hook"`` (always the hook) or ``"cap"`` (never the hook; closest cap).
+    ``"hook"`` (always the hook), ``"cap"`` (never the hook; closest cap) or
+    ``"deft"`` (the plan's ``deft`` section instead of its tensor groups: DDP with
+    the traced bucket cap, the chosen buckets synchronised one iteration late and/or
+    over a second link on ``$DPRO_LINK1_IFNAME``; :mod:`dpro_torch.deft`).
     ``record``: keep every hook launch in ``hook_state.launches`` (tests).
 
     Raises :class:`DproError` for a missing or invalid plan, names the model
@@ -541,6 +635,8 @@ def apply_plan(model: DistributedDataParallel | nn.Module, plan: PlanLike, *, mo
     if prebuilt and ddp_options:
         raise DproError(f"DDP options ({', '.join(ddp_options)}) given for a model that is already "
                         "DistributedDataParallel")
+    if mode == "deft":
+        return _apply_deft(model, doc, where, prebuilt, record=record, warn=warn, **ddp_options)
     # what DDP will not reduce (DDP's parameters_to_ignore, from the module or the delay option)
     if prebuilt:
         ignored = frozenset(getattr(model, "parameters_to_ignore", ()) or ())
@@ -615,6 +711,44 @@ def apply_plan(model: DistributedDataParallel | nn.Module, plan: PlanLike, *, mo
             warnings.warn(f"dpro plan ({where}): {n}", stacklevel=2)
     return AppliedPlan(model=ddp, mode=res_mode, description=desc, bucket_cap_mb=cap_mb, groups=groups,
                        hook_state=state, warnings=notes, source=where)
+
+
+def _apply_deft(model: DistributedDataParallel | nn.Module, doc: dict[str, Any], where: str, prebuilt: bool, *,
+                record: bool, warn: bool, **ddp_options: Any) -> AppliedPlan:
+    """``apply_plan(mode="deft")``: DDP with the traced buckets, and DeFT's per-bucket delays and links
+    (:class:`dpro_torch.deft.DeferredBuckets`; the second link's group from :func:`dpro_torch.deft.link_group`
+    on ``$DPRO_LINK1_IFNAME``).  The plan's tensor groups are not applied: the DeFT section was solved
+    on the buckets as profiled (``deft.applies_to``)."""
+    from .deft import DeferredBuckets, link_group
+    st = _deft_settings(doc, where)
+    defer, on1, cap, sizes, measured = (st["defer"], st["link1"], st["bucket_cap_mb"], st["bucket_bytes"],
+                                        st["measured"])
+    notes: list[str] = []
+    if not st["cap_known"] and not prebuilt:
+        notes.append("the DeFT section does not say which bucket_cap_mb its buckets were traced with: DDP's default "
+                     "(None) is used; build DDP with the traced cap and pass it here if that differs")
+    if prebuilt:
+        ddp = model
+        if cap is not None and abs(cap_bytes_of(ddp) - cap * 2**20) > 1:
+            notes.append(f"DDP was built with bucket_cap_mb={_fmt_mb(cap_bytes_of(ddp) / 2**20)}, the trace with "
+                         f"{_fmt_mb(cap)}: its buckets may not be the ones the DeFT section names")
+    else:
+        ddp = DistributedDataParallel(model, bucket_cap_mb=cap, **ddp_options)
+    second = link_group() if on1 else None
+    state = DeferredBuckets(defer=defer, process_group=ddp.process_group, links={k: second for k in on1},
+                            record=record)
+    ddp.register_comm_hook(None, state.hook)
+    if defer and not measured:
+        notes.append("the DeFT delays were not checked against the loss (the Preserver's loop: bench/deft_ab.py "
+                     "--preserver-loop LR, docs/deft.md); compare the loss with synchronous DDP")
+    desc = ("DeFT: " + (f"bucket(s) {', '.join(map(str, defer))} one iteration late" if defer else "no delayed bucket")
+            + (f"; bucket(s) {', '.join(map(str, on1))} on the second link ({os.environ.get('DPRO_LINK1_IFNAME')})" if on1 else "")
+            + f"; DDP bucket_cap_mb={'default (None)' if cap is None else _fmt_mb(cap)} as traced")
+    if warn:
+        for n in notes:
+            warnings.warn(f"dpro plan ({where}): {n}", stacklevel=3)
+    return AppliedPlan(model=ddp, mode="deft", description=desc, bucket_cap_mb=cap_bytes_of(ddp) / 2**20,
+                       groups=[], hook_state=state, warnings=notes, source=where, deft_bucket_bytes=sizes)
 
 
 def _cap_list(doc: dict[str, Any], groups: list[PlanGroup], model: nn.Module) -> list[float] | None:
