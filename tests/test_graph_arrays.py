@@ -189,3 +189,35 @@ def test_radix_argsort_is_numpys_stable_argsort():
     x[rng.integers(0, x.size, 500)] = rng.lognormal(0.0, 30.0, 500)     # 1e-30 .. 1e30
     for v in (x, x[:1], x[:0], np.zeros(1000), np.full(7, 3.5)):
         assert np.array_equal(stable_argsort_nonneg(v), np.argsort(v, kind="stable"))
+
+
+def test_encode_buffers_is_arrows_dictionary_encode():
+    """The buffer-reading encoder (node, kind; stream at each op's first row) gives Arrow's codes and
+    dictionary: chunks of both string types (one sliced), empty strings, non-ASCII, runs, values equal
+    up to their last byte, one that is a prefix of another, 40,000 distinct values (the table grows many
+    times), rows ``at`` across chunk borders; a column with a null goes back to Arrow."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from dpro_kit.graph.arrays import _encode, _encode_buffers
+    rng = np.random.default_rng(5)
+    vocab = ["", "a", "ab", "abcdefgh", "abcdefghi", "abcdefgX", "héllo/ünï", "gpu:7/void k<float>()#41",
+             "gpu:7/void k<float>()#42"] + [f"host{i}/op#{i * 7919 % 40_000}" for i in range(40_000)]
+    vals = [vocab[i] for i in np.minimum(rng.zipf(1.3, 120_000), len(vocab)) - 1]
+    vals[1000:1500] = ["run"] * 500
+    parts = [pa.array(vals[:30_000], type=pa.large_string()), pa.array(vals[30_000:70_000], type=pa.large_string()),
+             pa.array(["pad"] * 10 + vals[70_000:], type=pa.large_string()).slice(10)]
+    col = pa.chunked_array(parts)
+    at = np.unique(rng.integers(0, len(vals), 30_000))
+    for rows in (None, at, np.array([29_999, 30_000, 69_999, 70_000]), np.zeros(0, dtype=np.int64)):
+        codes, uniq = _encode_buffers(col, rows)
+        ref = pc.dictionary_encode(col if rows is None else col.take(pa.array(rows)))
+        ref_codes = np.concatenate([c.indices.to_numpy() for c in ref.chunks]) if ref.num_chunks else np.zeros(0)
+        assert np.array_equal(codes, ref_codes)
+        assert uniq == (ref.chunks[0].dictionary.to_pylist() if ref.num_chunks else [])
+    small = pa.chunked_array([pa.array(["x", "y", "x"])])                    # 32-bit offsets
+    assert _encode_buffers(small, None)[1] == ["x", "y"] and _encode_buffers(small, None)[0].tolist() == [0, 1, 0]
+    assert _encode_buffers(pa.chunked_array([pa.array(["x", None])]), None) is None
+    codes, uniq = _encode(pd.Series(["x", None, "x"], dtype="string[pyarrow]"), runs=True)    # via Arrow
+    assert codes.tolist() == [0, 1, 0] and uniq == ["x", None]
+    assert _encode_buffers(col, np.array([5, 3])) is None                     # rows must increase

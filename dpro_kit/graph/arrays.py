@@ -78,11 +78,11 @@ def _compile_trace(ts: TraceSet) -> Any:
     if any(c.algorithm != "nccl" for c in ts.collectives):
         return None
     ev = ts.events
-    nc, node_u = _encode(ev["node"])
+    nc, node_u = _encode(ev["node"], runs=True)
     oc, op_u = _encode(ev["op"])
     if "" in node_u or "STEP_END" in op_u:
         return None                     # would collide with the SYNC / STEP_END ops' keys
-    kc, kind_u = _encode(ev["kind"])
+    kc, kind_u = _encode(ev["kind"], runs=True)
     comm = np.array([k in COMM_KINDS for k in kind_u], dtype=bool)     # per kind code
     dur_ev = ev["dur"].to_numpy(dtype=np.float64)
     n_ev_nodes, nop = len(node_u), max(len(op_u), 1)
@@ -299,9 +299,14 @@ def _find_dense(table, nop, n_ev_nodes, seg_node, seg_end, o):  # pragma: no cov
     return out
 
 
-def _encode(col: pd.Series, at: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
+def _encode(col: pd.Series, at: np.ndarray | None = None, runs: bool = False) -> tuple[np.ndarray, list[str]]:
     """Codes (int32 or int64, numbered in order of first appearance) and the distinct values of a string
-    column (of its rows ``at`` only, if given)."""
+    column (of its rows ``at``, increasing, only, if given).
+
+    A column of Arrow strings without nulls, given ``at`` or ``runs`` (its values come in runs, as
+    ``node`` and ``kind`` do), is read by :func:`_encode_buffers` (no Arrow allocations: on a first call
+    the ``take`` and the index arrays of Arrow's ``dictionary_encode`` cost more in fresh pages than the
+    hashing); else by Arrow's ``dictionary_encode`` (faster at hashing many distinct long values, e.g. ``op``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     try:
@@ -312,6 +317,10 @@ def _encode(col: pd.Series, at: np.ndarray | None = None) -> tuple[np.ndarray, l
         vals = col.astype(object).to_numpy()
         codes, uniq = pd.factorize(vals if at is None else vals[at], use_na_sentinel=False)
         return codes.astype(np.int64, copy=False), [str(u) for u in uniq]
+    if runs or at is not None:
+        fast = _encode_buffers(arr, at)
+        if fast is not None:
+            return fast
     if at is not None:
         arr = arr.take(pa.array(at))
     chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
@@ -325,6 +334,170 @@ def _encode(col: pd.Series, at: np.ndarray | None = None) -> tuple[np.ndarray, l
         return codes.astype(np.int64, copy=False), [str(u) for u in uniq]
     codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in enc.chunks])   # int32 as a rule
     return codes, d.to_pylist()
+
+
+def _encode_buffers(arr: Any, at: np.ndarray | None) -> tuple[np.ndarray, list[str]] | None:
+    """:func:`_encode` of an Arrow string column (rows ``at``, increasing, if given) read straight from
+    its chunks' offset and data buffers by :func:`_encode_chunk`: the codes Arrow's ``dictionary_encode``
+    gives (first appearance; equal UTF-8 bytes = equal value), in one int32 array.  None: a chunk has
+    nulls (Arrow then)."""
+    import pyarrow as pa
+    chunks = [c for c in (arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]) if len(c)]
+    if any(c.null_count for c in chunks):
+        return None
+    if at is not None and at.size > 1 and not bool((at[1:] > at[:-1]).all()):
+        return None
+    lens = np.array([len(c) for c in chunks], dtype=np.int64)
+    n = int(lens.sum()) if at is None else int(at.size)
+    codes = np.empty(n, dtype=np.int32)
+    total = 0
+    bufs = []
+    for c in chunks:
+        _, ob, db = c.buffers()
+        offs = np.frombuffer(ob, dtype=np.int64 if pa.types.is_large_string(c.type) else np.int32)
+        offs = offs[c.offset:c.offset + len(c) + 1]
+        data = np.frombuffer(db, dtype=np.uint8) if db is not None and db.size else np.zeros(1, dtype=np.uint8)
+        bufs.append((offs, data))
+        total += int(offs[-1] - offs[0])
+    st = np.array([0, -1], dtype=np.int64)          # distinct values so far, last code
+    tab = np.full(1 << 10, -1, dtype=np.int32)
+    cap = max(n, 1)
+    uh = np.empty(cap, dtype=np.uint64)             # (np.empty: pages touched only as far as used)
+    pool = np.empty(max(total, 1), dtype=np.uint8)
+    poff = np.zeros(cap + 1, dtype=np.int64)
+    sel = np.zeros(0, dtype=np.int64)
+    k = 0
+
+    def run(offs, data, sel, all_rows, m):
+        nonlocal tab
+        j = 0
+        while True:
+            j = _encode_chunk(offs, data, sel, all_rows, j, codes, k, st, tab, uh, pool, poff)
+            if j >= m:
+                return
+            tab = _grown(tab, uh, int(st[0]))
+    if at is None:
+        for offs, data in bufs:
+            run(offs, data, sel, True, offs.size - 1)
+            k += offs.size - 1
+    else:
+        at = np.asarray(at, dtype=np.int64)
+        bounds = np.searchsorted(at, np.concatenate([[0], np.cumsum(lens)]))
+        row0 = 0
+        for (offs, data), a, b in zip(bufs, bounds[:-1], bounds[1:]):
+            if b > a:
+                run(offs, data, at[a:b] - row0, False, int(b - a))
+                k += int(b - a)
+            row0 += offs.size - 1
+    nu = int(st[0])
+    pb = pool[:int(poff[nu])].tobytes()
+    po = poff[:nu + 1].tolist()
+    return codes, [pb[po[i]:po[i + 1]].decode("utf-8") for i in range(nu)]
+
+
+@njit(inline="always")
+def _word(buf, a, ln):  # pragma: no cover - compiled
+    """The ``ln <= 8`` bytes ``buf[a:a + ln]`` as a little-endian integer."""
+    w = np.uint64(0)
+    for q in range(ln):
+        w |= np.uint64(buf[a + q]) << np.uint64(8 * q)
+    return w
+
+
+@njit(inline="always")
+def _hash_bytes(buf, a, b):  # pragma: no cover - compiled
+    """A 64-bit hash of ``buf[a:b]``, 8 bytes at a time (multiply-xorshift mixing)."""
+    h = np.uint64(b - a) * np.uint64(0x9E3779B97F4A7C15)
+    q = a
+    while q + 8 <= b:
+        h = (h ^ _word(buf, q, 8)) * np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+        q += 8
+    if q < b:
+        h = (h ^ _word(buf, q, b - q)) * np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(29)
+    return h
+
+
+@njit(inline="always")
+def _same_bytes(x, a, y, b, ln):  # pragma: no cover - compiled
+    """``x[a:a + ln] == y[b:b + ln]``, 8 bytes at a time."""
+    q = 0
+    while q + 8 <= ln:
+        if _word(x, a + q, 8) != _word(y, b + q, 8):
+            return False
+        q += 8
+    for r in range(q, ln):
+        if x[a + r] != y[b + r]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _encode_chunk(offs, data, sel, all_rows, j0, codes, k0, st, tab, uh, pool, poff):  # pragma: no cover - compiled
+    """Dictionary-encode one chunk's strings (its rows ``sel``, or all), from its ``j0``-th, into
+    ``codes[k0:]``, carrying the state across chunks: ``st`` = (distinct values, last code), the
+    open-addressing table ``tab`` (code per slot, -1 empty), each code's hash ``uh``
+    (:func:`_hash_bytes`) and bytes (``pool[poff[c]:poff[c + 1]]``).  A row equal to the previous
+    row's value (runs, e.g. a node's rows) is recognised by one comparison, without hashing (tried
+    again every 64 rows after 4 misses in a row).  Returns the rows done: fewer than all when the
+    table got half full (the caller grows it, :func:`_grown`, and calls again from there)."""
+    nu = st[0]
+    prev = st[1]
+    mask = tab.size - 1
+    m = offs.size - 1 if all_rows else sel.size
+    miss = 0
+    for j in range(j0, m):
+        i = j if all_rows else sel[j]
+        a = offs[i]
+        b = offs[i + 1]
+        ln = b - a
+        if prev >= 0 and (miss < 4 or (j & 63) == 0):
+            if poff[prev + 1] - poff[prev] == ln and _same_bytes(pool, poff[prev], data, a, ln):
+                codes[k0 + j] = prev
+                miss = 0
+                continue
+            miss += 1
+        h = _hash_bytes(data, a, b)
+        s = np.int64(h & np.uint64(mask))
+        while True:
+            c = tab[s]
+            if c < 0:                                    # a new value
+                c = nu
+                nu += 1
+                tab[s] = c
+                uh[c] = h
+                p0 = poff[c]
+                for q in range(ln):
+                    pool[p0 + q] = data[a + q]
+                poff[c + 1] = p0 + ln
+                if 2 * nu > tab.size:                    # half full: the caller grows it, then goes on
+                    codes[k0 + j] = c
+                    st[0] = nu
+                    st[1] = c
+                    return j + 1
+                break
+            if uh[c] == h and poff[c + 1] - poff[c] == ln and _same_bytes(pool, poff[c], data, a, ln):
+                break
+            s = (s + 1) & mask
+        codes[k0 + j] = c
+        prev = c
+    st[0] = nu
+    st[1] = prev
+    return m
+
+
+@njit(cache=True)
+def _grown(tab, uh, nu):  # pragma: no cover - compiled
+    """:func:`_encode_chunk`'s table at twice the size, every code re-inserted by its hash."""
+    t2 = np.full(2 * tab.size, -1, dtype=np.int32)
+    mask = t2.size - 1
+    for c in range(nu):
+        s = np.int64(uh[c] & np.uint64(mask))
+        while t2[s] >= 0:
+            s = (s + 1) & mask
+        t2[s] = c
+    return t2
 
 
 @njit(cache=True)
