@@ -22,8 +22,11 @@ Examples:
   sudo dpro cluster --hosts 2 --rate-mbit 200 --cpus-per-host 1 --profile trace -- \\
       python examples/ddp/train.py --backend gloo
   # a second link per host (eth1, 300 Mbit/s): DeFT's deferred buckets on it (docs/deft.md)
-  sudo dpro cluster --hosts 2 --rate-mbit 1000 --second-rate-mbit 300 -- \
+  sudo dpro cluster --hosts 2 --rate-mbit 1000 --second-rate-mbit 300 -- \\
       python examples/ddp/train.py --backend gloo --deft-defer all --deft-link1 all
+  # ... or the DeFT section of a `dpro optimize T --deft --links 1000,300` plan
+  sudo dpro cluster --hosts 2 --rate-mbit 1000 --second-rate-mbit 300 -- \\
+      python examples/ddp/train.py --backend gloo --plan plan.json --plan-mode deft
   # 2 ranks per host through torchrun
   sudo dpro cluster --hosts 2 --ranks-per-host 2 -- python train.py
   # remove namespaces left behind by killed runs
