@@ -163,3 +163,36 @@ def test_train_applies_the_plans_deft_section(tmp_path):
     p = subprocess.run([*base, "--plan", str(plan), "--plan-mode", "deft"], timeout=120, capture_output=True, text=True,
                        env={k: v for k, v in env.items() if k != "DPRO_LINK1_IFNAME"})
     assert p.returncode == 2 and "DPRO_LINK1_IFNAME is not set" in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_deft_settings_refuses_a_damaged_section(tmp_path, monkeypatch):
+    """dpro_torch.plan.deft_settings: the section as apply_plan(mode="deft") applies it, and one line naming
+    the file and the field for each kind of damage (checked before any rank starts)."""
+    sys.path.insert(0, str(ROOT / "collectors" / "torch"))
+    from dpro_collect.errors import DproError
+    from dpro_torch.plan import deft_settings
+    from click.testing import CliRunner
+
+    from dpro_kit.cli.optimize import optimize as cmd
+    plan = tmp_path / "plan.json"
+    r = CliRunner().invoke(cmd, [str(ROOT / "examples" / "traces" / "ddp-2rank-gloo"), "--deft", "--budget", "5",
+                                 "-o", str(plan), "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(plan.read_text())
+    monkeypatch.delenv("DPRO_LINK1_IFNAME", raising=False)
+    st = deft_settings(plan)   # one link: no second interface needed
+    assert st["defer"] == sorted(int(k.removeprefix("bucket")) for k, v in doc["deft"]["delays"].items() if v)
+    assert st["link1"] == [] and st["bucket_cap_mb"] == 0.5 and st["measured"] is False
+    assert st["bucket_bytes"] == {0: 1071144, 1: 1050624, 2: 526336}
+    for damage, msg in ((lambda d: d["deft"]["delays"].update(bucket0=2), "must be 0 or 1"),
+                        (lambda d: d["deft"]["delays"].update(weights=1), "'weights' is not a bucket name"),
+                        (lambda d: d["deft"].__setitem__("delays", [1, 0]), "plan.deft.delays: expected object"),
+                        (lambda d: d["deft"]["ddp"].update(bucket_cap_mb=-1), "must be a positive number or null"),
+                        (lambda d: d["deft"]["links"].update(bucket1=1), "DPRO_LINK1_IFNAME is not set")):
+        bad = json.loads(json.dumps(doc))
+        damage(bad)
+        f = tmp_path / "bad.json"
+        f.write_text(json.dumps(bad))
+        with pytest.raises(DproError) as e:
+            deft_settings(f)
+        assert msg in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
