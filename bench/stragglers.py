@@ -78,7 +78,7 @@ class Bench:
         res = run_job(argv, hosts=len(cpus), ranks_per_host=1, rate_mbit=rates, cpus_per_host=cpus,
                       cpu_period_us=a.period_us, cpu_shares=a.shares, profile=trace if profile else None,
                       steps=f"{a.prof_start}:{a.prof_start + a.prof_steps}", env=env, log=self.log,
-                      timeout=a.job_timeout, prefix="strg")
+                      timeout=a.job_timeout, prefix=a.prefix)
         if not times.exists() or (profile and not (trace / "manifest.json").exists()):
             raise RuntimeError(f"job {tag} failed (exit codes {res.codes}); see {self.out / 'jobs.log'}")
         doc = json.loads(times.read_text())
@@ -102,16 +102,17 @@ BUSY_LOOP = ("import time\nend = time.perf_counter() + {secs}\nn = 0\n"
              "while time.perf_counter() < end:\n    for _ in range(2000):\n        pass\n    n += 1\nprint(n)")
 
 
-def busy_speed(cpus: float, period_us: int, shares: int, secs: float = 1.5) -> float:
+def busy_speed(cpus: float, period_us: int, shares: int, secs: float = 1.5, prefix: str = "strg") -> float:
     """Work a single busy thread gets done per second in a cgroup with a quota of ``cpus`` CPUs."""
     from dpro_kit.jobs import CpuBudget
-    with CpuBudget(1, [cpus], prefix="strgcal", period_us=period_us, shares=shares) as cb:
+    with CpuBudget(1, [cpus], prefix=prefix + "cal", period_us=period_us, shares=shares) as cb:
         p = subprocess.run([PY, "-c", BUSY_LOOP.format(secs=secs)], capture_output=True, text=True,
                            preexec_fn=cb.preexec(0), timeout=60)
     return int(p.stdout) / secs
 
 
-def effective_cuts(cuts: list[float], cpus: float, period_us: int, shares: int, reps: int) -> dict[float, list[float]]:
+def effective_cuts(cuts: list[float], cpus: float, period_us: int, shares: int, reps: int,
+                   prefix: str = "strg") -> dict[float, list[float]]:
     """The compute factor each budget cut really gives: busy-loop speed at ``cpus`` / at ``cpus / F``.
 
     A CFS quota is enforced at the scheduler tick (HZ=250 here: 4 ms), so a group may overrun its
@@ -122,9 +123,9 @@ def effective_cuts(cuts: list[float], cpus: float, period_us: int, shares: int, 
     out: dict[float, list[float]] = {F: [] for F in cuts}
     for _ in range(reps):
         for F in cuts:
-            b1 = busy_speed(cpus, period_us, shares)
-            c = busy_speed(cpus / F, period_us, shares)
-            b2 = busy_speed(cpus, period_us, shares)
+            b1 = busy_speed(cpus, period_us, shares, prefix=prefix)
+            c = busy_speed(cpus / F, period_us, shares, prefix=prefix)
+            b2 = busy_speed(cpus, period_us, shares, prefix=prefix)
             out[F].append(round(0.5 * (b1 + b2) / c, 4))
     return out
 
@@ -140,7 +141,7 @@ def cpu_use(trace: str) -> dict[str, Any]:
 def repredict(rows_file: Path, only: str | None = None) -> int:
     """Predictions of an earlier run's rows (its kept traces, its replay arguments) with this code."""
     rows = json.loads(rows_file.read_text())
-    base: dict[str, float] = {}
+    base: dict[str, dict] = {}
     errs = []
     print("| Mbit/s | injected | predicted then | predicted now | measured | error now |")
     print("|---|---|---|---|---|---|")
@@ -150,28 +151,55 @@ def repredict(rows_file: Path, only: str | None = None) -> int:
         traces = r.get("traces") or [r["trace"]]     # this bench's rows: every balanced profile
         for t in traces if r["direction"] != "fix" else []:
             if t not in base:
-                base[t] = Bench.replay(t, [])["iteration_time_ms"]
+                base[t] = Bench.replay(t, [])
         t = traces[0]
-        first = ""
+        note = ""
         if r["direction"] == "slow":
-            now, then, m = statistics.median(Bench.replay(t_, r["replay_args"].split())["iteration_time_ms"] / base[t_]
-                                             for t_ in traces), r["predicted_slowdown"], r["measured_slowdown"]
-        elif r["direction"] == "fix":
+            # every model the run predicted the row with (CFS what-if, busy-loop factor, link), else its one
+            for key in [k for k in ("replay_args_cfs", "replay_args_factor", "replay_args_link") if r.get(k)] or ["replay_args"]:
+                args = r[key]
+                ratios, all_its = [], []
+                for t_ in traces:
+                    d = Bench.replay(t_, args.split())
+                    ratios.append(d["iteration_time_ms"] / base[t_]["iteration_time_ms"])
+                    all_its.append(all_iterations_ratio(base[t_], d))
+                then = r.get("predicted_slowdown_" + key.rsplit("_", 1)[1], r["predicted_slowdown"]) \
+                    if key != "replay_args" else r["predicted_slowdown"]
+                now, m = statistics.median(ratios), r["measured_slowdown"]
+                if None not in all_its:
+                    a_ = statistics.median(all_its)
+                    note = f" (all iterations: {a_:.3f}, {100 * (a_ / m - 1):+.1f} %)"
+                errs.append(abs(now / m - 1))
+                print(f"| {r['rate']:g} | slow {r['injected']} `{args}`{note} | {then:.3f} | {now:.3f} | {m:.3f} | "
+                      f"{100 * (now / m - 1):+.1f} % |", flush=True)
+            continue
+        if r["direction"] == "fix":
             s = int(r["injected"].split("host", 1)[1].split()[0])
             att = Bench.replay(t, ["--stragglers"])["stragglers"]
             now, then, m = fix_speedup(att, s, t), r["predicted_speedup"], r["measured_speedup"]
-            first = f" (first named: then {r.get('attribution_first')}, now {att.get('first')})"
+            note = f" (first named: then {r.get('attribution_first')}, now {att.get('first')})"
         else:
-            now_ms = statistics.median(base[t_] for t_ in traces)
+            now_ms = statistics.median(base[t_]["iteration_time_ms"] for t_ in traces)
             print(f"| {r['rate']:g} | balanced | {r['predicted_ms']:.3f} ms | {now_ms:.3f} ms | "
                   f"{r['measured_ms']:.3f} ms | {100 * (now_ms / r['measured_ms'] - 1):+.1f} % |")
             continue
         errs.append(abs(now / m - 1))
-        print(f"| {r['rate']:g} | {r['direction']} {r['injected']}{first} | {then:.3f} | {now:.3f} | {m:.3f} | "
-              f"{100 * (now / m - 1):+.1f} % |")
+        print(f"| {r['rate']:g} | {r['direction']} {r['injected']}{note} | {then:.3f} | {now:.3f} | {m:.3f} | "
+              f"{100 * (now / m - 1):+.1f} % |", flush=True)
     if errs:
         print(f"\n|error| median {100 * statistics.median(errs):.1f} %, max {100 * max(errs):.1f} % ({len(errs)} rows)")
     return 0
+
+
+def all_iterations_ratio(base: dict, whatif: dict) -> float | None:
+    """A what-if's slowdown over every profiled iteration, paired: sum of its per-iteration replays over
+    the profiled job's (``dpro replay --json`` ``per_iteration_ms``); None with mean durations.  The
+    what-ifs themselves replay the median iteration only (docs/stragglers.md, "Sixth")."""
+    b, w = base.get("per_iteration_ms") or {}, whatif.get("per_iteration_ms") or {}
+    common = [i for i in b if i in w]
+    if len(common) < 2:
+        return None
+    return sum(w[i] for i in common) / sum(b[i] for i in common)
 
 
 def fix_speedup(att: dict, rank: int, trace: str) -> float:
@@ -210,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                          "rounds); each prediction is the median over them")
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--job-timeout", type=float, default=400)
+    ap.add_argument("--prefix", default="strg", help="name prefix of the emulated hosts' network namespaces and cgroups "
+                    "(unique per concurrent user)")
     ap.add_argument("--calib-reps", type=int, default=3,
                     help="busy-loop measurements of each cut's real compute factor per (model, rate) (0: use nominal F)")
     ap.add_argument("--out", type=Path, default=Path("bench-stragglers"))
@@ -246,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 variants[f"link host{S} x{f:g}"] = ([rate * f if i == S else rate for i in range(H)], base_cpus,
                                                     {"link": ["--slow-link", f"host{S}={f:g}"]})
             print(f"== {model} {rate:g} Mbit/s, {H} hosts at {a.cpus:g} CPU (period {a.period_us} us)", flush=True)
-            eff = effective_cuts(cuts, a.cpus, a.period_us, a.shares, a.calib_reps) if a.calib_reps else {}
+            eff = effective_cuts(cuts, a.cpus, a.period_us, a.shares, a.calib_reps, a.prefix) if a.calib_reps else {}
             feff = {F: statistics.median(v) for F, v in eff.items()}
             for F in cuts:
                 if F in feff:

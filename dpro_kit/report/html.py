@@ -212,13 +212,17 @@ def render(d: ReportData) -> str:
     if att:
         sg += (f'<p><b>What each rank costs the job</b> (dpro_kit.stragglers): the predicted iteration '
                f'({att["baseline_ms"]:.3f} ms) minus the same with that rank computing like the median of the '
-               f'other workers; late start = median lateness entering collectives. '
+               f'other workers, over all profiled iterations (held back: iterations where that saves over 1 %); '
+               f'late start = median lateness entering collectives. '
                + (f'<b>{esc(att["first"])} holds the job back most.</b>' if att.get("first") else
                   "No rank costs the job more than 1 % of an iteration.") + "</p>"
                + _table(["node", "rank", "compute ms / iteration", "x median", "saved ms", "saved %",
-                         "late start ms"],
+                         "held back", "late start ms"],
                         [[r["node"], r["rank"], r["compute_ms"], r.get("compute_vs_median"), r.get("saved_ms"),
-                          r.get("saved_pct"), r.get("late_start_ms")] for r in att["ranks"]]))
+                          r.get("saved_pct"),
+                          f'{r["held_back_iterations"][0]}/{r["held_back_iterations"][1]}'
+                          if r.get("held_back_iterations") else None,
+                          r.get("late_start_ms")] for r in att["ranks"]]))
     elif st.get("attribution_error"):
         sg += _na("Straggler attribution: " + st["attribution_error"])
     sections.append(("stragglers", "Stragglers across ranks", sg))
