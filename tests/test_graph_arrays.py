@@ -192,8 +192,8 @@ def test_radix_argsort_is_numpys_stable_argsort():
 
 
 def test_encode_buffers_is_arrows_dictionary_encode():
-    """The buffer-reading encoder (node, kind; stream at each op's first row) gives Arrow's codes and
-    dictionary: chunks of both string types (one sliced), empty strings, non-ASCII, runs, values equal
+    """The buffer-reading encoder (node, kind; stream at each op's first row; op when ranks repeat) gives
+    Arrow's codes and dictionary: chunks of both string types (one sliced), empty strings, non-ASCII, runs, values equal
     up to their last byte, one that is a prefix of another, 40,000 distinct values (the table grows many
     times), rows ``at`` across chunk borders; a column with a null goes back to Arrow."""
     import pandas as pd
@@ -210,13 +210,27 @@ def test_encode_buffers_is_arrows_dictionary_encode():
     col = pa.chunked_array(parts)
     at = np.unique(rng.integers(0, len(vals), 30_000))
     for rows in (None, at, np.array([29_999, 30_000, 69_999, 70_000]), np.zeros(0, dtype=np.int64)):
-        codes, uniq = _encode_buffers(col, rows)
+        codes, uniq = _encode_buffers(col, rows, True)
         ref = pc.dictionary_encode(col if rows is None else col.take(pa.array(rows)))
         ref_codes = np.concatenate([c.indices.to_numpy() for c in ref.chunks]) if ref.num_chunks else np.zeros(0)
         assert np.array_equal(codes, ref_codes)
         assert uniq == (ref.chunks[0].dictionary.to_pylist() if ref.num_chunks else [])
+    # repeated chunks (their codes copied): equal ones, one with the same bytes split differently, one
+    # with the same lengths but another byte, a new value after them; with and without runs
+    base = vals[:5_000]
+    moved = ["".join(base[:2])] + base[2:] + [""]
+    other = list(base)
+    other[4_321] = other[4_321][:-1] + "#" if other[4_321] else "#"
+    rep = pa.chunked_array([pa.array(x, type=pa.large_string()) for x in
+                            (base, base, moved, other, base, other, base + ["brand new"], base) + (base,) * 12])
+    ref = pc.dictionary_encode(rep)
+    for runs in (False, True):
+        codes, uniq = _encode_buffers(rep, None, runs)
+        assert np.array_equal(codes, np.concatenate([c.indices.to_numpy() for c in ref.chunks]))
+        assert uniq == ref.chunks[0].dictionary.to_pylist()
+    assert _encode_buffers(col, None, False) is None          # few repeats, many values: Arrow hashes them
     small = pa.chunked_array([pa.array(["x", "y", "x"])])                    # 32-bit offsets
-    assert _encode_buffers(small, None)[1] == ["x", "y"] and _encode_buffers(small, None)[0].tolist() == [0, 1, 0]
+    assert _encode_buffers(small, None, True)[1] == ["x", "y"] and _encode_buffers(small, None, True)[0].tolist() == [0, 1, 0]
     assert _encode_buffers(pa.chunked_array([pa.array(["x", None])]), None) is None
     codes, uniq = _encode(pd.Series(["x", None, "x"], dtype="string[pyarrow]"), runs=True)    # via Arrow
     assert codes.tolist() == [0, 1, 0] and uniq == ["x", None]

@@ -303,10 +303,12 @@ def _encode(col: pd.Series, at: np.ndarray | None = None, runs: bool = False) ->
     """Codes (int32 or int64, numbered in order of first appearance) and the distinct values of a string
     column (of its rows ``at``, increasing, only, if given).
 
-    A column of Arrow strings without nulls, given ``at`` or ``runs`` (its values come in runs, as
-    ``node`` and ``kind`` do), is read by :func:`_encode_buffers` (no Arrow allocations: on a first call
-    the ``take`` and the index arrays of Arrow's ``dictionary_encode`` cost more in fresh pages than the
-    hashing); else by Arrow's ``dictionary_encode`` (faster at hashing many distinct long values, e.g. ``op``)."""
+    A column of Arrow strings without nulls is read by :func:`_encode_buffers` (no Arrow allocations: on
+    a first call the ``take`` and the index arrays of Arrow's ``dictionary_encode`` cost more in fresh
+    pages than the hashing) when ``at`` is given, when ``runs`` (its values come in runs, as ``node``
+    and ``kind`` do), or when most of its rows are in chunks that repeat an earlier chunk byte for byte
+    (ranks with the same op sequence); else by Arrow's ``dictionary_encode`` (faster at hashing many
+    distinct long values, e.g. ``op`` of ranks that all differ)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     try:
@@ -317,10 +319,9 @@ def _encode(col: pd.Series, at: np.ndarray | None = None, runs: bool = False) ->
         vals = col.astype(object).to_numpy()
         codes, uniq = pd.factorize(vals if at is None else vals[at], use_na_sentinel=False)
         return codes.astype(np.int64, copy=False), [str(u) for u in uniq]
-    if runs or at is not None:
-        fast = _encode_buffers(arr, at)
-        if fast is not None:
-            return fast
+    fast = _encode_buffers(arr, at, runs)
+    if fast is not None:
+        return fast
     if at is not None:
         arr = arr.take(pa.array(at))
     chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
@@ -336,11 +337,13 @@ def _encode(col: pd.Series, at: np.ndarray | None = None, runs: bool = False) ->
     return codes, d.to_pylist()
 
 
-def _encode_buffers(arr: Any, at: np.ndarray | None) -> tuple[np.ndarray, list[str]] | None:
+def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False) -> tuple[np.ndarray, list[str]] | None:
     """:func:`_encode` of an Arrow string column (rows ``at``, increasing, if given) read straight from
     its chunks' offset and data buffers by :func:`_encode_chunk`: the codes Arrow's ``dictionary_encode``
-    gives (first appearance; equal UTF-8 bytes = equal value), in one int32 array.  None: a chunk has
-    nulls (Arrow then)."""
+    gives (first appearance; equal UTF-8 bytes = equal value), in one int32 array.  A chunk equal byte
+    for byte to an earlier chunk of the same size and sampled bytes (:func:`_chunk_print`) (:func:`_same_chunk`) takes that chunk's
+    codes (it has no new value, so the numbering is unchanged).  None: a chunk has nulls, or (neither
+    ``at`` nor ``runs``) more than a quarter of the rows would be hashed here (Arrow then)."""
     import pyarrow as pa
     chunks = [c for c in (arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]) if len(c)]
     if any(c.null_count for c in chunks):
@@ -351,14 +354,16 @@ def _encode_buffers(arr: Any, at: np.ndarray | None) -> tuple[np.ndarray, list[s
     n = int(lens.sum()) if at is None else int(at.size)
     codes = np.empty(n, dtype=np.int32)
     total = 0
+    total_of: list[int] = []
     bufs = []
     for c in chunks:
         _, ob, db = c.buffers()
         offs = np.frombuffer(ob, dtype=np.int64 if pa.types.is_large_string(c.type) else np.int32)
         offs = offs[c.offset:c.offset + len(c) + 1]
-        data = np.frombuffer(db, dtype=np.uint8) if db is not None and db.size else np.zeros(1, dtype=np.uint8)
-        bufs.append((offs, data))
-        total += int(offs[-1] - offs[0])
+        data = np.frombuffer(db, dtype=np.uint8) if db is not None and db.size else np.zeros(8, dtype=np.uint8)
+        bufs.append((offs, data, data[:data.size // 8 * 8].view(np.uint64)))
+        total_of.append(int(offs[-1] - offs[0]))
+        total += total_of[-1]
     st = np.array([0, -1], dtype=np.int64)          # distinct values so far, last code
     tab = np.full(1 << 10, -1, dtype=np.int32)
     cap = max(n, 1)
@@ -377,14 +382,36 @@ def _encode_buffers(arr: Any, at: np.ndarray | None) -> tuple[np.ndarray, list[s
                 return
             tab = _grown(tab, uh, int(st[0]))
     if at is None:
-        for offs, data in bufs:
-            run(offs, data, sel, True, offs.size - 1)
-            k += offs.size - 1
+        rep = [-1] * len(bufs)                          # the earlier chunk each one repeats, or -1
+        cands: dict[tuple[int, int], list[int]] = {}
+        for ci, (offs, data, words) in enumerate(bufs):
+            lst = cands.setdefault((offs.size, total_of[ci], _chunk_print(offs, data)), [])
+            for j, pj in enumerate(lst):
+                if _same_chunk(offs, data, words, *bufs[pj]):
+                    rep[ci] = pj
+                    if j:
+                        lst.insert(0, lst.pop(j))
+                    break
+            else:
+                lst.insert(0, ci)
+                del lst[8:]
+        if not runs and sum(int(m) for m, r in zip(lens, rep) if r < 0) > n // 4:
+            return None
+        row_of = np.concatenate([[0], np.cumsum(lens)])
+        for ci, (offs, data, _) in enumerate(bufs):
+            m = offs.size - 1
+            if rep[ci] >= 0:
+                r0 = int(row_of[rep[ci]])
+                codes[k:k + m] = codes[r0:r0 + m]
+                st[1] = codes[k + m - 1]
+            else:
+                run(offs, data, sel, True, m)
+            k += m
     else:
         at = np.asarray(at, dtype=np.int64)
         bounds = np.searchsorted(at, np.concatenate([[0], np.cumsum(lens)]))
         row0 = 0
-        for (offs, data), a, b in zip(bufs, bounds[:-1], bounds[1:]):
+        for (offs, data, _), a, b in zip(bufs, bounds[:-1], bounds[1:]):
             if b > a:
                 run(offs, data, at[a:b] - row0, False, int(b - a))
                 k += int(b - a)
@@ -429,6 +456,60 @@ def _same_bytes(x, a, y, b, ln):  # pragma: no cover - compiled
         q += 8
     for r in range(q, ln):
         if x[a + r] != y[b + r]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _chunk_print(offs, data):  # pragma: no cover - compiled
+    """A cheap fingerprint of a chunk (offsets, data): a hash of 64 string lengths and 64 8-byte words
+    at evenly spaced places (equal chunks have equal prints; :func:`_same_chunk` decides)."""
+    n = offs.size - 1
+    a = offs[0]
+    tot = offs[n] - a
+    h = np.uint64(n) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(tot)
+    for j in range(64):
+        if n > 0:
+            i = (j * n) // 64
+            h = (h ^ np.uint64(offs[i + 1] - offs[i])) * np.uint64(0xBF58476D1CE4E5B9)
+        if tot > 0:
+            q = a + (j * tot) // 64
+            h = (h ^ _word(data, q, min(8, a + tot - q))) * np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(31)
+    return h
+
+
+@njit(cache=True)
+def _same_chunk(oa, da, wa, ob, db, wb):  # pragma: no cover - compiled
+    """Do two chunks (offsets, data, the data as 8-byte words ``w``) hold the same strings, row for row?
+    Bytes compared 8 at a time where both start at the same place in a word (as a rule: Arrow's buffers
+    are 64-byte aligned), else one by one."""
+    if oa.size != ob.size:
+        return False
+    for i in range(oa.size):
+        if oa[i] - oa[0] != ob[i] - ob[0]:
+            return False
+    a = oa[0]
+    b = ob[0]
+    ln = oa[oa.size - 1] - a
+    if a % 8 == b % 8:
+        while ln > 0 and a % 8 != 0:
+            if da[a] != db[b]:
+                return False
+            a += 1
+            b += 1
+            ln -= 1
+        ia = a // 8
+        ib = b // 8
+        for w in range(ln // 8):
+            if wa[ia + w] != wb[ib + w]:
+                return False
+        k = 8 * (ln // 8)
+        a += k
+        b += k
+        ln -= k
+    for q in range(ln):
+        if da[a + q] != db[b + q]:
             return False
     return True
 
