@@ -244,6 +244,41 @@ def _generations_order(indptr, succ, indeg0):  # pragma: no cover - compiled
     return order[:m]
 
 
+@njit(cache=True)
+def _generations_and_starts(indptr, succ, indeg0, dur):  # pragma: no cover - compiled
+    """:func:`_generations_order` and, in the same pass, the earliest starts (:func:`_earliest_starts`) in that order: when
+    op ``u`` is taken (generation by generation) all its predecessors were, so its earliest start is
+    final; it is written at ``u``'s place in the order and pushed to its successors."""
+    n = indeg0.size
+    indeg = indeg0.copy()
+    est = np.zeros(n)
+    order = np.empty(n, dtype=np.int64)
+    out = np.empty(n)
+    m = 0
+    for i in range(n):
+        if indeg[i] == 0:
+            order[m] = i
+            m += 1
+    lo = 0
+    while lo < m:
+        hi = m
+        for j in range(lo, hi):
+            u = order[j]
+            t = est[u]
+            out[j] = t
+            e = t + dur[u]
+            for k in range(indptr[u], indptr[u + 1]):
+                v = succ[k]
+                if e > est[v]:
+                    est[v] = e
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    order[m] = v
+                    m += 1
+        lo = hi
+    return order[:m], out[:m]
+
+
 def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGraph:
     """Flatten ``g`` (or the subgraph induced by ``ops``) for the kernel.
 
@@ -329,7 +364,7 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
     n = int(np.asarray(dur0).size)
     dur0 = np.asarray(dur0, dtype=np.float64)
     ip0, s0, deg0 = csr_from_edges(n, src0, dst0, dedupe)
-    order = _generations_order(ip0, s0, deg0)
+    order, est = _generations_and_starts(ip0, s0, deg0, dur0)
     if order.size < n:
         return None
     bad = ~np.isfinite(dur0) | (dur0 < 0)
@@ -340,7 +375,7 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
         k = _keys_at(keys0, np.array([o], dtype=np.int64))[0]
         raise GraphError(f"op {k!r} has duration {float(dur0[o])!r}; durations must be finite and >= 0")
     # locality_order of the generation-ordered graph: earliest starts, stable by generation index
-    loc = stable_argsort_nonneg(_earliest_starts_at(dur0, ip0, s0, order))
+    loc = stable_argsort_nonneg(est)
     dev0 = np.asarray(dev0, dtype=np.int64)
     final, inv, dur, prio, device, by_first, indptr, succ, indeg = _renumbered(
         order, loc, ip0, s0, deg0, dur0, np.asarray(prio0, dtype=np.float64), dev0, max(len(dev_names), 1))
@@ -443,23 +478,6 @@ def _radix_argsort(x):  # pragma: no cover - compiled
         key, key2 = key2, key
         idx, idx2 = idx2, idx
     return idx
-
-
-@njit(cache=True)
-def _earliest_starts_at(dur, indptr, succ, order):  # pragma: no cover - compiled
-    """:func:`_earliest_starts` visiting ops in ``order`` (a topological order) instead of by index;
-    the start of op ``order[j]`` at ``j``."""
-    est = np.zeros(dur.size)
-    for j in range(order.size):
-        u = order[j]
-        e = est[u] + dur[u]
-        for k in range(indptr[u], indptr[u + 1]):
-            if e > est[succ[k]]:
-                est[succ[k]] = e
-    out = np.empty(order.size)
-    for j in range(order.size):
-        out[j] = est[order[j]]
-    return out
 
 
 def unroll(cg: CompiledGraph, iterations: int) -> CompiledGraph:
