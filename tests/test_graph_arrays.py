@@ -47,6 +47,20 @@ def test_generated_jobs(tmp_path, ranks, classes):
     check(load_trace(tmp_path / "job"))
 
 
+def test_generated_job_through_the_hash_path(tmp_path, monkeypatch):
+    """Ops numbered by hashing (node, op) pairs instead of the dense table (jobs whose op names differ
+    per rank): same arrays."""
+    import scale
+    import dpro_kit.graph.arrays as arrays
+    monkeypatch.setattr(arrays, "_DENSE_LIMIT", (0, 0))
+    calls = []
+    reduce = arrays._group_reduce
+    monkeypatch.setattr(arrays, "_group_reduce", lambda *a: calls.append(1) or reduce(*a))   # the hash path's
+    scale.write_job(tmp_path / "job", 12, layers=6, buckets=3, steps=2, classes=3)
+    check(load_trace(tmp_path / "job"))
+    assert calls
+
+
 @pytest.mark.skipif(not HTA.is_dir(), reason="shared/traces/hta not present")
 @pytest.mark.parametrize("files", [("sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz"),
                                    ("nccl_2rank_rank0.json.gz",), ("allgather_reducescatter_16rank_rank0.json.gz",)],

@@ -38,6 +38,8 @@ from ..trace import COMM_KINDS, OpKind, TraceSet
 __all__ = ["compile_trace", "compile_trace_or_graph"]
 
 _NOT_FIRST = {OpKind.VIRTUAL.value, OpKind.SEND.value, OpKind.RECV.value}
+#: the dense ``node x op-name`` table is used while it has at most ``a * rows + b`` entries (else a hash)
+_DENSE_LIMIT = (8, 1 << 20)
 
 
 def compile_trace(ts: TraceSet) -> Any:
@@ -88,7 +90,7 @@ def _compile_trace(ts: TraceSet) -> Any:
     n_ev_nodes, nop = len(node_u), max(len(op_u), 1)
     ncomb = n_ev_nodes * nop
     table = None
-    if ncomb <= 8 * len(ev) + (1 << 20):   # ops numbered through a dense node x op-name table, one pass
+    if ncomb <= _DENSE_LIMIT[0] * len(ev) + _DENSE_LIMIT[1]:   # ops numbered through a dense node x op-name table
         r0, mean, table = _group_dense(nc, oc, kc, comm, dur_ev, nop, ncomb)
         ng = r0.size
     else:                               # many distinct op names per node: hash, then binary search
@@ -135,7 +137,9 @@ def _compile_trace(ts: TraceSet) -> Any:
     # local dependencies, in the order Job.from_trace adds them; a node whose list equals one seen
     # before (ranks of one job name their ops alike; a few variants, e.g. one rank per host
     # copying the input) reuses its op codes: up to 4 lists per length are kept, the last used first
-    op_codes: list[np.ndarray] = []
+    variants: list[np.ndarray] = []     # the distinct code arrays (kept: their ids stay unique)
+    var_of: dict[int, int] = {}
+    node_var: list[int] = []
     seen_lists: dict[int, list[tuple[Any, np.ndarray]]] = {}
     for edges in ts.edges.values():
         cands = seen_lists.setdefault(len(edges), [])
@@ -151,13 +155,18 @@ def _compile_trace(ts: TraceSet) -> Any:
             codes = np.fromiter(map(op_idx.get, flat, repeat(-1)), dtype=np.int64, count=len(flat))
             cands.insert(0, (edges, codes))
             del cands[4:]
-        op_codes.append(codes)
-    counts = np.array([c.size for c in op_codes], dtype=np.int64)
-    ends = find(np.array([node_idx.get(n, n_ev_nodes) for n in ts.edges], dtype=np.int64), counts,
-                np.concatenate(op_codes) if op_codes else np.zeros(0, dtype=np.int64))
-    if (ends < 0).any():
-        return None                     # an op only in the dependency list: contracted by the builder
-    del op_codes
+        vi = var_of.get(id(codes))
+        if vi is None:
+            vi = var_of[id(codes)] = len(variants)
+            variants.append(codes)
+        node_var.append(vi)
+    del seen_lists
+    seg_node = np.array([node_idx.get(n, n_ev_nodes) for n in ts.edges], dtype=np.int64)
+    seg_var = np.asarray(node_var, dtype=np.int64)
+    vlen = np.array([v.size for v in variants], dtype=np.int64)
+    vstart = np.concatenate([[0], np.cumsum(vlen)[:-1]]).astype(np.int64)
+    vcodes = np.concatenate(variants) if variants else np.zeros(0, dtype=np.int64)
+    n_dep = int(vlen[seg_var].sum()) // 2 if seg_var.size else 0
     # the nccl scheme per collective (identity strategy: one group per tensor, in the trace's order)
     # virtual ops' keys as (left, right) codes: node code (-1: none) and a name in op_u + rnames
     v_left: list[int] = []
@@ -223,9 +232,27 @@ def _compile_trace(ts: TraceSet) -> Any:
     if any("|" in n for n in names):
         return None                     # keys "node|op" might collide
     n0 = ng + len(v_left)
-    s_arr = np.concatenate([ends[0::2], np.asarray(c_src, dtype=np.int64)])
-    d_arr = np.concatenate([ends[1::2], np.asarray(c_dst, dtype=np.int64)])
-    del ends, c_src, c_dst
+    # edges: the dependency lists', the collectives', then the iteration rule's, written in place into
+    # arrays sized for all of them (no concatenation; np.empty: the unused tail is never touched)
+    n_c = len(c_src)
+    s_all = np.empty(n_dep + n_c + n0, dtype=np.int64)
+    d_all = np.empty(n_dep + n_c + n0, dtype=np.int64)
+    if table is not None:
+        if _pairs_dense(table, nop, n_ev_nodes, seg_node, seg_var, vstart, vlen, vcodes, s_all, d_all) < 0:
+            return None                 # an op only in the dependency list: contracted by the builder
+    else:
+        ends = find(seg_node, vlen[seg_var], np.concatenate([variants[v] for v in node_var]) if node_var
+                    else np.zeros(0, dtype=np.int64))
+        if (ends < 0).any():
+            return None
+        s_all[:n_dep] = ends[0::2]
+        d_all[:n_dep] = ends[1::2]
+        del ends
+    del variants, vcodes
+    s_all[n_dep:n_dep + n_c] = c_src
+    d_all[n_dep:n_dep + n_c] = c_dst
+    del c_src, c_dst
+    s_arr, d_arr = s_all[:n_dep + n_c], d_all[:n_dep + n_c]
     owner = np.concatenate([gnode, np.asarray(v_owner, dtype=np.int64)])
     has_succ, has_pred = _local_ends(s_arr, d_arr, owner)      # (repeated edges: compile_arrays drops them)
     not_first_kind = np.array([k in _NOT_FIRST for k in kind_u], dtype=bool)
@@ -237,8 +264,10 @@ def _compile_trace(ts: TraceSet) -> Any:
     sinks = sinks[np.argsort(rank_of[owner[sinks]], kind="stable")]     # node by node, each in op order
     sources = np.flatnonzero(valid & ~not_first & ~has_pred)
     sources = sources[np.argsort(rank_of[owner[sources]], kind="stable")]
-    s_arr = np.concatenate([s_arr, sinks])
-    d_arr = np.concatenate([d_arr, n0 + rank_of[owner[sinks]]])
+    m = n_dep + n_c
+    s_all[m:m + sinks.size] = sinks
+    d_all[m:m + sinks.size] = n0 + rank_of[owner[sinks]]
+    s_arr, d_arr = s_all[:m + sinks.size], d_all[:m + sinks.size]
     it_pairs = np.stack([n0 + rank_of[owner[sources]], sources], axis=1)
     node_by_rank = np.empty(n_nodes, dtype=np.int64)
     used_nodes = rank_of >= 0
@@ -283,6 +312,31 @@ def _local_ends(src, dst, owner):  # pragma: no cover - compiled
             has_succ[u] = True
             has_pred[v] = True
     return has_succ, has_pred
+
+
+@njit(cache=True)
+def _pairs_dense(table, nop, n_ev_nodes, seg_node, seg_var, vstart, vlen, vcodes, s_out, d_out):  # pragma: no cover - compiled
+    """The dependency edges as op indices, into ``s_out``/``d_out``: node ``i``'s list is the
+    ``(u, v)`` op-name codes ``vcodes[vstart[seg_var[i]]:][:vlen[seg_var[i]]]`` (interleaved; nodes with
+    equal lists share them), looked up in the dense ``node x op`` table.  Returns the edges written,
+    or -1 if an op was not traced."""
+    k = 0
+    for i in range(seg_node.size):
+        nd = seg_node[i]
+        a = vstart[seg_var[i]]
+        for q in range(a, a + vlen[seg_var[i]], 2):
+            cu = vcodes[q]
+            cv = vcodes[q + 1]
+            if nd >= n_ev_nodes or cu < 0 or cv < 0:
+                return -1
+            u = table[nd * nop + cu]
+            v = table[nd * nop + cv]
+            if u < 0 or v < 0:
+                return -1
+            s_out[k] = u
+            d_out[k] = v
+            k += 1
+    return k
 
 
 @njit(cache=True)
