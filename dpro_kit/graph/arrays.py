@@ -673,10 +673,9 @@ def _group_dense(nc, oc, kc, comm, dur, nop, ncomb):  # pragma: no cover - compi
             if comp[g] != comp[g]:
                 comp[g] = 0.0
             sumx[g] = t
-    mean = np.empty(ng)
-    for g in range(ng):
-        mean[g] = sumx[g] / nobs[g] if nobs[g] > 0 else np.nan
-    return first[:ng].copy(), mean, table
+    for g in range(ng):                                 # the means, in place of the sums
+        sumx[g] = sumx[g] / nobs[g] if nobs[g] > 0 else np.nan
+    return first[:ng], sumx[:ng], table
 
 
 @njit(cache=True)

@@ -150,27 +150,38 @@ def csr_from_edges(n: int, src: np.ndarray, dst: np.ndarray, dedupe: bool = Fals
 
 @njit(cache=True)
 def _csr(n, src, dst):  # pragma: no cover - compiled
-    indptr = np.zeros(n + 1, dtype=np.int64)
+    indptr, succ = _csr_only(n, src, dst)
     indeg = np.zeros(n, dtype=np.int64)
+    for k in range(dst.size):
+        indeg[dst[k]] += 1
+    return indptr, succ, indeg
+
+
+@njit(cache=True)
+def _csr_only(n, src, dst):  # pragma: no cover - compiled
+    """The CSR of the edges (a stable counting sort by source); ``indptr`` is the fill cursor, then
+    shifted back (no separate cursor array)."""
+    indptr = np.zeros(n + 1, dtype=np.int64)
     for k in range(src.size):
         indptr[src[k] + 1] += 1
-        indeg[dst[k]] += 1
     for i in range(n):
         indptr[i + 1] += indptr[i]
-    pos = indptr[:-1].copy()
     succ = np.empty(src.size, dtype=np.int64)
     for k in range(src.size):
         u = src[k]
-        succ[pos[u]] = dst[k]
-        pos[u] += 1
-    return indptr, succ, indeg
+        succ[indptr[u]] = dst[k]
+        indptr[u] += 1
+    for i in range(n, 0, -1):
+        indptr[i] = indptr[i - 1]
+    indptr[0] = 0
+    return indptr, succ
 
 
 @njit(cache=True)
 def _csr_first(n, src, dst):  # pragma: no cover - compiled
     """:func:`_csr` keeping each edge's first occurrence only: per source, in edge order, a
     destination is kept the first time it is seen (a last-seen marker per destination)."""
-    indptr, succ, _ = _csr(n, src, dst)
+    indptr, succ = _csr_only(n, src, dst)
     mark = np.full(n, -1, dtype=np.int64)
     indeg = np.zeros(n, dtype=np.int64)
     k = 0
@@ -455,7 +466,7 @@ def _radix_argsort(x):  # pragma: no cover - compiled
         for p in range(P):
             hist[p, (b >> np.uint64(p * RB)) & np.uint64(R - 1)] += 1
     idx = np.arange(n, dtype=np.int64)
-    key = bits.copy()
+    key = bits                                          # (x is the caller's own copy: sorted in place)
     idx2 = np.empty(n, dtype=np.int64)
     key2 = np.empty(n, dtype=np.uint64)
     for p in range(P):
