@@ -13,12 +13,16 @@ helper functions they measured slower on 1 M ops (numba ``inline="always"``
 helpers incl. the event-heap pop: 15-20 %; queue push/pop as closures: equal on
 the kernel alone, 0-12 % slower in ``bench/replay_speed.py``).
 
-Events are processed in time order from one global heap, so the simulated
+Events are processed in (time, key) order, so the simulated
 start times never go backwards, and every op that can be ready at time *t* is in
 its device's queue before a device picks a positive-time op at *t*: releases at
 *t* come before wake-ups at *t*, and a wake-up whose pick would take time is
 deferred (flag 2) until the zero-time ops that run at *t* (e.g. RECVs with no
-measured time) have released their successors.  Ops whose device is ``-1`` (virtual In/Out
+measured time) have released their successors.  Events at the current instant wait in a small
+heap of their own (a release's wake-up of an idle device is one; the next event is the smaller
+root of the two heaps), and a device whose queue is empty when it starts an op gets no wake-up at
+the op's end: a release while it runs pushes one for that end instead.  Both keep the one-heap
+order of events and cut the big heap's events from ~3 to ~1 per op (896 k ops: 0.33 -> 0.24 s).  Ops whose device is ``-1`` (virtual In/Out
 markers, pure delays) take no device: they run as soon as they are ready.
 
 For each op we also record which op determined its start (the predecessor that
@@ -211,8 +215,12 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
         I[i, 2] = -1
         I[i, 3] = indptr[i]
     I[n, 3] = indptr[n]
-    OUT_T = np.empty((n, 2), dtype=np.float64)    # start, end
-    OUT_P = np.empty((n, 2), dtype=np.int64)      # crit_pred, dev_prev
+    # results in their own arrays (ops run nearly in index order after the locality renumbering, so
+    # these writes stream; no packed copy to split at the end)
+    start = np.empty(n, dtype=np.float64)
+    end = np.empty(n, dtype=np.float64)
+    crit_pred = np.empty(n, dtype=np.int64)
+    dev_prev = np.empty(n, dtype=np.int64)
     clock = np.zeros(ndev, dtype=np.float64)
     last = np.full(ndev, -1, dtype=np.int64)
     waiting = np.zeros(ndev, dtype=np.bool_)
@@ -278,18 +286,22 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
                 qlen[d] += 1
                 if not waiting[d]:
                     waiting[d] = True
-                    _k_push(hk, ns, W1 + d)
-                    ns += 1
+                    if clock[d] > t:                 # busy: wake it when its op ends
+                        _ev_push(ev_t, ev_k, ne, clock[d], W1 + d)
+                        ne += 1
+                    else:
+                        _k_push(hk, ns, W1 + d)
+                        ns += 1
                 elif F[x, 0] == 0.0 and deferred[d] == t and clock[d] <= t:
                     _k_push(hk, ns, W1 + d)
                     ns += 1
                 continue
             o = x
             e = t + F[o, 0]
-            OUT_T[o, 0] = t
-            OUT_T[o, 1] = e
-            OUT_P[o, 0] = I[o, 2]
-            OUT_P[o, 1] = -1
+            start[o] = t
+            end[o] = e
+            crit_pred[o] = I[o, 2]
+            dev_prev[o] = -1
         else:                                        # device wake-up
             if x < W2:
                 d = x - W1
@@ -315,16 +327,18 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
             qlen[d] = m
             _q_pop(q_p, q_r, q_i, q_t, base, m)
             e = t + F[o, 0]
-            OUT_T[o, 0] = t
-            OUT_T[o, 1] = e
+            start[o] = t
+            end[o] = e
             if last[d] >= 0 and clock[d] >= r:
-                OUT_P[o, 0] = last[d]
+                crit_pred[o] = last[d]
             else:
-                OUT_P[o, 0] = I[o, 2]
-            OUT_P[o, 1] = last[d]
+                crit_pred[o] = I[o, 2]
+            dev_prev[o] = last[d]
             last[d] = o
             clock[d] = e
-            if e == t:
+            if m == 0:                               # nothing queued: no wake-up at its end (a release
+                waiting[d] = False                   # before then pushes one for the end, see above)
+            elif e == t:
                 _k_push(hk, ns, W1 + d)
                 ns += 1
             else:
@@ -344,7 +358,7 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
                 else:
                     _ev_push(ev_t, ev_k, ne, F[v, 2], v)
                     ne += 1
-    return (OUT_T[:, 0].copy(), OUT_T[:, 1].copy(), OUT_P[:, 0].copy(), OUT_P[:, 1].copy(), n_done)
+    return start, end, crit_pred, dev_prev, n_done
 
 
 __all__ = ["simulate"]
