@@ -156,16 +156,19 @@ def test_real_slowed_host_is_named_first(tmp_path):
     st = doc["stragglers"]
     by = {x["node"]: x for x in st["ranks"]}
     assert st["first"] == "host1/1", st
-    # half the budget gives ~1.3-2x the traced computation on a quiet machine; other load on the
-    # 2 shared cores slows host0 too (a fresh-clone CI run beside a fuzz run measured 1.26x), so
-    # the bound only asks for a clear margin over per-op noise
-    assert by["host1/1"]["compute_ms"] > 1.15 * by["host0/0"]["compute_ms"], st
     assert by["host1/1"]["like_median_ms"] < doc["iteration_time_ms"], st
     # the collector recorded each rank's cgroup quota and how long it stopped the rank per step
-    h1 = by["host1/1"]
-    assert h1["limit_cpus"] == 0.5 and by["host0/0"]["limit_cpus"] == 1.0, st
+    h1, h0 = by["host1/1"], by["host0/0"]
+    assert h1["limit_cpus"] == 0.5 and h0["limit_cpus"] == 1.0, st
     assert h1["throttled_ms"] is not None and h1["throttled_ms"] >= 0, st
     assert 0 < h1["cpus_used"] <= 0.6, st
+    if h0["cpus_used"] and h0["cpus_used"] >= 1.5 * h1["cpus_used"]:
+        # host0 really got more CPU than host1: its ops ran faster.  Half the budget gives ~1.3-2x the traced
+        # computation on a quiet machine (1.26x beside a fuzz run); the bound asks for a clear margin over
+        # per-op noise.  (A fresh-clone CI run at load ~7, beside
+        # other engineers' benches, slowed host0 as much as host1's quota did: 48.7 vs 47.8 ms, both named
+        # right; there the attribution above is the test.)
+        assert h1["compute_ms"] > 1.15 * h0["compute_ms"], st
     if h1["cpus_used"] >= 0.4:
         # the quota bound: host1 was stopped by it, more than host0, and the replay says so.  (On a
         # machine so loaded that host1 could not even use its 0.5 CPU, the quota never stopped it: a

@@ -11,8 +11,9 @@ Python loop) records the job:
   worker ``K`` is the ``j``-th closure that worker ran (0-based; closure 0 traces the function).
 * **the window**: when the first worker finished step ``START-3`` (one step of slack for the
   profilers to start), a thread calls ``tf.profiler.experimental.client.trace`` on every worker
-  and PS address of ``TF_CONFIG`` (host tracer level 2) for about ``END-START+3`` steps (their median time so far, x2 for
-  the profiler's own cost, + 0.3 s); the steps the trace holds whole are kept (the reader needs
+  and PS address of ``TF_CONFIG`` (host tracer level 2) for about ``END-START+3`` steps (their median time so far x4
+  -- x2 for the profiler's own cost, x2 for a loaded machine -- or twice the slowest step so far, + 1 s; the
+  workers wait at ``END`` for the trace, so the slack costs idle time, not data); the steps the trace holds whole are kept (the reader needs
   the step before and after each profiled step: its gradients' update and its successor's reads);
   a worker past step ``END`` waits for the trace to come back before its next closure, and so does
   ``ClusterCoordinator.join`` once a worker is past ``END`` (the job never tears down while its
@@ -154,7 +155,12 @@ class CoordinatorRecorder:
                 return
             self.state = "tracing"
         durs = [b - a for a, b in self.closures[worker][1:]] or [b - a for a, b in self.closures[worker]]
-        seconds = (self.end - self.start + 3) * statistics.median(durs) / 1e9 * 2.0 + 0.3
+        # generous: a worker past END waits for the trace to come back, so a longer window costs idle wall time
+        # only, while a short one loses the steps (a loaded machine made steps 3x slower than before the
+        # window: "no replayable step"); x4 the median (x2 for the profiler's own cost), at least x2 the
+        # slowest step so far, + 1 s
+        per = max(4.0 * statistics.median(durs), 2.0 * max(durs))
+        seconds = (self.end - self.start + 3) * per / 1e9 + 1.0
         self._thread = threading.Thread(target=self._trace, args=(seconds,), name="dpro_tf-ps-trace")
         self._thread.start()
 
