@@ -275,7 +275,14 @@ def _compile_trace(ts: TraceSet) -> Any:
     # (networkx's adjacency order - sources in insertion order, each one's successors in order of
     # addition - is what compile_arrays' stable counting sort by source makes of this order)
     # devices: node:stream of each traced op (numbered by compile_arrays in topological order)
-    dcode, dpairs = pd.factorize(gnode * max(len(stream_u), 1) + gstream)
+    nsu = max(len(stream_u), 1)
+    if n_ev_nodes * nsu <= 8 * ng + (1 << 20):        # pairs numbered by first appearance (dense table)
+        dcode, nd_, dtab = _first_ids(gnode * nsu + gstream, n_ev_nodes * nsu)
+        seen = np.flatnonzero(dtab >= 0)
+        dpairs = np.empty(nd_, dtype=np.int64)
+        dpairs[dtab[seen]] = seen
+    else:
+        dcode, dpairs = pd.factorize(gnode * nsu + gstream)
     dev_names: dict[str, int] = {}
     dmap = np.array([dev_names.setdefault(f"{node_u[int(x) // max(len(stream_u), 1)]}:"
                                           f"{stream_u[int(x) % max(len(stream_u), 1)]}", len(dev_names))
