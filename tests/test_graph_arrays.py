@@ -229,6 +229,7 @@ def test_encode_buffers_is_arrows_dictionary_encode():
         ref_codes = np.concatenate([c.indices.to_numpy() for c in ref.chunks]) if ref.num_chunks else np.zeros(0)
         assert np.array_equal(codes, ref_codes)
         assert uniq == (ref.chunks[0].dictionary.to_pylist() if ref.num_chunks else [])
+        assert codes.dtype == (np.int32 if len(uniq) > 32_768 else np.int16)   # int16 overflowed: again as int32
     # repeated chunks (their codes copied): equal ones, one with the same bytes split differently, one
     # with the same lengths but another byte, a new value after them; with and without runs
     base = vals[:5_000]
@@ -243,6 +244,10 @@ def test_encode_buffers_is_arrows_dictionary_encode():
         assert np.array_equal(codes, np.concatenate([c.indices.to_numpy() for c in ref.chunks]))
         assert uniq == ref.chunks[0].dictionary.to_pylist()
     assert _encode_buffers(col, None, False) is None          # few repeats, many values: Arrow hashes them
+    many = pa.chunked_array([pa.array(vocab[:20_000], type=pa.large_string()),
+                             pa.array(vocab[20_000:] + vocab[:5], type=pa.large_string())])
+    codes, uniq = _encode_buffers(many, None, True)                         # past int16: encoded again
+    assert codes.dtype == np.int32 and uniq == vocab and codes.tolist() == list(range(len(vocab))) + [0, 1, 2, 3, 4]
     small = pa.chunked_array([pa.array(["x", "y", "x"])])                    # 32-bit offsets
     assert _encode_buffers(small, None, True)[1] == ["x", "y"] and _encode_buffers(small, None, True)[0].tolist() == [0, 1, 0]
     assert _encode_buffers(pa.chunked_array([pa.array(["x", None])]), None) is None

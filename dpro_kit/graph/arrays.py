@@ -361,7 +361,7 @@ def _find_dense(table, nop, n_ev_nodes, seg_node, seg_end, o):  # pragma: no cov
 
 
 def _encode(col: pd.Series, at: np.ndarray | None = None, runs: bool = False) -> tuple[np.ndarray, list[str]]:
-    """Codes (int32 or int64, numbered in order of first appearance) and the distinct values of a string
+    """Codes (int16, int32 or int64, numbered in order of first appearance) and the distinct values of a string
     column (of its rows ``at``, increasing, only, if given).
 
     A column of Arrow strings without nulls is read by :func:`_encode_buffers` (no Arrow allocations: on
@@ -398,10 +398,12 @@ def _encode(col: pd.Series, at: np.ndarray | None = None, runs: bool = False) ->
     return codes, d.to_pylist()
 
 
-def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False) -> tuple[np.ndarray, list[str]] | None:
+def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False, dtype: Any = np.int16
+                    ) -> tuple[np.ndarray, list[str]] | None:
     """:func:`_encode` of an Arrow string column (rows ``at``, increasing, if given) read straight from
     its chunks' offset and data buffers by :func:`_encode_chunk`: the codes Arrow's ``dictionary_encode``
-    gives (first appearance; equal UTF-8 bytes = equal value), in one int32 array.  A chunk equal byte
+    gives (first appearance; equal UTF-8 bytes = equal value), in one int16 array (int32 if there are
+    more than 32,768 distinct values: then encoded again; less fresh memory).  A chunk equal byte
     for byte to an earlier chunk of the same size and sampled bytes (:func:`_chunk_print`) (:func:`_same_chunk`) takes that chunk's
     codes (it has no new value, so the numbering is unchanged).  None: a chunk has nulls, or (neither
     ``at`` nor ``runs``) more than a quarter of the rows would be hashed here (Arrow then)."""
@@ -413,7 +415,8 @@ def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False) -> tupl
         return None
     lens = np.array([len(c) for c in chunks], dtype=np.int64)
     n = int(lens.sum()) if at is None else int(at.size)
-    codes = np.empty(n, dtype=np.int32)
+    codes = np.empty(n, dtype=dtype)
+    maxc = int(np.iinfo(dtype).max) + 1
     total = 0
     total_of: list[int] = []
     bufs = []
@@ -438,9 +441,11 @@ def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False) -> tupl
         nonlocal tab
         j = 0
         while True:
-            j = _encode_chunk(offs, data, sel, all_rows, j, codes, k, st, tab, uh, pool, poff)
+            j = _encode_chunk(offs, data, sel, all_rows, j, codes, k, st, tab, uh, pool, poff, maxc)
             if j >= m:
-                return
+                return True
+            if j < 0:
+                return False            # more values than the codes' type holds
             tab = _grown(tab, uh, int(st[0]))
     if at is None:
         rep = [-1] * len(bufs)                          # the earlier chunk each one repeats, or -1
@@ -465,8 +470,8 @@ def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False) -> tupl
                 r0 = int(row_of[rep[ci]])
                 codes[k:k + m] = codes[r0:r0 + m]
                 st[1] = codes[k + m - 1]
-            else:
-                run(offs, data, sel, True, m)
+            elif not run(offs, data, sel, True, m):
+                return _encode_buffers(arr, at, runs, np.int32)
             k += m
     else:
         at = np.asarray(at, dtype=np.int64)
@@ -474,7 +479,8 @@ def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False) -> tupl
         row0 = 0
         for (offs, data, _), a, b in zip(bufs, bounds[:-1], bounds[1:]):
             if b > a:
-                run(offs, data, at[a:b] - row0, False, int(b - a))
+                if not run(offs, data, at[a:b] - row0, False, int(b - a)):
+                    return _encode_buffers(arr, at, runs, np.int32)
                 k += int(b - a)
             row0 += offs.size - 1
     nu = int(st[0])
@@ -576,14 +582,15 @@ def _same_chunk(oa, da, wa, ob, db, wb):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _encode_chunk(offs, data, sel, all_rows, j0, codes, k0, st, tab, uh, pool, poff):  # pragma: no cover - compiled
+def _encode_chunk(offs, data, sel, all_rows, j0, codes, k0, st, tab, uh, pool, poff, maxc):  # pragma: no cover - compiled
     """Dictionary-encode one chunk's strings (its rows ``sel``, or all), from its ``j0``-th, into
     ``codes[k0:]``, carrying the state across chunks: ``st`` = (distinct values, last code), the
     open-addressing table ``tab`` (code per slot, -1 empty), each code's hash ``uh``
     (:func:`_hash_bytes`) and bytes (``pool[poff[c]:poff[c + 1]]``).  A row equal to the previous
     row's value (runs, e.g. a node's rows) is recognised by one comparison, without hashing (tried
     again every 64 rows after 4 misses in a row).  Returns the rows done: fewer than all when the
-    table got half full (the caller grows it, :func:`_grown`, and calls again from there)."""
+    table got half full (the caller grows it, :func:`_grown`, and calls again from there); -1 when a
+    new value would need code ``maxc`` (the codes' type is too small)."""
     nu = st[0]
     prev = st[1]
     mask = tab.size - 1
@@ -605,6 +612,8 @@ def _encode_chunk(offs, data, sel, all_rows, j0, codes, k0, st, tab, uh, pool, p
         while True:
             c = tab[s]
             if c < 0:                                    # a new value
+                if nu >= maxc:
+                    return -1
                 c = nu
                 nu += 1
                 tab[s] = c
