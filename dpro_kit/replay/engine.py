@@ -256,15 +256,20 @@ def _generations_order(indptr, succ, indeg0):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _generations_and_starts(indptr, succ, indeg0, dur):  # pragma: no cover - compiled
+def _generations_and_starts(indptr, succ, indeg0, dur, dev0, ndev):  # pragma: no cover - compiled
     """:func:`_generations_order` and, in the same pass, the earliest starts (:func:`_earliest_starts`) in that order: when
     op ``u`` is taken (generation by generation) all its predecessors were, so its earliest start is
-    final; it is written at ``u``'s place in the order and pushed to its successors."""
+    final; it is written at ``u``'s place in the order and pushed to its successors.  Also the devices
+    numbered in order of first appearance in that order (``remap``: old -> new number, -1 unused;
+    ``by_first``: old number of each new one)."""
     n = indeg0.size
     indeg = indeg0.copy()
     est = np.zeros(n)
     order = np.empty(n, dtype=np.int64)
     out = np.empty(n)
+    remap = np.full(ndev, -1, dtype=np.int64)
+    by_first = np.empty(ndev, dtype=np.int64)
+    nd = 0
     m = 0
     for i in range(n):
         if indeg[i] == 0:
@@ -277,6 +282,11 @@ def _generations_and_starts(indptr, succ, indeg0, dur):  # pragma: no cover - co
             u = order[j]
             t = est[u]
             out[j] = t
+            d = dev0[u]
+            if d >= 0 and remap[d] < 0:
+                remap[d] = nd
+                by_first[nd] = d
+                nd += 1
             e = t + dur[u]
             for k in range(indptr[u], indptr[u + 1]):
                 v = succ[k]
@@ -287,7 +297,7 @@ def _generations_and_starts(indptr, succ, indeg0, dur):  # pragma: no cover - co
                     order[m] = v
                     m += 1
         lo = hi
-    return order[:m], out[:m]
+    return order[:m], out[:m], remap, by_first[:nd]
 
 
 def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGraph:
@@ -375,7 +385,8 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
     n = int(np.asarray(dur0).size)
     dur0 = np.asarray(dur0, dtype=np.float64)
     ip0, s0, deg0 = csr_from_edges(n, src0, dst0, dedupe)
-    order, est = _generations_and_starts(ip0, s0, deg0, dur0)
+    dev0 = np.asarray(dev0, dtype=np.int64)
+    order, est, remap, by_first = _generations_and_starts(ip0, s0, deg0, dur0, dev0, max(len(dev_names), 1))
     if order.size < n:
         return None
     bad = ~np.isfinite(dur0) | (dur0 < 0)
@@ -387,9 +398,8 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
         raise GraphError(f"op {k!r} has duration {float(dur0[o])!r}; durations must be finite and >= 0")
     # locality_order of the generation-ordered graph: earliest starts, stable by generation index
     loc = stable_argsort_nonneg(est)
-    dev0 = np.asarray(dev0, dtype=np.int64)
-    final, inv, dur, prio, device, by_first, indptr, succ, indeg = _renumbered(
-        order, loc, ip0, s0, deg0, dur0, np.asarray(prio0, dtype=np.float64), dev0, max(len(dev_names), 1))
+    final, inv, dur, prio, device, indptr, succ, indeg = _renumbered(
+        order, loc, ip0, s0, deg0, dur0, np.asarray(prio0, dtype=np.float64), dev0, remap)
     devices = [dev_names[int(i)] for i in by_first]
     it_arr = inv[np.asarray(iter_pairs, dtype=np.int64).reshape(-1, 2)]
     return CompiledGraph(keys=_keys_at(keys0, final), dur=dur, device=device, devices=devices,
@@ -402,10 +412,9 @@ def _keys_at(keys0, idx: np.ndarray) -> list | OpKeys:
 
 
 @njit(cache=True)
-def _renumbered(order, loc, ip0, s0, deg0, dur0, prio0, dev0, ndev):  # pragma: no cover - compiled
+def _renumbered(order, loc, ip0, s0, deg0, dur0, prio0, dev0, remap):  # pragma: no cover - compiled
     """The arrays of ops renumbered ``final = order[loc]`` (new index -> op), in one pass each:
-    ``final``, its inverse, durations, priorities, devices (numbered in order of first appearance
-    in ``order``, -1 kept; and the old device of each new number), and the CSR: new op ``i``'s
+    ``final``, its inverse, durations, priorities, devices (renumbered by ``remap``, -1 kept), and the CSR: new op ``i``'s
     successors are old op ``final[i]``'s in their order (what a stable counting sort of the
     renumbered edges by source gives), in-degrees carried over."""
     n = order.size
@@ -415,15 +424,6 @@ def _renumbered(order, loc, ip0, s0, deg0, dur0, prio0, dev0, ndev):  # pragma: 
         o = order[loc[i]]
         final[i] = o
         inv[o] = i
-    remap = np.full(ndev, -1, dtype=np.int64)
-    by_first = np.empty(ndev, dtype=np.int64)
-    m = 0
-    for j in range(n):
-        d = dev0[order[j]]
-        if d >= 0 and remap[d] < 0:
-            remap[d] = m
-            by_first[m] = d
-            m += 1
     dur = np.empty(n, dtype=np.float64)
     prio = np.empty(n, dtype=np.float64)
     device = np.empty(n, dtype=np.int64)
@@ -443,7 +443,7 @@ def _renumbered(order, loc, ip0, s0, deg0, dur0, prio0, dev0, ndev):  # pragma: 
             succ[k] = inv[s0[e]]
             k += 1
         indptr[i + 1] = k
-    return final, inv, dur, prio, device, by_first[:m].copy(), indptr, succ, indeg
+    return final, inv, dur, prio, device, indptr, succ, indeg
 
 
 def stable_argsort_nonneg(x: np.ndarray) -> np.ndarray:
