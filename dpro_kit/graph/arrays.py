@@ -80,7 +80,7 @@ def _compile_trace(ts: TraceSet) -> Any:
     if any(c.algorithm != "nccl" for c in ts.collectives):
         return None
     ev = ts.events
-    nc, node_u = _encode(ev["node"], runs=True)
+    nc, node_u = _encode(ev["node"], runs=True, small=False)   # (int16 codes: 2x slower here, numba's code)
     oc, op_u = _encode(ev["op"])
     if "" in node_u or "STEP_END" in op_u:
         return None                     # would collide with the SYNC / STEP_END ops' keys
@@ -360,7 +360,8 @@ def _find_dense(table, nop, n_ev_nodes, seg_node, seg_end, o):  # pragma: no cov
     return out
 
 
-def _encode(col: pd.Series, at: np.ndarray | None = None, runs: bool = False) -> tuple[np.ndarray, list[str]]:
+def _encode(col: pd.Series, at: np.ndarray | None = None, runs: bool = False, small: bool = True
+            ) -> tuple[np.ndarray, list[str]]:
     """Codes (int16, int32 or int64, numbered in order of first appearance) and the distinct values of a string
     column (of its rows ``at``, increasing, only, if given).
 
@@ -369,7 +370,7 @@ def _encode(col: pd.Series, at: np.ndarray | None = None, runs: bool = False) ->
     pages than the hashing) when ``at`` is given, when ``runs`` (its values come in runs, as ``node``
     and ``kind`` do), or when most of its rows are in chunks that repeat an earlier chunk byte for byte
     (ranks with the same op sequence); else by Arrow's ``dictionary_encode`` (faster at hashing many
-    distinct long values, e.g. ``op`` of ranks that all differ)."""
+    distinct long values, e.g. ``op`` of ranks that all differ).  ``small``: int16 codes where they fit."""
     import pyarrow as pa
     import pyarrow.compute as pc
     try:
@@ -380,7 +381,7 @@ def _encode(col: pd.Series, at: np.ndarray | None = None, runs: bool = False) ->
         vals = col.astype(object).to_numpy()
         codes, uniq = pd.factorize(vals if at is None else vals[at], use_na_sentinel=False)
         return codes.astype(np.int64, copy=False), [str(u) for u in uniq]
-    fast = _encode_buffers(arr, at, runs)
+    fast = _encode_buffers(arr, at, runs, np.int16 if small else np.int32)
     if fast is not None:
         return fast
     if at is not None:
