@@ -136,16 +136,21 @@ def _ev_pop(ev_t, ev_k, ne):
         lt = ev_t[ne]
         lk = ev_k[ne]
         j = 0
-        while True:
+        while True:                      # the hole goes down to a leaf along the smaller children ...
             c = 2 * j + 1
             if c >= ne:
                 break
             if c + 1 < ne and _before(ev_t[c + 1], ev_k[c + 1], ev_t[c], ev_k[c]):
                 c += 1
-            if _before(ev_t[c], ev_k[c], lt, lk):
-                ev_t[j] = ev_t[c]
-                ev_k[j] = ev_k[c]
-                j = c
+            ev_t[j] = ev_t[c]
+            ev_k[j] = ev_k[c]
+            j = c
+        while j > 0:                     # ... and the last entry rises from there (bottom-up pop:
+            pj = (j - 1) >> 1            # one comparison per level on the way down)
+            if _before(lt, lk, ev_t[pj], ev_k[pj]):
+                ev_t[j] = ev_t[pj]
+                ev_k[j] = ev_k[pj]
+                j = pj
             else:
                 break
         ev_t[j] = lt
