@@ -101,7 +101,9 @@ def test_subprocess_runner_counts_hangs(blocked):
     is killed and counted as a hang, the run goes on."""
     # --stall 600: every case spins 10 CPU minutes (or sleeps 10 minutes) in its worker before it starts
     r = subprocess.run([sys.executable, str(REPO / "bench" / "fuzz.py"), "--cases", "2", "--jobs", "1",
-                        "--timeout", "2", "--wall-timeout", "4", "--small", "--stall", "600",
+                        # spinning: a wall limit far beyond the CPU one (a loaded machine gives the spinning
+                        # worker 2 CPU s only after several wall seconds: it was killed for wall time instead)
+                        "--timeout", "2", "--wall-timeout", "4" if blocked else "120", "--small", "--stall", "600",
                         *(["--stall-sleep"] if blocked else [])], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert r.returncode == 1, r.stdout + r.stderr

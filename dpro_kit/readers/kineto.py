@@ -568,6 +568,30 @@ def _tap(events: Any, f: Callable[[Any], None]) -> Any:
         yield e
 
 
+#: the categories Kineto gives a ``ProfilerStep#N`` range (the CPU one, and its copy on a GPU stream)
+STEP_CATS = ("user_annotation", "gpu_user_annotation")
+
+
+def _check_step_event(e: dict[str, Any], name: str, ph: Any, path: Path, i: int) -> None:
+    """A ``ProfilerStep...`` event must be a whole step range: ``ProfilerStep#N``, complete (``ph`` X), a user
+    annotation, a positive duration.  Anything else would drop that step without a word (fuzzing: a renamed
+    or zero-length step moved the replayed iteration by 1.2 %), so it is refused, naming the record."""
+    why = ""
+    if not STEP_RE.match(name):
+        why = f"name {name[:60]!r} is not ProfilerStep#N"
+    elif ph != "X":
+        why = f"ph {ph!r}: a step range is a complete event (X)"
+    elif e.get("cat") not in STEP_CATS:
+        why = f"cat {str(e.get('cat'))[:40]!r}: Kineto writes a step range as user_annotation"
+    else:
+        dur = e.get("dur")
+        if type(dur) in (int, float) and not dur > 0:
+            why = f"duration {dur!r}: a step range has a positive duration"
+    if why:
+        raise TraceFormatError(f"step range {why}", path=path, record=f"traceEvents[{i}]",
+                               hint="a step range's name or time is corrupt; export the trace again")
+
+
 def _parse(events: Any, header: dict[str, Any], path: Path) -> KinetoTrace:
     """:func:`parse` over an iterable of events; ``header`` (the other top-level keys) is read
     only once the events are exhausted (a stream fills it as it goes)."""
@@ -600,6 +624,9 @@ def _parse(events: Any, header: dict[str, Any], path: Path) -> KinetoTrace:
             except (KeyError, TypeError):
                 pass
             continue
+        nm = e.get("name")
+        if type(nm) is str and nm.startswith("ProfilerStep"):
+            _check_step_event(e, nm, ph, path, i)
         if ph != "X":
             continue
         cat = e.get("cat", "")
@@ -687,6 +714,13 @@ def _parse(events: Any, header: dict[str, Any], path: Path) -> KinetoTrace:
                 f"ProfilerStep#{b.number} starts before ProfilerStep#{a.number} ends, or the step numbers do not "
                 "increase with time", path=path, record=f"ProfilerStep#{b.number}",
                 hint="a step range's time or name is corrupt; export the trace again")
+    gaps = [(a, b) for a, b in zip(steps, steps[1:]) if b.number != a.number + 1]
+    if gaps:
+        a, b = gaps[0]
+        more = f" (and {len(gaps) - 1} more gap(s))" if len(gaps) > 1 else ""
+        warnings.append(f"{Path(path).name}: ProfilerStep#{a.number} is followed by ProfilerStep#{b.number}{more}; "
+                        "torch.profiler numbers the steps of one export consecutively: the steps in between are "
+                        "missing (deleted from the file?); replayed the steps present")
     # forward -> backward links: Kineto puts the flow's start on the forward op and its end on the
     # backward op, at their own ts; the outermost cpu_op there is the op
     ops_at: dict[tuple[Any, Any, float], KEvent] = {}
