@@ -532,6 +532,13 @@ def _load_trace(trace_dir: Path, progress: Any, store: bool | None, scheduler: s
     if warnings:   # what the readers repaired: the commands print manifest.facts.warnings
         manifest.extra["warnings"] = list(dict.fromkeys(warnings))
     collectives = merge_collectives(raw_colls, manifest)
+    ps = next((c for c in collectives if c.op == "push_pull"), None)
+    if ps is not None and not manifest.servers():   # fuzz case 41565: a server node deleted from the manifest
+        mf = trace_dir / "manifest.json"
+        raise TraceFormatError(f"tensor {ps.tensor!r} is pushed to a parameter server, and the manifest lists no "
+                               "node with role 'server'", path=mf if mf.exists() else trace_dir, record="nodes",
+                               hint="the job's server node(s) must be listed: restore the manifest.json that "
+                                    "dpro profile wrote")
     memory = pd.concat(mem, ignore_index=True)[list(MEMORY_COLUMNS)] if mem else empty_memory()
     memory = memory.astype(MEMORY_COLUMNS)
     ts = TraceSet(manifest=manifest, events=events, edges=edges, collectives=collectives, path=str(trace_dir),

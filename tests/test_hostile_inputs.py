@@ -229,6 +229,9 @@ CASES = {
                                                lambda d: d["measured"].update(median_profiled_us=9822.857),
                                                ["[measured.median_profiled_us]",
                                                 "not the median of its steps' dur_us (9027.142 us)"]),
+    "MXNet server node deleted from the manifest (case 41565: refused without naming a file)": (
+        "mxnet-ps-2w1s-loopback", "manifest.json", lambda d: d["nodes"].pop("host0/server0"),
+        ["manifest.json [nodes]", "pushed to a parameter server", "no node with role 'server'"]),
     "manifest dir a 1 MB name (case 3557)": ("ddp-2host-1000mbit", "manifest.json",
                                              lambda d: next(iter(d["nodes"].values())).update(dir="A" * 10**6),
                                              ["dir must be a relative path"]),
