@@ -141,8 +141,10 @@ def format_attribution(doc: dict[str, Any]) -> str:
     def held(r: dict[str, Any]) -> str:
         h = r.get("held_back_iterations")
         return f"{h[0]}/{h[1]} it" if h else "-"
-    lines = [f"stragglers (predicted {doc['baseline_ms']:.3f} ms; saved = if this rank computed like the median of the other workers, "
-             f"over the profiled iterations; held back = iterations where that saves > 1 %):",
+    per_it = any(r.get("held_back_iterations") for r in doc["ranks"])
+    lines = [f"stragglers (predicted {doc['baseline_ms']:.3f} ms; saved = if this rank computed like the median of the other workers"
+             + (", over the profiled iterations; held back = iterations where that saves > 1 %):" if per_it else
+                ", one replay of mean durations):"),
              f"  {'node':<22}{'rank':>5}{'compute ms':>12}{'x median':>10}{'saved ms':>10}{'saved %':>9}{'held back':>11}{'late start ms':>15}"
              + (f"{'CPU used/limit':>16}{'throttled ms':>14}" if cpu else "")]
     for r in doc["ranks"]:
