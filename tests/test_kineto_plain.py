@@ -292,6 +292,27 @@ def test_missing_step_range_is_said(tmp_path: Path, capsys):
     assert any(f"ProfilerStep#{n - 1} is followed by ProfilerStep#{n + 1}" in w for w in warns), warns
 
 
+def test_event_moved_out_of_its_threads_order_is_said(tmp_path: Path, capsys):
+    """Fuzz case 43229: the ts of an aten::slice and of a cudaEventRecord (another thread) swapped, both still
+    inside the file's span: +1.1 % without a word.  Kineto numbers a thread's events in the order they start
+    (External id; correlation for runtime calls: 0 inversions in 5.7 M events of 300 real files), so the
+    replay now warns, naming the record."""
+    src = raw_doc(FILES["r2"][0])
+    evs = src["traceEvents"]
+    a, b = evs[10644], evs[23570]
+    assert (a["name"], b["name"]) == ("aten::slice", "cudaEventRecord") and a["tid"] != b["tid"]
+    a["ts"], b["ts"] = b["ts"], a["ts"]
+    d = tmp_path / "moved"
+    d.mkdir()
+    _write_gz(d / FILES["r2"][0], src)
+    assert main(["replay", str(d), "-q", "--json"]) == 0
+    warns = [w for w in json.loads(capsys.readouterr().out)["warnings"] if "numbers a thread's events" in w]
+    assert len(warns) == 1 and "[traceEvents[23570]]: 'cudaEventRecord' (correlation 27024)" in warns[0], warns
+    # the unedited file: no such warning
+    assert main(["replay", str(job(tmp_path, "r2")), "-q", "--json"]) == 0
+    assert not [w for w in json.loads(capsys.readouterr().out)["warnings"] if "numbers a thread's events" in w]
+
+
 def test_a_file_too_big_for_the_memory_is_refused_before_reading(tmp_path: Path, capsys, monkeypatch):
     """A file whose parse needs more memory than the process can get (the measured bound, 4.0 MiB per MB
     + 90 MiB) is refused in one line naming it, before it is read; DPRO_MEMORY_CHECK=0 reads it."""
