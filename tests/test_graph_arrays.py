@@ -254,3 +254,29 @@ def test_encode_buffers_is_arrows_dictionary_encode():
     codes, uniq = _encode(pd.Series(["x", None, "x"], dtype="string[pyarrow]"), runs=True)    # via Arrow
     assert codes.tolist() == [0, 1, 0] and uniq == ["x", None]
     assert _encode_buffers(col, np.array([5, 3])) is None                     # rows must increase
+
+
+@pytest.mark.skipif(not HTA.is_dir(), reason="shared/traces/hta not present")
+def test_cli_replay_fast(tmp_path, capsys, monkeypatch):
+    """`dpro replay --fast`: the iteration time of `--mean-durations` from the arrays (plain Kineto with NCCL)
+    or through networkx (a job the arrays do not cover); other outputs and what-ifs are refused (exit 2)."""
+    import json
+
+    from dpro_kit.cli import main
+    monkeypatch.setenv("DPRO_CACHE", str(tmp_path / "cache"))
+    job = tmp_path / "s128"
+    job.mkdir()
+    for f in ("sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz"):
+        shutil.copy(HTA / f, job / f)
+    for trace, how in ((job, "arrays"), (REPO / "examples" / "traces" / "ddp-2rank-gloo", "networkx")):
+        assert main(["replay", str(trace), "--fast", "--json", "-n", "2"]) == 0
+        fast = json.loads(capsys.readouterr().out)
+        assert main(["replay", str(trace), "--mean-durations", "--json", "-q", "-n", "2"]) == 0
+        full = json.loads(capsys.readouterr().out)
+        assert fast["compiled_by"] == how and fast["fast"] is True and fast["ops"] == full["ops"]
+        assert fast["iteration_time_ms"] == full["iteration_time_ms"]
+        assert fast["measured_iteration_ms"] == full["measured_iteration_ms"]
+        assert fast["error_pct"] == pytest.approx(full["error_pct"])
+    for extra in (["--bandwidth-mbps", "100"], ["--timeline", str(tmp_path / "t.json")], ["--stragglers"]):
+        assert main(["replay", str(job), "--fast", *extra]) == 2
+        assert "--fast gives the iteration time only" in capsys.readouterr().err

@@ -24,6 +24,7 @@ Examples:
   dpro replay mem-trace --memory-limit 2GiB  peak memory per worker over the replay, OOM verdict
   dpro replay ddp-trace --deft --links 1000,300   DeFT's delayed-update schedule on two links (docs/deft.md)
   dpro replay dfg.json                       a graph file written by `dpro graph`
+  dpro replay big-trace --fast               1,000+ ranks: the iteration time only, from the event tables (docs/scale.md)
 """
 
 
@@ -92,6 +93,10 @@ def _overlap_arg(ctx: click.Context, param: click.Parameter, value: str) -> "flo
 @click.option("--links", default=None, metavar="R0[,R1...]",
               help="With --deft: link rates in Mbit/s, one per link per host (link 0 also sets "
                    "--bandwidth-mbps); default: one link as traced.")
+@click.option("--fast", is_flag=True,
+              help="Jobs of many ranks: the predicted iteration time only, replayed from arrays built straight "
+                   "from the event tables (no networkx graph; op durations: the mean over the profiled "
+                   "iterations); no breakdown, critical path, timeline or what-if (docs/scale.md).")
 @output_options()
 def replay(trace: Path, iterations: int, timeline: Path | None, measured_timeline: Path | None, top: int,
            bucket_mb: float | None, first_bucket_mb: float | None, bandwidth_mbps: float | None,
@@ -99,7 +104,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
            slow_rank: dict[int, float], like_median: tuple[int, ...], slow_link: dict[str, float],
            cpu_limit: dict[str, float], cpu_period_ms: float,
            servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, device_model: str, overlap_factor: float | str, show_memory: bool, memory_limit: str | None,
-           deft: bool, defer_buckets: str | None, links: str | None, as_json: bool,
+           deft: bool, defer_buckets: str | None, links: str | None, fast: bool, as_json: bool,
            quiet: bool) -> None:
     """Predict the iteration time of a job by replaying its global DFG.
 
@@ -125,6 +130,18 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     wi.partition_bytes = partition_bytes
     wi.slow_rank, wi.like_median, wi.slow_link = dict(slow_rank), list(like_median), dict(slow_link)
     wi.cpu_limit, wi.cpu_period_ms = dict(cpu_limit), cpu_period_ms
+    if fast:
+        others = [o for o, on in (("what-if options", wi.any()), ("--timeline", timeline is not None),
+                                  ("--measured-timeline", measured_timeline is not None), ("--stragglers", stragglers),
+                                  ("--deft", deft), ("--memory/--memory-limit", show_memory or memory_limit is not None),
+                                  ("--schedule", schedule != "graph"), ("--device-model", device_model != "fifo"),
+                                  ("--overlap-factor", overlap_factor != 0), ("--per-iteration", bool(per_iteration)))
+                  if on]
+        if others:
+            raise click.UsageError(f"--fast gives the iteration time only: not with {', '.join(others)}")
+        _fast(trace, open_session(trace, no_align=no_align, per_iteration=False, progress=progress), iterations,
+              as_json, progress)
+        return
     session = open_session(trace, no_align=no_align, per_iteration=per_iteration, whatif=wi, progress=progress)
     g, info, ts = session.graph, session.info, session.profiled
     if deft:
@@ -202,6 +219,51 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
         echo_json(out)
         return
     print_replay(out, bd, cp)
+
+
+def _fast(trace: Path, session: Any, iterations: int, as_json: bool, progress: Progress) -> None:
+    """``dpro replay --fast``: the iteration time from :func:`dpro_kit.graph.arrays.compile_trace_or_graph`
+    (the replay arrays from the event tables where the job's collectives allow it, else through networkx)."""
+    import time
+
+    from ..graph.arrays import compile_trace_or_graph
+    from ..job import JobFacts
+    from ..replay import replay as run
+    ts = session.profiled
+    if ts is None:
+        raise DproError("--fast needs a trace directory, not a graph file", path=trace)
+    t0 = time.process_time()
+    progress.note("compiling the replay arrays from the event tables")
+    cg, path = compile_trace_or_graph(ts, comm_model=session.comm_model)
+    res = run(cg, iterations=iterations)
+    cpu_s = time.process_time() - t0
+    m = ts.manifest
+    out: dict[str, Any] = {"trace": str(trace), "job": m.job, "framework": m.framework,
+                           "comm_backend": m.comm_backend, "world_size": m.world_size,
+                           "profiled_iterations": m.iterations, "durations": "mean", "fast": True,
+                           "compiled_by": path, "ops": int(cg.n), "iterations_replayed": iterations,
+                           "iteration_time_ms": res.iteration_time_us / 1e3, "makespan_ms": res.makespan_us / 1e3,
+                           "compile_and_replay_cpu_s": round(cpu_s, 3),
+                           "warnings": list(m.facts.warnings)}
+    measured = JobFacts.from_manifest(m).measured_iteration_ms
+    if measured is not None:
+        out["measured_iteration_ms"] = measured
+        out["error_pct"] = 100.0 * (out["iteration_time_ms"] - measured) / measured
+    if as_json:
+        echo_json(out)
+        return
+    echo = click.echo
+    echo(f"job {m.job}: {m.framework} + {m.comm_backend}, {m.world_size} worker(s)")
+    echo(f"replayed {out['ops']:,} ops x {iterations} iteration(s) from "
+         + ("arrays built from the event tables" if path == "arrays" else "the networkx graph (the arrays do not "
+            "cover this job's collectives)")
+         + f", mean op durations; compile + replay {cpu_s:.2f} s CPU")
+    line = f"predicted iteration time: {out['iteration_time_ms']:.3f} ms"
+    if measured is not None:
+        line += f"   (measured {measured:.3f} ms, error {out['error_pct']:+.1f} %)"
+    echo(line)
+    for w in out["warnings"]:
+        echo(f"warning: {w}", err=True)
 
 
 def _link_rates(links: str | None, deft: bool, bandwidth_mbps: float | None) -> list[float]:
