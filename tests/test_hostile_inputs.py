@@ -339,3 +339,19 @@ def test_infinite_profiler_calibration_is_ignored(tmp_path, capsys, monkeypatch)
     assert rc0 == 0 and rc == 0, err
     assert abs(json.loads(out)["iteration_time_ms"] - json.loads(out0)["iteration_time_ms"]) < 0.01 * json.loads(out0)[
         "iteration_time_ms"]
+
+
+@pytest.mark.parametrize("field,value,words", [("host", None, "must be a host name"),
+                                               ("rank", "x", "must be an integer >= 0"),
+                                               ("world_size", 0, "must be an integer >= 1"),
+                                               ("rank", 5, "rank 5 is not below world_size 2")])
+def test_manifest_rebuilt_from_a_damaged_meta_is_refused(field, value, words, tmp_path, capsys, monkeypatch):
+    """Fuzz case 47210: manifest.json deleted (the loader rebuilds it from the meta.json files) and one
+    meta.json without ``host``: a KeyError traceback.  Now one line naming that meta.json and the field."""
+    trace = _copy(tmp_path, "ddp-2rank-gloo")
+    (trace / "manifest.json").unlink()
+    _edit(trace / "host0/0/meta.json", lambda d: d.pop(field) if value is None else d.update({field: value}))
+    rc, out, err = _replay(trace, capsys, monkeypatch, tmp_path)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1, err
+    assert f"host0/0/meta.json [{field}]" in lines[0] and words in lines[0], lines[0]

@@ -209,6 +209,21 @@ def select_run(root: Path, metas: list[tuple[Path, dict[str, Any]]]
     return runs[chosen], notes, None
 
 
+def _identity_problem(d: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, what is wrong) when a meta.json lacks what names its node: ``host`` (a name), ``rank`` and
+    ``world_size`` (integers, 0 <= rank < world_size); None when they are usable."""
+    host = d.get("host")
+    if not isinstance(host, str) or not host or len(host) > 255:
+        return "host", "must be a host name (a non-empty string of at most 255 characters)"
+    for k, lo in (("rank", 0), ("world_size", 1)):
+        v = d.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or v >= 1 << 31:
+            return k, f"must be an integer >= {lo}"
+    if d["rank"] >= d["world_size"]:
+        return "rank", f"rank {d['rank']} is not below world_size {d['world_size']}"
+    return None
+
+
 def manifest_from_dir(root: str | os.PathLike) -> tuple[dict[str, Any] | None, list[str], str | None]:
     """The manifest of ``root`` built in memory from its per-rank ``meta.json``.
 
@@ -220,6 +235,11 @@ def manifest_from_dir(root: str | os.PathLike) -> tuple[dict[str, Any] | None, l
     metas = find_metas(root)
     if not metas:
         return None, [], None
+    for p, d in metas:   # what building the manifest reads (fuzz case 47210: a meta.json without host, a KeyError)
+        bad = _identity_problem(d)
+        if bad:
+            return None, [], (f"{p.relative_to(root).as_posix()} [{bad[0]}]: {bad[1]}: the manifest cannot be built "
+                              "from this meta.json (restore it, or the manifest.json dpro profile wrote)")
     chosen, notes, err = select_run(root, metas)
     if err:
         return None, notes, err
