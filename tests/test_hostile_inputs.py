@@ -232,6 +232,9 @@ CASES = {
     "MXNet server node deleted from the manifest (case 41565: refused without naming a file)": (
         "mxnet-ps-2w1s-loopback", "manifest.json", lambda d: d["nodes"].pop("host0/server0"),
         ["manifest.json [nodes]", "pushed to a parameter server", "no node with role 'server'"]),
+    "a Kineto event replaced by -1 (case 47722: skipped, +1.74 % silently)": (
+        "ddp-2rank-gloo", "host0/1/kineto_trace.json", lambda d: d["traceEvents"].__setitem__(1544, -1),
+        ["[traceEvents[1544]]", "an event must be a JSON object, not int"]),
     "manifest dir a 1 MB name (case 3557)": ("ddp-2host-1000mbit", "manifest.json",
                                              lambda d: next(iter(d["nodes"].values())).update(dir="A" * 10**6),
                                              ["dir must be a relative path"]),
