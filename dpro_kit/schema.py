@@ -379,6 +379,10 @@ def validate_torch_meta(doc: Any, path: Any = None) -> dict[str, Any]:
     if len(set(steps)) != len(steps):
         raise TraceFormatError("a profiled step is listed twice", path=path, record="window.profiled_steps",
                                hint=_FIX_META)
+    bad = next((k for k in range(1, len(steps)) if steps[k] < steps[k - 1]), None)
+    if bad is not None:   # fuzz case 46938: the list reversed replayed +3.08 % silently (the collector writes it sorted)
+        raise TraceFormatError(f"the profiled steps must increase ({steps[bad - 1]} then {steps[bad]})", path=path,
+                               record=f"window.profiled_steps[{bad}]", hint=_FIX_META)
     for k, st in enumerate(doc.get("steps") or []):
         _check_object({"s": st}, "s", TORCH_STEP_FIELDS, path=path, hint=_FIX_META, record=f"steps[{k}]")
         if not 0 <= st["dur_us"] <= 86_400e6:   # a step of more than a day: a corrupt time (fuzz case 8236)
