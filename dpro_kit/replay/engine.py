@@ -229,35 +229,10 @@ def induced_subgraph(g: nx.DiGraph, ops: Iterable[str]) -> nx.DiGraph:
 
 
 @njit(cache=True)
-def _generations_order(indptr, succ, indeg0):  # pragma: no cover - compiled
-    """``nx.topological_sort``'s order (generation by generation, children in edge insertion
-    order) on a CSR built from ``g.adj`` in insertion order; shorter than n if there is a cycle."""
-    n = indeg0.size
-    indeg = indeg0.copy()
-    order = np.empty(n, dtype=np.int64)
-    m = 0
-    for i in range(n):
-        if indeg[i] == 0:
-            order[m] = i
-            m += 1
-    lo = 0
-    while lo < m:
-        hi = m
-        for j in range(lo, hi):
-            u = order[j]
-            for k in range(indptr[u], indptr[u + 1]):
-                v = succ[k]
-                indeg[v] -= 1
-                if indeg[v] == 0:
-                    order[m] = v
-                    m += 1
-        lo = hi
-    return order[:m]
-
-
-@njit(cache=True)
 def _generations_and_starts(indptr, succ, indeg0, dur, dev0, ndev):  # pragma: no cover - compiled
-    """:func:`_generations_order` and, in the same pass, the earliest starts (:func:`_earliest_starts`) in that order: when
+    """``nx.topological_sort``'s order (generation by generation, children in edge insertion order)
+    on a CSR built from the edges in insertion order (shorter than n if there is a cycle) and, in
+    the same pass, the earliest starts (:func:`_earliest_starts`) in that order: when
     op ``u`` is taken (generation by generation) all its predecessors were, so its earliest start is
     final; it is written at ``u``'s place in the order and pushed to its successors.  Also the devices
     numbered in order of first appearance in that order (``remap``: old -> new number, -1 unused;
