@@ -287,19 +287,8 @@ def deft_settings(plan: PlanLike) -> dict[str, Any]:
 
 
 def _deft_settings(doc: dict[str, Any], where: str) -> dict[str, Any]:
-    defer, on1, cap, sizes, measured = _deft_section(doc, where)
-    if on1 and not os.environ.get("DPRO_LINK1_IFNAME"):
-        raise DproError(f"the plan puts bucket(s) {', '.join(map(str, on1))} on a second link, and "
-                        "DPRO_LINK1_IFNAME is not set", path=_path(where),
-                        hint="set DPRO_LINK1_IFNAME to the second network interface on every host "
-                             "(dpro cluster --second-rate-mbit R sets it), or plan with one link")
-    return {"defer": defer, "link1": on1, "bucket_cap_mb": cap, "bucket_bytes": sizes, "measured": measured,
-            "cap_known": isinstance(doc["deft"].get("ddp"), dict)}
-
-
-def _deft_section(doc: dict[str, Any], where: str) -> tuple[list[int], list[int], float | None, dict[int, int], bool]:
-    """``plan["deft"]`` checked: (deferred bucket indices, bucket indices on link 1, the traced
-    bucket_cap_mb (None: DDP's default), traced bucket bytes by index, whether the loss was measured)."""
+    """``plan["deft"]`` checked, as :func:`deft_settings` returns it (and ``cap_known``: the section
+    names the traced bucket cap)."""
     sec = doc.get("deft")
     if not isinstance(sec, dict):
         raise DproError("mode='deft': the plan has no 'deft' section", path=_path(where),
@@ -324,7 +313,13 @@ def _deft_section(doc: dict[str, Any], where: str) -> tuple[list[int], list[int]
             sizes[_bucket_index(k, where, "bucket_bytes")] = v
     pres = sec.get("preserver") if isinstance(sec.get("preserver"), dict) else {}
     measured = not str(pres.get("note", "")).startswith("not measured")
-    return defer, on1, (float(cap) if cap is not None else None), sizes, measured
+    if on1 and not os.environ.get("DPRO_LINK1_IFNAME"):
+        raise DproError(f"the plan puts bucket(s) {', '.join(map(str, on1))} on a second link, and "
+                        "DPRO_LINK1_IFNAME is not set", path=_path(where),
+                        hint="set DPRO_LINK1_IFNAME to the second network interface on every host "
+                             "(dpro cluster --second-rate-mbit R sets it), or plan with one link")
+    return {"defer": defer, "link1": on1, "bucket_cap_mb": float(cap) if cap is not None else None,
+            "bucket_bytes": sizes, "measured": measured, "cap_known": isinstance(sec.get("ddp"), dict)}
 
 
 # --------------------------------------------------------------------------- the comm hook
