@@ -469,6 +469,38 @@ class Session:
         """The predicted iteration time (ms) of ``replay(iterations)``."""
         return self.replay(iterations).iteration_time_us / 1e3
 
+    def fast_replay(self, iterations: int = 1) -> dict[str, Any]:
+        """The iteration time only, for jobs of many ranks (``dpro replay --fast``, docs/scale.md):
+        the replay arrays built straight from the event tables by
+        :func:`dpro_kit.graph.arrays.compile_trace_or_graph` (through networkx where the arrays do not
+        cover the job's collectives), op durations the mean over the profiled iterations; no graph,
+        breakdown or what-if.  Ignores the session's what-if.
+
+        Returns ``compiled_by`` ("arrays" or "networkx"), ``ops``, ``iterations_replayed``,
+        ``iteration_time_ms``, ``makespan_ms``, ``compile_and_replay_cpu_s`` and, when the trace
+        records it, ``measured_iteration_ms`` and ``error_pct``.
+        """
+        import time
+
+        from .graph.arrays import compile_trace_or_graph
+        from .job import JobFacts
+        from .replay import replay as run
+        ts = self.profiled
+        if ts is None:
+            raise DproError("a fast replay needs a trace directory, not a graph file", path=self.path)
+        t0 = time.process_time()
+        self._note("compiling the replay arrays from the event tables")
+        cg, path = compile_trace_or_graph(ts, comm_model=self.comm_model)
+        res = run(cg, iterations=iterations)
+        out: dict[str, Any] = {"compiled_by": path, "ops": int(cg.n), "iterations_replayed": iterations,
+                               "iteration_time_ms": res.iteration_time_us / 1e3, "makespan_ms": res.makespan_us / 1e3,
+                               "compile_and_replay_cpu_s": round(time.process_time() - t0, 3)}
+        measured = JobFacts.from_manifest(ts.manifest).measured_iteration_ms
+        if measured is not None:
+            out["measured_iteration_ms"] = measured
+            out["error_pct"] = 100.0 * (out["iteration_time_ms"] - measured) / measured
+        return out
+
 
 __all__ = ["DURATIONS_MEAN", "DURATIONS_PER_ITERATION", "PER_ITERATION_MAX_EVENTS", "Progress", "Session",
            "is_graph_file"]

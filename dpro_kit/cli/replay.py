@@ -140,7 +140,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
         if others:
             raise click.UsageError(f"--fast gives the iteration time only: not with {', '.join(others)}")
         _fast(trace, open_session(trace, no_align=no_align, per_iteration=False, progress=progress), iterations,
-              as_json, progress)
+              as_json)
         return
     session = open_session(trace, no_align=no_align, per_iteration=per_iteration, whatif=wi, progress=progress)
     g, info, ts = session.graph, session.info, session.profiled
@@ -221,34 +221,16 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     print_replay(out, bd, cp)
 
 
-def _fast(trace: Path, session: Any, iterations: int, as_json: bool, progress: Progress) -> None:
-    """``dpro replay --fast``: the iteration time from :func:`dpro_kit.graph.arrays.compile_trace_or_graph`
-    (the replay arrays from the event tables where the job's collectives allow it, else through networkx)."""
-    import time
-
-    from ..graph.arrays import compile_trace_or_graph
-    from ..job import JobFacts
-    from ..replay import replay as run
-    ts = session.profiled
-    if ts is None:
+def _fast(trace: Path, session: Any, iterations: int, as_json: bool) -> None:
+    """``dpro replay --fast``: :meth:`dpro_kit.session.Session.fast_replay`, printed."""
+    if session.profiled is None:
         raise DproError("--fast needs a trace directory, not a graph file", path=trace)
-    t0 = time.process_time()
-    progress.note("compiling the replay arrays from the event tables")
-    cg, path = compile_trace_or_graph(ts, comm_model=session.comm_model)
-    res = run(cg, iterations=iterations)
-    cpu_s = time.process_time() - t0
-    m = ts.manifest
+    m = session.profiled.manifest
     out: dict[str, Any] = {"trace": str(trace), "job": m.job, "framework": m.framework,
                            "comm_backend": m.comm_backend, "world_size": m.world_size,
                            "profiled_iterations": m.iterations, "durations": "mean", "fast": True,
-                           "compiled_by": path, "ops": int(cg.n), "iterations_replayed": iterations,
-                           "iteration_time_ms": res.iteration_time_us / 1e3, "makespan_ms": res.makespan_us / 1e3,
-                           "compile_and_replay_cpu_s": round(cpu_s, 3),
-                           "warnings": list(m.facts.warnings)}
-    measured = JobFacts.from_manifest(m).measured_iteration_ms
-    if measured is not None:
-        out["measured_iteration_ms"] = measured
-        out["error_pct"] = 100.0 * (out["iteration_time_ms"] - measured) / measured
+                           **session.fast_replay(iterations), "warnings": list(m.facts.warnings)}
+    path, cpu_s, measured = out["compiled_by"], out["compile_and_replay_cpu_s"], out.get("measured_iteration_ms")
     if as_json:
         echo_json(out)
         return
