@@ -55,9 +55,10 @@ def run(args, work: Path, servers: int, workers: int, rate: float, *, profile: P
         log.write(f"=== {tag}\n")
         log.flush()
         r = run_job(argv, hosts=servers + workers, ranks_per_host=None, rate_mbit=rate,
-                    cpus_per_host=args.cpus_per_host, profile=profile, log=log,
+                    cpus_per_host=args.cpus_per_host, cpu_period_us=int(args.cpu_period_ms * 1000),
+                    profile=profile, log=log,
                     steps=f"{args.prof_start}:{args.prof_start + args.prof_steps}",
-                    profile_flags=["--framework", "mxnet"], timeout=args.job_timeout, prefix="mxnetbench")
+                    profile_flags=["--framework", "mxnet"], timeout=args.job_timeout, prefix=args.prefix)
     if not r.ok:
         print(f"  {tag}: job failed {r.codes} (see {work / 'jobs.log'})", file=sys.stderr)
         return None
@@ -90,7 +91,10 @@ def main() -> int:
     ap.add_argument("--prof-steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--cpus-per-host", type=float, default=0.4)
+    ap.add_argument("--cpu-period-ms", type=float, default=100.0,
+                    help="CFS period of the per-host CPU budget (dpro_kit.jobs.CpuBudget; the kernel's 100 ms by default)")
     ap.add_argument("--job-timeout", type=float, default=300)
+    ap.add_argument("--prefix", default="mxnetbench", help="name prefix of the emulated hosts' namespaces and cgroups")
     ap.add_argument("--whatifs", action="store_true", help="also predict every other configuration from each trace")
     ap.add_argument("--json", default="")
     ap.add_argument("--keep", default="", help="folder to keep the traces in")

@@ -252,13 +252,15 @@ def fit_ps_groups(comm: pd.DataFrame, workers: int = 1, servers: int = 1) -> Com
     return CommModel(default=LinkModel(latency_us=0.0, bandwidth_Bps=bw), origin="fitted (ps push-pull groups)")
 
 
-def _ps_group_spans_traced(ts: Any) -> float | None:
+def _ps_group_spans_traced(ts: Any) -> dict[str, float]:
+    """Per worker node, its shortest traced push-pull group (first span start to last span end) over the
+    profiled iterations."""
     comm = ts.events[(ts.events["kind"] == "COMM") & (ts.events["phase"] == "push_pull")]
     if comm.empty:
-        return None
-    per = comm.groupby(["iteration", "node"], observed=True).apply(
+        return {}
+    per = comm.groupby(["node", "iteration"], observed=True).apply(
         lambda g: float((g["start"] + g["dur"]).max() - g["start"].min()), include_groups=False)
-    return float(per.groupby(level=0).max().median())
+    return {str(n): float(v) for n, v in per.groupby(level=0, observed=True).min().items() if v > 0}
 
 
 def calibrate_ps_by_replay(ts: Any, model: CommModel, rounds: int = 3) -> CommModel:
@@ -268,11 +270,21 @@ def calibrate_ps_by_replay(ts: Any, model: CommModel, rounds: int = 3) -> CommMo
     its DFG: a pull waits for every worker's push of its key, the server's interface queues
     both workers' transfers) overlaps less.  So the bandwidth is refined on the DFG itself:
     replay the profiled job with ``B``, take each worker's replayed group (its first push to
-    its last pulled byte; the slowest worker's, as for the trace: the replay's FIFO link
-    serves whole messages one worker after another where TCP shares, so the first-served
-    worker's group is not comparable), and set
-    ``B <- B * replayed / traced`` (the group is nearly all transfer, so time ~ 1/B); a few
-    rounds.
+    its last pulled byte, median over the replayed iterations) and its traced group (first
+    span start to last span end, the shortest over the profiled iterations), and set
+    ``B <- B * max_w replayed_w / traced_w`` (the group is nearly all transfer, so time ~ 1/B);
+    a few rounds.
+
+    Why per worker, the shortest traced group, and the largest ratio: time that is not the
+    link's only lengthens a traced group - a worker stopped by its cgroup's CPU quota while its
+    transfers are in flight (MXNet dist_async CNN at 0.4 CPU per host: one worker's groups
+    52-66 ms in every iteration, the others' 5.7-15 ms, for 170 kB per worker on a 500 Mbit/s
+    link; the slowest worker's median group, used before, calibrated 714 Mbit/s down to 50),
+    and the stop falls at the same phase of the iteration when the iteration is as long as the
+    CFS period.  The worker and iteration least lengthened show the link.  In a synchronous
+    job the slowest worker's ratio is the largest: the replay's FIFO link serves whole messages
+    one worker after another where TCP shares, so the first-served worker's replayed group is
+    shorter than traced, the last one's comparable.
 
     Parameters
     ----------
@@ -290,7 +302,7 @@ def calibrate_ps_by_replay(ts: Any, model: CommModel, rounds: int = 3) -> CommMo
     from .graph.schemes import asynchronous_workers
 
     target = _ps_group_spans_traced(ts)
-    if not target or target <= 0:
+    if not target:
         return model
     bw = model.default.bandwidth_Bps
     for _ in range(rounds):
@@ -302,20 +314,19 @@ def calibrate_ps_by_replay(ts: Any, model: CommModel, rounds: int = 3) -> CommMo
         k = 12 if asynchronous_workers(g) else 1
         df = replay(g, iterations=k).to_frame(g)
         df = df[df["iteration"] >= k // 2]
-        workers = ts.manifest.workers()
-        per_it = []
-        for _, d in df.groupby("iteration"):
+        ratios = []
+        for w, t in target.items():
             spans = []
-            for w in workers:
-                push = d[(d["kind"] == "SEND") & (d["phase"] == "push") & (d["node"] == w)]
-                pull = d[(d["kind"] == "RECV") & (d["phase"] == "pull") & (d["node"] == w)]
+            for _, d in df[df["node"] == w].groupby("iteration"):
+                push = d[(d["kind"] == "SEND") & (d["phase"] == "push")]
+                pull = d[(d["kind"] == "RECV") & (d["phase"] == "pull")]
                 if not push.empty and not pull.empty:
                     spans.append(float(pull["end"].max() - push["start"].min()))
-            if spans:
-                per_it.append(max(spans))
-        if not per_it or float(np.median(per_it)) <= 0:
+            if spans and float(np.median(spans)) > 0:
+                ratios.append(float(np.median(spans)) / t)
+        if not ratios:
             break
-        bw *= float(np.median(per_it)) / target
+        bw *= max(ratios)
     return CommModel(default=LinkModel(model.default.latency_us, bw),
                      origin="fitted (ps push-pull groups, calibrated by replay)")
 

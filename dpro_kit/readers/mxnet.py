@@ -15,12 +15,12 @@ What becomes of the dump (docs/ps.md, "What MXNet 1.9.1 records"):
   kvstore's send buffer, ``SetValueOp``). ``DeleteVariable`` / ``WaitForVar`` are dropped;
 * ``KVStoreDistDefaultStoragePushPull`` spans (device ``cpu pinned``): one per parameter and
   step, without the key. The Trainer issues them in key order after the backward pass and the
-  CPU engine runs the ready ones FIFO, so the j-th span of a step is key j (exact when the
-  gradients are ready when ``Trainer.step`` issues them, as with a hybridized block's bulked
-  backward). They become ``COMM`` events (``phase`` ``push_pull``) that only feed the link model;
+  CPU engine runs the ready ones FIFO; with a backward in several bulk segments the keys whose
+  gradients the first segment computes go first (:func:`_push_gates`). They become ``COMM``
+  events (``phase`` ``push_pull``) that only feed the link model;
 * one ``push_pull`` collective (scheme ``ps``; ``dist_async``: ``push_pull_async``, scheme
-  ``ps_async``, :func:`dpro_kit.graph.topology.ps_async_push_pull`) per parameter, inputs: the j-th ``CopyCPU2CPU``
-  of the step (the copy of key j's gradient that the push waits for), partitions as
+  ``ps_async``, :func:`dpro_kit.graph.topology.ps_async_push_pull`) per parameter, input: the
+  backward op its push-pull spans followed (:func:`_push_gates`), partitions as
   ``KVStoreDist::EncodeDefaultKey`` makes them: below ``MXNET_KVSTORE_BIGARRAY_BOUND``
   elements one partition on server ``(key * 9973) % num_servers``, else one slice per server.
 """
@@ -165,7 +165,9 @@ def _twin_check(sync: dict[tuple, list], asy: dict[tuple, list], path: Path) -> 
 def _sequential_check(spans: list[tuple[float, float, int, str]], path: Path) -> None:
     """Refuse two operators of one compute thread that overlap at all: an engine worker thread
     runs one operator at a time, and its next ``B`` is read after the last ``E`` (1,480 adjacent
-    pairs of the dumps of :data:`TWIN_GAP_US`: none overlaps, none is inside another)."""
+    pairs of the dumps of :data:`TWIN_GAP_US`: none overlaps, none is inside another).  The
+    :data:`DROP` ops are not given here: a CNN's ``DeleteVariable`` runs inside the backward's
+    ``ImperativeBulk`` segment (6 per dump of 3 steps, dist_async CNN jobs of bench/ps_accuracy.py)."""
     spans = sorted(spans, key=lambda x: (x[0], -x[1], x[2]))
     for o, sp in zip(spans, spans[1:]):
         if sp[0] < o[1]:
@@ -217,7 +219,9 @@ def _spans(doc: Any, path: Path) -> tuple[list[dict], list[dict], list[str]]:
         if ph == "e":
             continue
         rec = {"name": str(e.get("name")), "start": t0, "dur": ts - t0}
-        if str(dev.get(e.get("pid"), "")).startswith("cpu/"):
+        if str(dev.get(e.get("pid"), "")).startswith("cpu/") and rec["name"] not in DROP:
+            # DeleteVariable runs inside a bulk segment (ImperativeBulk) of a CNN's backward, on the
+            # same thread (every dump of bench/ps_accuracy.py --model cnn): it is dropped, so not checked
             threads.setdefault(k[1:3], []).append((t0, ts, i, rec["name"]))
         if rec["name"] == PUSHPULL:
             comm.append(rec)
@@ -227,6 +231,50 @@ def _spans(doc: Any, path: Path) -> tuple[list[dict], list[dict], list[str]]:
         _sequential_check(spans, path)
     warnings = _twin_check(sync, asy, path)
     return sorted(compute, key=lambda r: r["start"]), sorted(comm, key=lambda r: r["start"]), warnings
+
+
+#: how far (us) a push-pull span may start before the end its gating backward op records: MXNet reads
+#: an operator's end clock after it marked the op done, a dependent op can start in between
+GATE_SLACK_US = 100.0
+
+
+def _push_gates(ops: list[dict], spans: list[dict], bw_ops: set[str], n_keys: int) -> tuple[list[int], list[str | None]]:
+    """For one step: each push-pull span's key and the backward op it was issued after.
+
+    A span waits for its key's gradient, i.e. for the backward op (a bulk segment) that computes
+    it; the gate of a span is the last backward op of ``bw_ops`` (present in every step) that
+    ended by the span's start (+ :data:`GATE_SLACK_US`).  Spans that share a gate form a group.
+    The Trainer issues pushes in key order and the engine runs the ready ones first-in first-out,
+    so within a group the spans are in key order; the backward pass runs from the last layer to
+    the first (Gluon's keys are the parameters in layer order), so the first group holds the
+    highest keys.  A CNN's backward in two bulks (examples/mxnet/train.py --model cnn: keys 2-9
+    after the first, 0-1 after the second) gives groups of 8 and 2; one backward bulk (the MLP)
+    one group, the j-th span key j.
+
+    Returns
+    -------
+    (keys, gates)
+        Per span (in the order given: by start), its key and its gate's op id (None: no backward
+        op ended before it).
+    """
+    ends = sorted((r["start"] + r["dur"], r["op"]) for r in ops if r["op"] in bw_ops)
+    gates: list[str | None] = []
+    for sp in spans:
+        g = None
+        for e, op in ends:
+            if e <= sp["start"] + GATE_SLACK_US:
+                g = op
+        gates.append(g)
+    groups: list[int] = []          # sizes of the runs of equal gates, in start order
+    for k, g in enumerate(gates):
+        if k == 0 or g != gates[k - 1]:
+            groups.append(0)
+        groups[-1] += 1
+    keys, top = [], n_keys
+    for n in groups:
+        keys.extend(range(top - n, top))
+        top -= n
+    return keys, gates
 
 
 def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
@@ -259,10 +307,11 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     servers = manifest.servers()
     bound = int((meta.get("ps") or {}).get("bigarray_bound") or 1000000)
     recs, order = [], []
-    last_bw = None
+    step_recs: list[list[dict]] = []
     for i, ops in enumerate(steps_ops):
         seen: Counter = Counter()
         backward = False
+        mine = []
         for r in ops:
             nm = r["name"]
             op = f"{nm}#{seen[nm]}"
@@ -272,25 +321,38 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
                     "OTHER" if nm in ("CopyCPU2CPU", "SetValueOp") else "FW")
             if i == 0:
                 order.append(op)
-            recs.append({"op": op, "name": nm, "kind": kind, "iteration": a + i, "start": r["start"], "dur": r["dur"]})
-        for j, r in enumerate(comm[i * n_keys:(i + 1) * n_keys]):
+            mine.append({"op": op, "name": nm, "kind": kind, "iteration": a + i, "start": r["start"], "dur": r["dur"]})
+        recs.extend(mine)
+        step_recs.append(mine)
+    ids = order
+    common = set.intersection(*({r["op"] for r in mine} for mine in step_recs))
+    bws = [o for o in order if o in common and any(r["op"] == o and r["kind"] == "BW" for r in recs)]
+    last_bw = bws[-1] if bws else None
+    # which backward op each step's push-pull spans follow, and so which key each span is (_push_gates)
+    gate_votes: list[Counter] = [Counter() for _ in params]
+    for i, mine in enumerate(step_recs):
+        spans = comm[i * n_keys:(i + 1) * n_keys]
+        keys, gates = _push_gates(mine, spans, set(bws), n_keys)
+        for r, j, gt in zip(spans, keys, gates):
             p = params[j]
+            if gt is not None:
+                gate_votes[j][gt] += 1
             recs.append({"op": f"PUSHPULL {p['name']}", "name": PUSHPULL, "kind": "COMM", "stream": "comm",
                          "iteration": a + i, "start": r["start"], "dur": r["dur"], "tensor": p["name"],
                          "bytes": int(p["bytes"]), "phase": "push_pull"})
-    ids = order
-    common = set.intersection(*({r["op"] for r in recs if r["iteration"] == a + i} for i in range(n_it)))
-    bws = [o for o in order if o in common and any(r["op"] == o and r["kind"] == "BW" for r in recs)]
-    last_bw = bws[-1] if bws else None
+    rank = {o: k for k, o in enumerate(order)}
     edges = list(zip(ids, ids[1:]))
     colls = []
     asynchronous = (meta.get("kvstore") or {}).get("type") == "dist_async"
     for j, p in enumerate(params):
         size = int(p.get("size") or 0)
         itemsize = int(p["bytes"]) // size if size else 4
+        votes = gate_votes[j]
+        # the backward op most steps pushed this key after (ties: the earlier one); else the last backward op
+        gate = min(votes, key=lambda o: (-votes[o], rank[o])) if votes else None
         colls.append({"tensor": p["name"], "op": "push_pull_async" if asynchronous else "push_pull",
                       "algorithm": "ps_async" if asynchronous else "ps", "bytes": int(p["bytes"]),
-                      "inputs": [last_bw or ids[-1]], "outputs": [],
+                      "inputs": [gate or last_bw or ids[-1]], "outputs": [],
                       "params": [p["name"]], "param_bytes": [int(p["bytes"])],
                       "partitions": partitions(int(p.get("key", j)), size, itemsize, servers, bound)})
     return NodeTrace(events=make_events(recs, path=str(ppath)), edges=edges, collectives=colls, warnings=warnings)
