@@ -49,6 +49,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: above this many events the default durations rule is the mean (one graph per iteration
 #: would cost a DFG build per profiled iteration)
 PER_ITERATION_MAX_EVENTS = 2_000_000
+#: with a what-if, the what-if is replayed for every profiled iteration only while its graphs have at
+#: most this many ops in all (else for the median profiled iteration alone)
+PER_ITERATION_MAX_OPS = 200_000
 
 DURATIONS_MEAN = "mean over the profiled iterations"
 DURATIONS_PER_ITERATION = "per iteration: the median of one replay per profiled iteration"
@@ -252,9 +255,12 @@ class Session:
         # rank happened to be fast - and skewed what-if ratios and straggler savings; docs/stragglers.md)
         from .trace import select_iterations
 
-        def replays(ts_: "TraceSet", builder: Any) -> dict[int, tuple]:
+        def iterations_of(ts_: "TraceSet") -> list[int]:
+            return sorted(int(i) for i in ts_.events["iteration"].unique())
+
+        def replays(ts_: "TraceSet", builder: Any, its: list[int] | None = None) -> dict[int, tuple]:
             out = {}
-            for it in sorted(int(i) for i in ts_.events["iteration"].unique()):
+            for it in iterations_of(ts_) if its is None else its:
                 ts_it = select_iterations(ts_, [it])
                 job_it, g_it = builder(ts_it)
                 res = _replay(g_it, 1)
@@ -265,9 +271,10 @@ class Session:
             order = sorted(runs_, key=lambda i: runs_[i][0])
             return order[(len(order) - 1) // 2]
 
-        runs = replays(ts, build_job)
-        median_it = median_of(runs)
-        if self.whatif is not None:
+        if self.whatif is None:
+            runs = replays(ts, build_job)
+            median_it = median_of(runs)
+        else:
             base_model = self._stages.get("fitted")
 
             def build_base(ts_: "TraceSet") -> tuple["Job", "nx.DiGraph"]:
@@ -275,10 +282,26 @@ class Session:
                 g_ = build(job, identity(job), check=False)
                 return job, g_
             base_runs = replays(self.profiled, build_base)
-            if base_runs and median_of(base_runs) in runs:
+            its = iterations_of(ts)
+            if base_runs and median_of(base_runs) in its:
                 median_it = median_of(base_runs)
+                # the iteration that stands for the job first; the others only while the what-if's graphs
+                # stay small (a --world-size what-if of a ring job grows as W^2 ops, one build per iteration)
+                runs = replays(ts, build_job, [median_it])
+                ops = runs[median_it][1].number_of_nodes()
+                if ops * len(its) <= PER_ITERATION_MAX_OPS:
+                    runs.update(replays(ts, build_job, [i for i in its if i != median_it]))
+                else:
+                    self._stages["whatif_median_only"] = (
+                        f"the what-if's graph has {ops:,} ops: replayed for the median profiled iteration "
+                        f"({median_it}) only, not for each of the {len(its)} (more than "
+                        f"{PER_ITERATION_MAX_OPS:,} ops in all)")
+                    self._note(self._stages["whatif_median_only"])
                 self._stages["paired"] = {str(i): round(runs[i][0] / base_runs[i][0], 6)
                                           for i in sorted(runs) if i in base_runs and base_runs[i][0] > 0}
+            else:
+                runs = replays(ts, build_job)
+                median_it = median_of(runs)
         _, g, ts_it, res, job = runs[median_it]
         self._replays[1] = res
         self._stages.update(graph=g, graph_trace=ts_it, job_model=job, median_iteration=median_it,
@@ -364,6 +387,8 @@ class Session:
             info["durations"] = DURATIONS_MEAN
         else:
             info["durations"] = DURATIONS_PER_ITERATION
+            if self._stages.get("whatif_median_only"):
+                info["durations"] += f" ({self._stages['whatif_median_only']})"
             info["per_iteration_ms"] = dict(self._stages["per_iteration_ms"])
             info["median_iteration"] = self._stages["median_iteration"]
             if self._stages.get("paired"):
@@ -502,7 +527,7 @@ class Session:
         return out
 
 
-__all__ = ["DURATIONS_MEAN", "DURATIONS_PER_ITERATION", "PER_ITERATION_MAX_EVENTS", "Progress", "Session",
+__all__ = ["DURATIONS_MEAN", "DURATIONS_PER_ITERATION", "PER_ITERATION_MAX_EVENTS", "PER_ITERATION_MAX_OPS", "Progress", "Session",
            "is_graph_file"]
 
 

@@ -111,3 +111,22 @@ def test_the_same_options_give_the_same_number(trace, tmp_path, capsys):
     html = _json(capsys, "report", trace, "-o", tmp_path / "r.html", "--json", "-q", "-n", "3")
     assert chk["checks"][0]["candidate_ms"] == pytest.approx(t3, rel=1e-12)
     assert html["iteration_time_ms"] == pytest.approx(t3, rel=1e-12)
+
+
+def test_large_whatif_is_replayed_for_the_median_iteration_only(trace, monkeypatch):
+    """A what-if whose graphs would be large (a --world-size what-if of a ring job grows as W^2 ops, one
+    build per profiled iteration) is built for the iteration that stands for the job only: the same
+    iteration as the profiled job's median, so the same prediction as building every iteration."""
+    import dpro_kit.session as session_mod
+    wi = dict(world_size=8)
+    full = Session(trace, whatif=WhatIf(**wi))
+    assert len(full.info["per_iteration_ms"]) == len(full.raw.manifest.iterations) >= 2
+    ops = full.graph.number_of_nodes()
+    monkeypatch.setattr(session_mod, "PER_ITERATION_MAX_OPS", ops)   # more than one iteration's graph is too many
+    one = Session(trace, whatif=WhatIf(**wi))
+    assert one.iteration_time_ms() == full.iteration_time_ms()
+    assert one.info["median_iteration"] == full.info["median_iteration"] == Session(trace).info["median_iteration"]
+    assert list(one.info["per_iteration_ms"]) == [str(one.info["median_iteration"])]
+    assert one.info["whatif_ratio_per_iteration"] == {
+        k: v for k, v in full.info["whatif_ratio_per_iteration"].items() if k in one.info["per_iteration_ms"]}
+    assert f"has {ops:,} ops: replayed for the median profiled iteration" in one.info["durations"]
