@@ -317,14 +317,17 @@ def time_region(region: Region, *, samples: int = 15, sample_s: float = 0.004,
 def load_shapes(trace: Path) -> tuple[dict[str, dict[str, Any]], int | None]:
     """Recorded op inputs of the first rank that has a shapes trace, and its intra-op thread count."""
     from ..readers.torch_kineto import read_op_shapes
+    from ..schema import TORCH_META_FORMAT
     for meta_path in sorted(Path(trace).glob("*/*/meta.json")):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            meta = None
+        if isinstance(meta, dict) and meta.get("format") != TORCH_META_FORMAT:
+            continue        # another framework's rank (an MXNet PS trace): no torch op shapes there
         shapes = read_op_shapes(meta_path.parent)
         if shapes:
-            try:
-                threads = json.loads(meta_path.read_text()).get("threads")
-            except (OSError, ValueError):
-                threads = None
-            return shapes, threads
+            return shapes, meta.get("threads") if isinstance(meta, dict) else None
     return {}, None
 
 

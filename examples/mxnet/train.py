@@ -38,21 +38,77 @@ def ps_env(role: str, args: argparse.Namespace) -> dict[str, str]:
     return e
 
 
-def build(model: str, classes: int):
+def build(model: str, classes: int, names: str = "layer"):
+    """The Gluon net. ``names="reverse"``: every layer with parameters gets the prefix ``lNN_`` with NN
+    counting down from the input, so Gluon's Trainer (which sorts a ParameterDict by name and gives key i
+    to the i-th name) issues the last layer first -- a name order far from the layer order."""
     from mxnet import gluon
-    net = gluon.nn.HybridSequential()
+    nn = gluon.nn
     if model == "mlp":
-        for w in (512, 512, 256, 256, 128):
-            net.add(gluon.nn.Dense(w, activation="relu"))
+        specs = [(nn.Dense, (w,), {"activation": "relu"}) for w in (512, 512, 256, 256, 128)]
     elif model == "cnn":
-        net.add(gluon.nn.Conv2D(16, 3, padding=1, activation="relu"), gluon.nn.MaxPool2D(2),
-                gluon.nn.Conv2D(32, 3, padding=1, activation="relu"), gluon.nn.MaxPool2D(2),
-                gluon.nn.Conv2D(64, 3, padding=1, activation="relu"), gluon.nn.GlobalAvgPool2D(),
-                gluon.nn.Dense(256, activation="relu"))
+        specs = [(nn.Conv2D, (16, 3), {"padding": 1, "activation": "relu"}), (nn.MaxPool2D, (2,), {}),
+                 (nn.Conv2D, (32, 3), {"padding": 1, "activation": "relu"}), (nn.MaxPool2D, (2,), {}),
+                 (nn.Conv2D, (64, 3), {"padding": 1, "activation": "relu"}), (nn.GlobalAvgPool2D, (), {}),
+                 (nn.Dense, (256,), {"activation": "relu"})]
     else:
         raise SystemExit(f"unknown --model {model!r}: mlp or cnn")
-    net.add(gluon.nn.Dense(classes))
+    specs.append((nn.Dense, (classes,), {}))
+    weighted = [i for i, (cls, _, _) in enumerate(specs) if cls in (nn.Dense, nn.Conv2D)]
+    net = nn.HybridSequential()
+    for i, (cls, a, kw) in enumerate(specs):
+        if names == "reverse" and i in weighted:
+            kw = {**kw, "prefix": f"l{len(weighted) - 1 - weighted.index(i):02d}_"}
+        net.add(cls(*a, **kw))
     return net
+
+
+def _bad(msg: str):
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def transfer_order(spec: str, names: list[str]) -> list[str] | None:
+    """Parameter names in the transfer order that ``spec`` names, or None for the stock (name-sorted) order.
+
+    ``spec`` is ``PLAN.json[:ORDER]`` -- a plan of ``dpro optimize`` (``plan["schedule"]``, docs/tictac.md;
+    ORDER: ``recommended`` (default), ``tic``, ``tac``, ``random``) -- or a JSON file with a list of names.
+    MXNet keys a parameter by its position in the Trainer's list, and every worker must use the same keys,
+    so one order serves all workers: the plan's first worker's (they agree for data-parallel workers).
+    Parameters the order does not name follow in name order. Bad input: one line naming the file, exit 2.
+    """
+    path, _, which = spec.partition(":")
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        _bad(f"{path}: cannot read the transfer order ({e}); give a plan.json of `dpro optimize` "
+             "or a JSON list of parameter names")
+    if isinstance(doc, list):
+        seq = [str(x) for x in doc]
+    else:
+        sch = doc.get("schedule") if isinstance(doc, dict) else None
+        if not isinstance(sch, dict) or "orders" not in sch:
+            _bad(f"{path}: no plan['schedule'] (dpro optimize writes it for a PS trace); "
+                             "profile the job with `dpro profile --framework mxnet` and run `dpro optimize` on it")
+        which = which or "recommended"
+        if which == "recommended":
+            which = sch.get("recommended", "default")
+        if which == "default":
+            return None
+        if which not in sch["orders"]:
+            _bad(f"{path}: the plan has no order {which!r} (known: recommended, default, "
+                             + ", ".join(sorted(sch["orders"])) + ")")
+        per_worker = sch["orders"][which]
+        entries = per_worker[sorted(per_worker)[0]]
+        seq = [e["tensor"] for e in sorted(entries, key=lambda e: (e["rank"], e["tensor"], e["chunk"]))]
+    known = set(names)
+    unknown = sorted({n for n in seq if n not in known})
+    if unknown:
+        _bad(f"{path}: the order names parameters this model does not have ({', '.join(unknown[:3])}); "
+                         "was the plan made from a trace of this model?")
+    out = list(dict.fromkeys(seq))
+    return out + sorted(n for n in names if n not in set(out))
 
 
 def run_worker(args: argparse.Namespace, index: int) -> None:
@@ -60,10 +116,16 @@ def run_worker(args: argparse.Namespace, index: int) -> None:
     from mxnet import autograd, gluon
     mx.random.seed(index)
     kv = mx.kv.create(args.kvstore)
-    net = build(args.model, 10)
+    net = build(args.model, 10, args.names)
     net.initialize(mx.init.Xavier(), ctx=mx.cpu())
-    net.hybridize()
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=kv)
+    net.hybridize(**({"forward_bulk_size": args.fwd_bulk} if args.fwd_bulk else {}))
+    params = net.collect_params()
+    spec = args.order or os.environ.get("DPRO_TRANSFER_ORDER", "")
+    order = transfer_order(spec, sorted(params.keys())) if spec else None
+    # a dict: Gluon sorts it by name (key i = i-th name); a list: key i = i-th parameter of the order, and the
+    # Trainer issues its asynchronous pushpull ops in that order (docs/tictac.md §4)
+    trainer = gluon.Trainer(params if order is None else [params[n] for n in order], "sgd",
+                            {"learning_rate": 0.01}, kvstore=kv)
     shape = (args.batch, args.features) if args.model == "mlp" else (args.batch, 3, args.image, args.image)
     x = mx.nd.random.uniform(shape=shape)
     y = mx.nd.random.randint(0, 10, shape=(args.batch,)).astype("float32")
@@ -81,7 +143,7 @@ def run_worker(args: argparse.Namespace, index: int) -> None:
         gaps = [1e3 * (b - a) for a, b in zip(stamps[args.warmup:], stamps[args.warmup + 1:])]
         with open(args.json_out.replace("{w}", str(index)), "w") as f:
             json.dump({"worker": index, "rank": kv.rank, "iteration_ms": gaps, "model": args.model,
-                       "kvstore": args.kvstore, "params": [[p.name, int(p.data().size) * 4] for p in trainer._params],
+                       "kvstore": args.kvstore, "order": order, "params": [[p.name, int(p.data().size) * 4] for p in trainer._params],
                        "loss": float(loss.mean().asscalar())}, f)
 
 
@@ -98,6 +160,15 @@ def main() -> int:
     ap.add_argument("--image", type=int, default=32)
     ap.add_argument("--port", type=int, default=9391, help="DMLC_PS_ROOT_PORT unless that is set")
     ap.add_argument("--json-out", default="")
+    ap.add_argument("--names", choices=("layer", "reverse"), default="layer",
+                    help="parameter names: Gluon's (dense0, dense1, ...) or 'reverse' (sorted by name, the last "
+                         "layer first)")
+    ap.add_argument("--fwd-bulk", type=int, default=0,
+                    help="hybridize(forward_bulk_size=N): ops per forward engine segment (default: MXNet's 15); "
+                         "1 lets layer l's forward wait for layer l's weights only")
+    ap.add_argument("--order", default="",
+                    help="transfer order: PLAN.json[:recommended|tic|tac|random|default] (dpro optimize) or a "
+                         "JSON list of parameter names; default: $DPRO_TRANSFER_ORDER, else Gluon's name order")
     args = ap.parse_args()
     host = int(os.environ.get("HOST_RANK", "0"))
     if host < args.servers:
