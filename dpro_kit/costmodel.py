@@ -253,14 +253,14 @@ def fit_ps_groups(comm: pd.DataFrame, workers: int = 1, servers: int = 1) -> Com
 
 
 def _ps_group_spans_traced(ts: Any) -> dict[str, float]:
-    """Per worker node, its shortest traced push-pull group (first span start to last span end) over the
-    profiled iterations."""
+    """Per worker node, its traced push-pull group (first span start to last span end), the median over
+    the profiled iterations."""
     comm = ts.events[(ts.events["kind"] == "COMM") & (ts.events["phase"] == "push_pull")]
     if comm.empty:
         return {}
     per = comm.groupby(["node", "iteration"], observed=True).apply(
         lambda g: float((g["start"] + g["dur"]).max() - g["start"].min()), include_groups=False)
-    return {str(n): float(v) for n, v in per.groupby(level=0, observed=True).min().items() if v > 0}
+    return {str(n): float(v) for n, v in per.groupby(level=0, observed=True).median().items() if v > 0}
 
 
 def calibrate_ps_by_replay(ts: Any, model: CommModel, rounds: int = 3) -> CommModel:
@@ -269,22 +269,23 @@ def calibrate_ps_by_replay(ts: Any, model: CommModel, rounds: int = 3) -> CommMo
     :func:`fit_ps_groups` assumes pushes and pulls pipeline perfectly; the real job (and
     its DFG: a pull waits for every worker's push of its key, the server's interface queues
     both workers' transfers) overlaps less.  So the bandwidth is refined on the DFG itself:
-    replay the profiled job with ``B``, take each worker's replayed group (its first push to
-    its last pulled byte, median over the replayed iterations) and its traced group (first
-    span start to last span end, the shortest over the profiled iterations), and set
-    ``B <- B * max_w replayed_w / traced_w`` (the group is nearly all transfer, so time ~ 1/B);
-    a few rounds.
+    replay the profiled job with ``B``; per worker, its replayed group (from its first ``In``
+    op, when its first gradient is ready, to its last pulled byte; median over the replayed
+    iterations) over its traced group (first span start to last span end: a span starts when
+    the engine issues the push; median over the profiled iterations); ``B <- B * median_w
+    ratio_w`` (the group is nearly all transfer, so time ~ 1/B); a few rounds.
 
-    Why per worker, the shortest traced group, and the largest ratio: time that is not the
-    link's only lengthens a traced group - a worker stopped by its cgroup's CPU quota while its
-    transfers are in flight (MXNet dist_async CNN at 0.4 CPU per host: one worker's groups
-    52-66 ms in every iteration, the others' 5.7-15 ms, for 170 kB per worker on a 500 Mbit/s
-    link; the slowest worker's median group, used before, calibrated 714 Mbit/s down to 50),
-    and the stop falls at the same phase of the iteration when the iteration is as long as the
-    CFS period.  The worker and iteration least lengthened show the link.  In a synchronous
-    job the slowest worker's ratio is the largest: the replay's FIFO link serves whole messages
-    one worker after another where TCP shares, so the first-served worker's replayed group is
-    shorter than traced, the last one's comparable.
+    Why these choices (bench/ps_accuracy.py, 48 kept traces, docs/ps.md): measured from the
+    push's start on the link, a replayed group leaves out the queueing behind other workers
+    that a traced span holds, so with asynchronous workers in their steady state (each served
+    alone by the FIFO link) the replayed groups were a third of the traced ones and ``B`` was
+    calibrated far too low (MLP, 3 workers, 200 Mbit/s: 77 Mbit/s, the replay 1120 ms against
+    530 measured).  Time that is not the link's lengthens some traced groups: a worker stopped
+    by its cgroup's CPU quota while its transfers are in flight (dist_async CNN at 0.4 CPU per
+    host: one worker's groups 52-66 ms in every iteration, the others' 5.7-15 ms, for 170 kB per
+    worker on a 500 Mbit/s link; the slowest worker's median group, the rule before, calibrated
+    714 Mbit/s down to 50) - the medians over iterations and workers keep such a worker from
+    setting the link.
 
     Parameters
     ----------
@@ -318,15 +319,19 @@ def calibrate_ps_by_replay(ts: Any, model: CommModel, rounds: int = 3) -> CommMo
         for w, t in target.items():
             spans = []
             for _, d in df[df["node"] == w].groupby("iteration"):
+                ready = d[(d["kind"] == "VIRTUAL") & d["name"].astype(str).str.startswith("In ")]
                 push = d[(d["kind"] == "SEND") & (d["phase"] == "push")]
                 pull = d[(d["kind"] == "RECV") & (d["phase"] == "pull")]
                 if not push.empty and not pull.empty:
-                    spans.append(float(pull["end"].max() - push["start"].min()))
+                    # from when the worker could push (its first "In" op: the gradient ready), as a traced
+                    # span starts when the engine issues the push: a FIFO link's queueing is in both
+                    t0 = float(ready["start"].min()) if not ready.empty else float(push["start"].min())
+                    spans.append(float(pull["end"].max() - t0))
             if spans and float(np.median(spans)) > 0:
                 ratios.append(float(np.median(spans)) / t)
         if not ratios:
             break
-        bw *= max(ratios)
+        bw *= float(np.median(ratios))
     return CommModel(default=LinkModel(model.default.latency_us, bw),
                      origin="fitted (ps push-pull groups, calibrated by replay)")
 
