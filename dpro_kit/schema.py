@@ -301,9 +301,18 @@ _STEP_TOLERANCE_US = 0.001
 
 
 def _check_step_times(steps: list[dict[str, Any]], path: Any) -> None:
-    """Each step's ``dur_us`` is its ``end_time_ns`` minus the step before's, as the collector computes
+    """The steps in order (``step`` and ``end_time_ns`` increase down the list), and each step's ``dur_us`` is
+    its ``end_time_ns`` minus the step before's, as the collector computes
     it (``dpro_torch.recorder._step_records``); two steps' times swapped replayed +5.9 % silently
     (fuzz case 16958: the profiled steps' median sets the profiler-cost correction)."""
+    # in the order the collector wrote them (fuzz case 52369: the list reversed replayed -2.95 % silently;
+    # the profiled steps' first one, left out of the profiler-cost window, was then the last)
+    for key in ("step", "end_time_ns"):
+        vals = [(k, st.get(key)) for k, st in enumerate(steps) if isinstance(st.get(key), int)]
+        bad = next((k for (_, a), (k, b) in zip(vals, vals[1:]) if b <= a), None)
+        if bad is not None:
+            raise TraceFormatError(f"the steps' {key} must increase down the list (steps[{bad}] is not after the "
+                                   "step before it)", path=path, record=f"steps[{bad}].{key}", hint=_FIX_META)
     ends = {st.get("step"): st.get("end_time_ns") for st in steps}
     for k, st in enumerate(steps):
         end, step = st.get("end_time_ns"), st.get("step")

@@ -236,6 +236,9 @@ CASES = {
     "profiled steps reversed (case 46938: +3.08 % silently)": (
         "ddp-h100-2rank-nccl-cnn", "host1/1/meta.json", lambda d: d["window"]["profiled_steps"].reverse(),
         ["host1/1/meta.json [window.profiled_steps[1]]", "the profiled steps must increase"]),
+    "meta.json steps reversed (case 52369: -2.95 % silently)": (
+        "ddp-2host-1000mbit", "host1/1/meta.json", lambda d: d["steps"].reverse(),
+        ["host1/1/meta.json [steps[1].step]", "the steps' step must increase down the list"]),
     "a Kineto event replaced by -1 (case 47722: skipped, +1.74 % silently)": (
         "ddp-2rank-gloo", "host0/1/kineto_trace.json", lambda d: d["traceEvents"].__setitem__(1544, -1),
         ["[traceEvents[1544]]", "an event must be a JSON object, not int"]),
