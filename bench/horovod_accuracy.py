@@ -20,6 +20,7 @@ All statistics are medians over rounds.
     python bench/horovod_accuracy.py --rounds 1 --models mlp --rates 1000
     python bench/horovod_accuracy.py --json rows.json --keep traces/
     python bench/horovod_accuracy.py --repredict rows.json --keep traces/   # same measurements, this code's predictions
+    python bench/horovod_accuracy.py --repredict rows.json --keep traces/ --recorded-quota   # ... with the CFS quota model
 """
 from __future__ import annotations
 
@@ -81,10 +82,15 @@ def cpu_share(times: Path) -> float | None:
     return round(max(shares), 3) if shares else None
 
 
+#: predict with ``dpro replay --recorded-quota`` (the CFS model of each throttled rank's recorded quota)
+RECORDED_QUOTA = False
+
+
 def predict(trace: Path, fusion_mb: float | None = None, cycle_ms: float | None = None) -> float:
     from dpro_kit.session import Session
     from dpro_kit.whatif import WhatIf
-    return Session(trace, whatif=WhatIf(fusion_threshold_mb=fusion_mb, cycle_time_ms=cycle_ms)).iteration_time_ms(1)
+    return Session(trace, whatif=WhatIf(fusion_threshold_mb=fusion_mb, cycle_time_ms=cycle_ms,
+                                        recorded_quota=RECORDED_QUOTA)).iteration_time_ms(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", default="", help="keep the profiled traces under this folder")
     ap.add_argument("--repredict", default="", help="run no job: re-predict the rows of this --json file "
                                                        "from the traces kept under --keep")
+    ap.add_argument("--recorded-quota", action="store_true",
+                    help="predict with `dpro replay --recorded-quota` (docs/whatif.md, 'CPU quota')")
     args = ap.parse_args(argv)
+    global RECORDED_QUOTA
+    RECORDED_QUOTA = args.recorded_quota
     if args.repredict:
         rows = json.loads(Path(args.repredict).read_text())["rows"]
         for r in rows:

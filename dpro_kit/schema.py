@@ -214,7 +214,7 @@ optimizer                       dict    optional  optimizer class and state_byte
 comm_calibration                dict    optional  median_us of a one-element allreduce (slowest rank)
 clock_probe                     dict    optional  node -> its own ping-pong clock readings (dpro_torch.clockprobe)
 cpu_placement                   dict    optional  node -> affinity, machine, count, threads, gpu, limit_cpus
-cpu_use                         dict    optional  node -> cpus (used per unprofiled step), throttled_us (mean per step), limit_cpus
+cpu_use                         dict    optional  node -> cpus (used per unprofiled step), throttled_us (mean per step), limit_cpus, period_us, throttled_us_profiled (step -> us)
 layers                          dict    optional  parameter name -> its layer (the unit activation checkpointing takes)
 torch_kineto                    dict    optional  reader options: host_gaps (fold|keep), profiler_overhead
 peak_memory_bytes               dict    optional  node -> peak bytes measured another way
@@ -521,7 +521,9 @@ class Facts:
         Node -> {affinity, machine, count, threads} (read by :mod:`dpro_kit.placement`).
     cpu_use : dict
         Node -> {cpus (used over an unprofiled step), throttled_us (mean per unprofiled step, by its
-        cgroup's CPU quota; traces before 2026-11-27 12:00 UTC: the median), limit_cpus (that quota)}; unusable values are None (:func:`dpro_kit.placement.cpu_limit_warnings`).
+        cgroup's CPU quota; traces before 2026-11-27 12:00 UTC: the median), limit_cpus (that quota),
+        period_us (its CFS period), throttled_us_profiled (profiled step -> us stopped; both
+        not in traces before 2026-11-27 17:00 UTC)}; unusable values are None (:func:`dpro_kit.placement.cpu_limit_warnings`).
     clock_probe : dict
         Node -> its clock-probe readings (``role`` client: ``peers`` node -> [[t1, t4], ...];
         server: ``peer``, ``rows`` [[t2, t3], ...]; ns on that node's clock; :mod:`dpro_kit.align`).
@@ -554,7 +556,7 @@ class Facts:
     optimizer_state_bytes: int | None = None
     collective_latency_us: float | None = None
     cpu_placement: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: node -> {"cpus", "throttled_us", "limit_cpus"} (each a finite number >= 0, or None)
+    #: node -> {"cpus", "throttled_us", "limit_cpus", "period_us"} (each a finite number >= 0, or None)
     cpu_use: dict[str, dict[str, float | None]] = field(default_factory=dict)
     clock_probe: dict[str, dict[str, Any]] = field(default_factory=dict)
     layers: dict[str, str] = field(default_factory=dict)
@@ -617,7 +619,10 @@ class Facts:
             else None,
             collective_latency_us=_pos(cal.get("median_us")),
             cpu_placement={str(k): v for k, v in (get("cpu_placement", dict) or {}).items() if isinstance(v, dict)},
-            cpu_use={str(k): {f: _nonneg(v.get(f)) for f in ("cpus", "throttled_us", "limit_cpus")}
+            cpu_use={str(k): {**{f: _nonneg(v.get(f)) for f in ("cpus", "throttled_us", "limit_cpus", "period_us")},
+                              **({"throttled_us_profiled": {str(i): _nonneg(t) for i, t in v["throttled_us_profiled"].items()
+                                                            if _nonneg(t) is not None}}
+                                 if isinstance(v.get("throttled_us_profiled"), dict) else {})}
                      for k, v in (get("cpu_use", dict) or {}).items() if isinstance(v, dict)},
             clock_probe={str(k): v for k, v in (get("clock_probe", dict) or {}).items() if isinstance(v, dict)},
             layers={str(k): str(v) for k, v in (get("layers", dict) or {}).items() if isinstance(v, str)},

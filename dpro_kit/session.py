@@ -184,6 +184,16 @@ class Session:
                 from .costmodel import fit_from_trace
                 model = fit_from_trace(ts)
                 self._stages["fitted"] = model
+                if self.whatif is not None and self.whatif.recorded_quota:
+                    # --recorded-quota where no rank was throttled: the plain replay, bit for bit
+                    from .job import JobFacts
+                    from .whatif import recorded_limits
+                    rec, per = recorded_limits(ts, JobFacts.from_manifest(ts.manifest))
+                    self._stages["recorded_quota"] = {"nodes": rec, "period_ms": per / 1e3 if per else None}
+                    if not rec:
+                        from dataclasses import replace as _replace
+                        w = _replace(self.whatif, recorded_quota=False)
+                        self.whatif = w if w.any() else None
                 if self.whatif is not None:
                     from .whatif import apply
                     ts, model = apply(ts, model, self.whatif)
@@ -229,18 +239,29 @@ class Session:
                 job.measured = {k: v for k, v in job.measured.items() if not k.startswith(("SEND ", "RECV "))}
             g_ = build(job, identity(job), check=False)
             validate(g_, where=ts_.path)
-            if self.whatif is not None and self.whatif.cpu_limit:
+            if self.whatif is not None and (self.whatif.cpu_limit or self.whatif.recorded_quota):
                 # a CPU quota is not a factor on the trace's durations: CFS stops a throttled rank for the
                 # rest of each period (dpro_kit.whatif.cpu_limited_graph), which depends on the schedule
-                from .whatif import cpu_limit_nodes, cpu_limited_graph
+                from .whatif import cpu_limit_nodes, cpu_limited_graph, cpu_seen, recorded_limits
                 facts = JobFacts.from_manifest(self.profiled.manifest)   # as profiled: a what-if drops measured_*
-                seen = {n: ((facts.cpu_use.get(n) or {}).get("cpus"), facts.measured_iteration_ms_per_node.get(n))
-                        for n in ts_.manifest.nodes}
-                self._stages.setdefault("cpu_limit_of", {})[id(g_)] = cpu_limited_graph(
-                    g_, cpu_limit_nodes(ts_, self.whatif), self.whatif.cpu_period_ms * 1e3,
-                    lambda gg: _replay(gg, 1), cpu_seen=seen)
+                limits: dict[str, float] = {}
+                period_us = self.whatif.cpu_period_ms * 1e3
+                if self.whatif.recorded_quota:
+                    limits, rec_period = recorded_limits(ts_, facts)
+                    period_us = rec_period or period_us
+                    # the kernel's recorded stops are in the traced ops: out before the model puts them back
+                    its = ts_.events["iteration"].unique() if not ts_.events.empty else []
+                    caps = full_speed_caps.get(int(its[0])) if len(its) == 1 else None
+                    for k, f in (caps or {}).items():
+                        if k in g_ and g_.nodes[k].get("node") in limits:
+                            g_.nodes[k]["dur"] = float(g_.nodes[k]["dur"]) * f
+                limits.update(cpu_limit_nodes(ts_, self.whatif))
+                if limits:
+                    self._stages.setdefault("cpu_limit_of", {})[id(g_)] = cpu_limited_graph(
+                        g_, limits, period_us, lambda gg: _replay(gg, 1), cpu_seen=cpu_seen(facts, ts_.manifest.nodes))
             return job, g_
         ts, model = self._job()
+        full_speed_caps: dict[int, dict[str, float]] = {}
         self._note(f"building the global DFG of {len(ts.nodes())} node(s)")
         if not self.uses_per_iteration():
             job, g = build_job(ts)
@@ -282,6 +303,13 @@ class Session:
                 g_ = build(job, identity(job), check=False)
                 return job, g_
             base_runs = replays(self.profiled, build_base)
+            if self.whatif.recorded_quota:
+                # per iteration and op of a throttled rank: the factor that takes the kernel's recorded stops
+                # out of its traced ops (whatif.dethrottle_factors; a factor composes with --slow-rank)
+                from .whatif import dethrottle_factors, recorded_limits
+                pfacts = JobFacts.from_manifest(self.profiled.manifest)
+                rec, _ = recorded_limits(self.profiled, pfacts)
+                full_speed_caps.update(dethrottle_factors({it: r[1] for it, r in base_runs.items()}, rec, pfacts))
             its = iterations_of(ts)
             if base_runs and median_of(base_runs) in its:
                 median_it = median_of(base_runs)
@@ -379,6 +407,9 @@ class Session:
         if measured is not None and self.whatif is None:
             info["measured_iteration_ms"] = measured
         self.graph  # noqa: B018  (decides the durations rule)
+        if "recorded_quota" in self._stages:
+            # --recorded-quota: the throttled ranks and their recorded quota ({} : nothing throttled, plain replay)
+            info["recorded_quota"] = dict(self._stages["recorded_quota"])
         if self._stages.get("cpu_limit"):
             # the CPU-quota what-if on the graph that stands for the job: per limited worker its computation
             # at full speed, as stretched by the quota, and the time stopped per iteration

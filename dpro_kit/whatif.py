@@ -553,7 +553,8 @@ def cfs_schedule(ops: list[tuple[float, float]], quota_us: float, period_us: flo
     phase_us : float, default 0
         Where a period boundary falls: boundaries at ``phase_us + k * period_us``.
     idle_cpu : float, default 0
-        CPUs used while waiting in a gap (0..1).
+        CPUs used while waiting in a gap (>= 0; above 1 where the rank's other threads - Horovod's
+        background thread, a spinning wait - use more than one CPU together while it waits).
 
     Returns
     -------
@@ -575,7 +576,8 @@ def cfs_schedule(ops: list[tuple[float, float]], quota_us: float, period_us: flo
     >>> cfs_schedule([(4.0, 4.0)], 3.0, 10.0, idle_cpu=0.5)
     ([4.0], [13.0], [(5.0, 10.0)])
     """
-    if quota_us >= period_us:
+    u = max(0.0, float(idle_cpu))
+    if quota_us >= period_us * max(1.0, u):     # never spends its quota: at most max(1, u) CPUs at a time
         t, starts, ends = 0.0, [], []
         for op in ops:
             gap, w = op[0], op[1]
@@ -596,7 +598,6 @@ def cfs_schedule(ops: list[tuple[float, float]], quota_us: float, period_us: flo
             p0 += math.floor((t_new - p0) / period_us) * period_us
             used = 0.0
 
-    u = min(1.0, max(0.0, float(idle_cpu)))
     for op in ops:
         gap, w = op[0], op[1]
         end_gap = max(t + gap, op[2]) if len(op) > 2 else t + gap
@@ -636,32 +637,76 @@ def _overlap(a: float, b: float, stalls: list[tuple[float, float]]) -> float:
     return sum(max(0.0, min(b, y) - max(a, x)) for x, y in stalls)
 
 
+def idle_cpu(seen: tuple | None, work_ms: float) -> float:
+    """CPUs a rank uses while it waits, from what the collector measured without the profiler.
+
+    ``seen = (cpus, step_ms[, throttled_ms[, max_cpus]])``: CPU time per unprofiled step over the
+    step's wall time (``extra.cpu_use.cpus``), the step (``measured_iteration_ms_per_node``), the time
+    per step the cgroup's quota stopped the rank (``extra.cpu_use.throttled_us`` / 1e3) and the CPUs it
+    may run on (its affinity).  The rank runs ``step_ms - throttled_ms`` per step and computes
+    ``work_ms`` of it at one CPU (the training thread); the rest of its CPU time is spent in the rest
+    of its running time::
+
+        u = (cpus * step_ms - work_ms) / (step_ms - throttled_ms - work_ms),   clipped to [0, max_cpus]
+
+    (``max_cpus`` 1 when not given; 0 when nothing was recorded or the step is not longer than the work).
+    """
+    if not seen or seen[0] is None or not seen[1] or not seen[1] > work_ms:
+        return 0.0
+    thr = float(seen[2]) if len(seen) > 2 and seen[2] else 0.0
+    cap = float(seen[3]) if len(seen) > 3 and seen[3] else 1.0
+    run = float(seen[1]) - thr
+    if not run > work_ms:
+        return cap
+    return min(cap, max(0.0, (float(seen[0]) * float(seen[1]) - work_ms) / (run - work_ms)))
+
+
+def cpu_seen(facts: Any, nodes: Any) -> dict[str, tuple]:
+    """Node -> ``(cpus, step_ms, throttled_ms, max_cpus)`` for :func:`idle_cpu`, from a profiled job's
+    :class:`~dpro_kit.schema.Facts` (``cpu_use``, ``measured_iteration_ms_per_node``, ``cpu_placement``)."""
+    out = {}
+    for n in nodes:
+        use = facts.cpu_use.get(n) or {}
+        thr = use.get("throttled_us")
+        aff = (facts.cpu_placement.get(n) or {}).get("affinity")
+        out[n] = (use.get("cpus"), facts.measured_iteration_ms_per_node.get(n),
+                  None if thr is None else float(thr) / 1e3, float(len(aff)) if isinstance(aff, list) and aff else None)
+    return out
+
+
 def cpu_limited_graph(g: Any, limits: dict[str, float], period_us: float, replay_one: Any,
-                      cpu_seen: dict[str, tuple[float, float]] | None = None,
+                      cpu_seen: dict[str, tuple] | None = None,
                       phases: int = CFS_PHASES, rounds: int = CFS_ROUNDS) -> dict[str, Any]:
     """Stretch the ops of CPU-limited worker nodes in a built graph by the CFS model (in place).
 
-    The graph's durations are the ranks' computation at full speed (an unthrottled profile).  For
-    each limited node (node -> CPUs of its quota), a fixed point: replay ``g`` (``replay_one(g)``,
-    one iteration), take the node's computation in replayed order with the idle gaps between its
-    ops (waiting for a collective, a transfer), run them through :func:`cfs_schedule` twice back
-    to back (the second iteration inherits the first one's spent quota) and set every computation
-    op's duration to its start-to-end there, averaged over ``phases`` evenly spaced period
-    phases; a transfer of that node (SEND/RECV/COMM whose node or peer it is) is lengthened by
-    the time the node is stopped while it is in flight (a stopped rank does not answer a ring
-    step).  ``rounds`` times (the gaps change as the node slows).
+    The graph's durations are the ranks' computation at full speed (an unthrottled profile, or a
+    throttled one with its stops taken out: :func:`full_speed_durations`).  For each limited node
+    (node -> CPUs of its quota), a fixed point: replay ``g`` (``replay_one(g)``, one iteration),
+    take the node's computation in replayed order with the idle gaps between its ops (waiting for
+    a collective, a transfer), run it through :func:`cfs_schedule` for ``K = 1 + ceil(2 P / T)``
+    iterations back to back (P the period, T the replayed iteration; at least 2: each inherits the
+    quota the one before left, iteration j's first op is ready j T after the first one's) and set
+    every computation op's duration to its mean start-to-end over iterations 1 .. K-1 (the first,
+    with a fresh quota, left out) and ``phases`` evenly spaced period phases; a transfer of that
+    node (SEND/RECV/COMM whose node or peer it is) is lengthened by the time the node is stopped
+    while it is in flight (a stopped rank does not answer a ring step).  Then the CPU budget: the
+    group gets ``cpus`` CPU-seconds per second, so with W its computation and G = T - (its ops'
+    replayed durations) the time it waits, an iteration lasts at least ``(W + min(u, cpus) G) / cpus``
+    and the node's computation at least that less G: when the schedule's durations sum to less (it
+    sets the pace and the schedule's ready times gave it fresh quota), they are scaled up to that.
+    (Waiting above the quota's rate counts at the quota's rate: a stop inside a wait costs only
+    where the wait ends inside it, which the schedule has already counted.)  ``rounds`` times (the gaps change as the node slows).
 
-    The CPU a node uses while it waits (``idle_cpu`` of :func:`cfs_schedule`) comes from what the
-    collector measured without the profiler: ``cpu_seen[node] = (CPUs used per step, step ms)``
-    (manifest ``extra.cpu_use`` and ``measured_iteration_ms_per_node``): the CPU time per step not
-    in the graph's computation, over the step's time not in it,
-    ``u = (cpus * T - W) / (T - W)`` clipped to [0, 1]; 0 when not recorded.
+    The CPUs a node uses while it waits (``u``, ``idle_cpu`` of :func:`cfs_schedule`) come from what
+    the collector measured without the profiler (:func:`idle_cpu`; ``cpu_seen`` from :func:`cpu_seen`);
+    0 when not recorded.
 
     Returns
     -------
     dict
-        Node -> {"cpus", "stopped_ms" (per iteration, phase mean), "compute_ms" (work),
-        "stretched_ms", "idle_cpu"}.
+        Node -> {"cpus", "stopped_ms" (per iteration, phase mean; under the budget bound the
+        stretched computation less the work), "compute_ms" (work), "stretched_ms", "idle_cpu",
+        "budget_bound" (whether the bound set the durations)}.
     """
     import numpy as np
     if not limits:
@@ -691,52 +736,74 @@ def cpu_limited_graph(g: Any, limits: dict[str, float], period_us: float, replay
             gaps = np.maximum(0.0, st - np.concatenate([[st[0]], np.maximum.accumulate(en)[:-1]]))
             gaps[0] = st[0]
             ops = [(float(gp), work[k]) for gp, k in zip(gaps, ks)]
-            # back to back: the next iteration's first op is ready one (replayed) iteration after this one's
-            ops2 = ops + [(0.0, ops[0][1], float(st[0]) + float(res.iteration_time_us))] + ops[1:]
+            # back to back: iteration j's first op is ready j (replayed) iterations after this one's; enough
+            # iterations to span two periods (a 100 ms period holds several iterations), the first one left
+            # out of the averages (it starts with a fresh quota)
+            t_it = float(res.iteration_time_us)
+            n_it = 1 + (max(1, math.ceil(2 * period_us / t_it)) if t_it > 0 else 1)
+            seq = list(ops)
+            for j in range(1, n_it):
+                seq += [(0.0, ops[0][1], float(st[0]) + j * t_it)] + ops[1:]
             durs = np.zeros(len(ks))
             extra = {k: 0.0 for k in comm_of[n]}
             stopped = 0.0
             quota = cpus * period_us
-            u = 0.0
-            seen = (cpu_seen or {}).get(n)
             W = sum(work[k] for k in ks) / 1e3
-            if seen and seen[0] is not None and seen[1] and seen[1] > W:
-                u = min(1.0, max(0.0, (seen[0] * seen[1] - W) / (seen[1] - W)))
-            for j in range(max(1, phases)):
-                s_, e_, stalls = cfs_schedule(ops2, quota, period_us, phase_us=period_us * j / max(1, phases),
+            u = idle_cpu((cpu_seen or {}).get(n), W)
+            m = len(ks)
+            for ph in range(max(1, phases)):
+                s_, e_, stalls = cfs_schedule(seq, quota, period_us, phase_us=period_us * ph / max(1, phases),
                                              idle_cpu=u)
-                m = len(ks)
-                # the second iteration, moved back onto the first one's time axis
-                shift = s_[m] - s_[0]
-                durs += np.array(e_[m:]) - np.array(s_[m:])
-                st2 = [(a - shift, b - shift) for a, b in stalls if b > s_[m]]
-                stopped += sum(b - max(a, s_[0]) for a, b in st2 if b > s_[0])
-                for k in comm_of[n]:
-                    a = float(res.start[pos[k]])
-                    extra[k] += _overlap(a, a + cwork[k], st2)
-            durs /= max(1, phases)
+                for j in range(1, n_it):
+                    a0 = j * m
+                    # iteration j, moved back onto the first one's time axis
+                    shift = s_[a0] - s_[0]
+                    hi = s_[a0 + m] if j < n_it - 1 else math.inf
+                    durs += np.array(e_[a0:a0 + m]) - np.array(s_[a0:a0 + m])
+                    st2 = [(x - shift, min(y, hi) - shift) for x, y in stalls if y > s_[a0] and x < hi]
+                    stopped += sum(y - max(x, s_[0]) for x, y in st2 if y > s_[0])
+                    for k in comm_of[n]:
+                        x0 = float(res.start[pos[k]])
+                        extra[k] += _overlap(x0, x0 + cwork[k], st2)
+            reps = max(1, phases) * (n_it - 1)
+            durs /= reps
+            # the CPU budget: over many periods the group gets `cpus` CPU-seconds per second, so an iteration
+            # in which the rank computes W (one CPU) and waits the rest G of it at u CPUs lasts at least
+            # (W + min(u, cpus) G) / cpus (a stop inside a wait costs only where the schedule says); a schedule of ready times that give it fresh quota can undercut that when
+            # the rank itself sets the pace (the fixed point then oscillates) - the bound holds it
+            cur = float(sum(res.end[pos[k]] - res.start[pos[k]] for k in ks))
+            gap_us = max(0.0, t_it - cur)
+            need = (W * 1e3 + min(u, cpus) * gap_us) / cpus - gap_us if cpus > 0 else 0.0
+            bound = bool(durs.sum() > 0 and need > float(durs.sum()))
+            if bound:
+                durs *= need / float(durs.sum())
             for k, d in zip(ks, durs):
                 g.nodes[k]["dur"] = float(d)
             for k in comm_of[n]:
-                g.nodes[k]["dur"] = cwork[k] + extra[k] / max(1, phases)
-            out[n] = {"cpus": cpus, "stopped_ms": round(stopped / max(1, phases) / 1e3, 4),
+                g.nodes[k]["dur"] = cwork[k] + extra[k] / reps
+            # stopped per iteration: the schedule's stops, or under the budget bound what it adds to the work
+            stop_ms = (float(durs.sum()) / 1e3 - W) if bound else stopped / reps / 1e3
+            out[n] = {"cpus": cpus, "stopped_ms": round(stop_ms, 4),
                       "compute_ms": round(sum(work[k] for k in ks) / 1e3, 4),
-                      "stretched_ms": round(float(durs.sum()) / 1e3, 4), "idle_cpu": round(u, 4)}
+                      "stretched_ms": round(float(durs.sum()) / 1e3, 4), "idle_cpu": round(u, 4),
+                      "budget_bound": bound}
     return out
 
 
 def cpu_limit_warnings(limited: dict[str, Any] | None) -> list[str]:
-    """One sentence per worker whose ``--cpu-limit`` quota is 1 CPU or more (``limited``: the
-    node -> result of :func:`cpu_limited_graph`): the model runs a rank as one thread (its
-    computation at one CPU, its waits at ``idle_cpu`` <= 1), so such a quota never stops it and the
-    prediction is the unlimited one.  A real rank whose threads together use more than a CPU
+    """One sentence per worker whose ``--cpu-limit`` quota is at least ``max(1, idle_cpu)`` CPUs
+    (``limited``: the node -> result of :func:`cpu_limited_graph`): the model runs a rank's
+    computation as one thread and its waits at ``idle_cpu`` CPUs (:func:`idle_cpu`), so such a quota
+    never stops it and the prediction is the unlimited one.  A real rank whose threads together use more than a CPU
     (Horovod's background thread, gloo's) can still be throttled by the kernel at that quota:
     measured on Horovod jobs at 1 CPU per host (docs/horovod.md, "Accuracy", 2026-11-27)."""
-    return [f"--cpu-limit: {n} gets {r['cpus']:g} CPU: the CFS what-if runs a rank as one thread, so a "
-            "quota of 1 CPU or more never stops it and this prediction is the unlimited one; a rank whose "
+    return [f"--cpu-limit: {n} gets {r['cpus']:g} CPU: the CFS what-if runs a rank's computation as one thread "
+            f"and its waits at {float(r.get('idle_cpu', 0.0)):.2f} CPU (measured), so this quota never stops it and "
+            "this prediction is the unlimited one; a rank whose "
             "threads use more than a CPU together (Horovod, gloo) can still be throttled by the kernel "
             "(its throttled_us; docs/horovod.md, 'Accuracy')"
-            for n, r in sorted((limited or {}).items()) if float(r.get("cpus", 0.0)) >= 1.0]
+            for n, r in sorted((limited or {}).items())
+            if float(r.get("cpus", 0.0)) >= max(1.0, float(r.get("idle_cpu", 0.0)))]
 
 
 @dataclass
@@ -765,15 +832,19 @@ class WhatIf:
     #: and the quota's period (ms)
     cpu_limit: dict[str, float] = field(default_factory=dict)
     cpu_period_ms: float = CFS_PERIOD_MS
+    #: replay the quota each rank's cgroup had when profiled where the kernel throttled it
+    #: (:func:`recorded_limits`; ``dpro replay --recorded-quota``)
+    recorded_quota: bool = False
 
     def any(self) -> bool:
         return self.bucket_mb is not None or self.bandwidth_mbps is not None or self.world_size is not None \
             or self.fusion_threshold_mb is not None or self.cycle_time_ms is not None or self.servers is not None \
-            or self.partition_bytes is not None or bool(self.slow_rank or self.like_median or self.slow_link or self.cpu_limit)
+            or self.partition_bytes is not None or bool(self.slow_rank or self.like_median or self.slow_link or self.cpu_limit or self.recorded_quota)
 
     def describe(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None and v != {} and v != [] and
-                (k != "first_bucket_mb" or self.bucket_mb is not None) and (k != "cpu_period_ms" or self.cpu_limit)}
+                (k != "first_bucket_mb" or self.bucket_mb is not None) and (k != "cpu_period_ms" or self.cpu_limit or self.recorded_quota)
+                and (k != "recorded_quota" or self.recorded_quota)}
 
 
 def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommModel]:
@@ -828,6 +899,87 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
     return ts, model
 
 
+def recorded_limits(ts: TraceSet, facts: Any) -> tuple[dict[str, float], float | None]:
+    """Worker node -> CPUs of the quota its cgroup had when profiled, for the nodes the kernel throttled.
+
+    From the collector's records (``facts.cpu_use``: ``limit_cpus``, ``throttled_us`` per unprofiled
+    step, ``throttled_us_profiled`` per profiled step, ``period_us`` where recorded): a node is listed
+    when it had a quota and was stopped by it (in the unprofiled or the profiled steps); workers of one host with the same quota share it (one cgroup per
+    host, as ``dpro_kit.jobs.CpuBudget`` makes them), so each gets ``limit / count``.  Returns
+    the nodes and the recorded period in us (None when not recorded: the caller's ``--cpu-period-ms``).
+    Nothing throttled: ``({}, None)`` and the replay is the plain one.
+    """
+    hit: dict[str, float] = {}
+    periods = set()
+    for n, info in ts.manifest.nodes.items():
+        use = facts.cpu_use.get(n) or {}
+        lim, thr = use.get("limit_cpus"), use.get("throttled_us")
+        prof = use.get("throttled_us_profiled")
+        hit_prof = isinstance(prof, dict) and any(v and v > 0 for v in prof.values())
+        if info.role == "worker" and lim and lim > 0 and ((thr and thr > 0) or hit_prof):
+            hit[n] = float(lim)
+            if use.get("period_us"):
+                periods.add(float(use["period_us"]))
+    out = {}
+    for n, lim in hit.items():
+        host = ts.manifest.nodes[n].host
+        share = [m for m, i in ts.manifest.nodes.items() if i.host == host and i.role == "worker"
+                 and (facts.cpu_use.get(m) or {}).get("limit_cpus") == lim]
+        out[n] = lim / max(1, len(share))
+    return out, (max(periods) if periods else None)
+
+
+def full_speed_durations(graphs: list[Any], nodes: Any) -> dict[str, float]:
+    """Graph key -> the median of its duration over the per-iteration graphs, for the computation ops of ``nodes``."""
+    import statistics
+    vals: dict[str, list[float]] = {}
+    for g in graphs:
+        for k, d in g.nodes(data=True):
+            if d.get("node") in nodes and str(d.get("kind")) in COMPUTE_KINDS \
+                    and not str(d.get("device", "")).startswith("link:"):
+                vals.setdefault(k, []).append(float(d["dur"]))
+    return {k: float(statistics.median(v)) for k, v in vals.items()}
+
+
+def dethrottle_factors(graphs: dict[int, Any], nodes: Any, facts: Any) -> dict[int, dict[str, float]]:
+    """Iteration -> graph key -> factor that takes the kernel's stops out of a throttled rank's traced ops.
+
+    A quota stops a thread, it does not slow every op (docs/stragglers.md): in profiled iteration i
+    the collector recorded that rank ``n`` was stopped ``S_i`` (``cpu_use[n].throttled_us_profiled``;
+    traces without it: the mean over the unprofiled steps, ``throttled_us``), and the stops sit in
+    the ops that took longer than usual.  With ``m_k`` an op's median over the profiled iterations
+    and ``x_k = max(0, d_k - m_k)`` its excess in iteration i (``E_i`` their sum over the rank's
+    computation), each op gives back the same share of its excess::
+
+        d_k' = d_k - x_k * min(1, S_i / E_i)
+
+    so the rank's computation loses ``min(S_i, E_i)`` - at most what the kernel says it was
+    stopped, never below the per-op medians.  Returned as factors ``d_k' / d_k`` (they compose with
+    ``--slow-rank``); ops without excess are left out.
+    """
+    med = full_speed_durations(list(graphs.values()), nodes)
+    out: dict[int, dict[str, float]] = {}
+    for it, g in graphs.items():
+        f: dict[str, float] = {}
+        for n in nodes:
+            use = facts.cpu_use.get(n) or {}
+            per = use.get("throttled_us_profiled")
+            s_i = (per or {}).get(str(it)) if isinstance(per, dict) else None
+            if s_i is None:
+                s_i = use.get("throttled_us") or 0.0
+            exc = {k: float(g.nodes[k]["dur"]) - m for k, m in med.items()
+                   if k in g and g.nodes[k].get("node") == n and float(g.nodes[k]["dur"]) > m}
+            tot = sum(exc.values())
+            if s_i <= 0 or tot <= 0:
+                continue
+            share = min(1.0, float(s_i) / tot)
+            for k, x in exc.items():
+                d = float(g.nodes[k]["dur"])
+                f[k] = (d - x * share) / d
+        out[it] = f
+    return out
+
+
 def cpu_limit_nodes(ts: TraceSet, w: WhatIf) -> dict[str, float]:
     """Worker node -> CPUs of its quota for ``w.cpu_limit`` (a host's quota split evenly over its workers).
 
@@ -849,7 +1001,7 @@ def cpu_limit_nodes(ts: TraceSet, w: WhatIf) -> dict[str, float]:
     return out
 
 
-__all__ = ["CFS_PERIOD_MS", "COMPUTE_KINDS", "cfs_schedule", "cpu_limit_nodes", "cpu_limit_warnings", "cpu_limited_graph", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
+__all__ = ["CFS_PERIOD_MS", "COMPUTE_KINDS", "cfs_schedule", "cpu_seen", "dethrottle_factors", "full_speed_durations", "idle_cpu", "recorded_limits", "cpu_limit_nodes", "cpu_limit_warnings", "cpu_limited_graph", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
            "like_median", "slow_links", "slow_ranks",
            "ddp_bucket_assignment", "horovod_knobs",
            "rebucket", "scale_servers", "scale_world", "WhatIf", "with_bandwidth"]

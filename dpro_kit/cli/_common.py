@@ -168,7 +168,14 @@ def straggler_options() -> Callable[[F], F]:
                               "until the next period, its transfers waiting too (docs/stragglers.md). The profile "
                               "must be unthrottled. Repeatable, or comma-separated (host0=1,host1=0.5)."),
             click.option("--cpu-period-ms", "cpu_period_ms", type=float, default=100.0, show_default=True,
-                         help="With --cpu-limit: the quota's period (cpu.cfs_period_us / 1000)."),
+                         help="With --cpu-limit (and --recorded-quota on traces that did not record it): the "
+                              "quota's period (cpu.cfs_period_us / 1000)."),
+            click.option("--recorded-quota", "recorded_quota", is_flag=True,
+                         help="Replay the CPU quota each rank's cgroup had when profiled, for the ranks the kernel "
+                              "throttled (the collector's throttled_us): each op of such a rank capped at its "
+                              "median over the profiled iterations (the stops out), then the CFS model of "
+                              "--cpu-limit with the recorded quota and period (docs/whatif.md, 'CPU quota'). "
+                              "Nothing throttled: the plain replay, bit for bit."),
         ], f)
     return deco
 

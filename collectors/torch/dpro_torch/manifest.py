@@ -31,6 +31,14 @@ def _first_known(d: dict, *keys: str) -> Any:
     return next((d[k] for k in keys if d.get(k) is not None), None)
 
 
+def _profiled_throttled(doc: dict[str, Any]) -> dict[str, float] | None:
+    """Step -> throttled us of a rank's profiled steps (meta.json ``steps``), or None when not recorded."""
+    out = {str(s["step"]): float(s["throttled_us"]) for s in doc.get("steps") or []
+           if isinstance(s, dict) and s.get("profiled") and isinstance(s.get("throttled_us"), (int, float))
+           and "step" in s}
+    return out or None
+
+
 def horovod_settings(hvd: dict[str, Any]) -> dict[str, Any]:
     """``manifest.extra["horovod"]``: the fusion threshold and cycle time the job ran with."""
     env = hvd.get("env") or {}
@@ -105,7 +113,11 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
                       # per step on average (older traces: their median)
                       "throttled_us": _first_known((by_rank[r][1].get("measured") or {}),
                                                    "mean_throttled_us", "median_throttled_us"),
-                      "limit_cpus": (by_rank[r][1].get("cpu") or {}).get("limit_cpus")} for r in range(world)},
+                      "limit_cpus": (by_rank[r][1].get("cpu") or {}).get("limit_cpus"),
+                      "period_us": (by_rank[r][1].get("cpu") or {}).get("period_us"),
+                      # per profiled step, the time the quota stopped the rank (dpro replay --recorded-quota
+                      # takes it out of the traced ops)
+                      "throttled_us_profiled": _profiled_throttled(by_rank[r][1])} for r in range(world)},
                   # CPU set, machine and torch threads of every rank (dpro_kit.placement)
                   "cpu_placement": {f"{by_rank[r][1]['host']}/{r}": {**(by_rank[r][1].get("cpu") or {}),
                                                                      "threads": by_rank[r][1].get("threads"),

@@ -103,6 +103,9 @@ def cpu_placement() -> dict[str, Any]:
     limit = cgroup_cpu_limit()
     if limit is not None:
         out["limit_cpus"] = limit
+        period = cgroup_cpu_period_us()
+        if period is not None:
+            out["period_us"] = period
     return out
 
 
@@ -147,6 +150,19 @@ def cgroup_cpu_limit() -> float | None:
     except (OSError, ValueError):
         return None
     return round(q / per, 4) if q > 0 and per > 0 else None
+
+
+def cgroup_cpu_period_us() -> int | None:
+    """The CFS period of this process's cgroup quota in us (``cpu.cfs_period_us``, cgroup v2 ``cpu.max``), or None."""
+    found = _cgroup_cpu_dir()
+    if found is None:
+        return None
+    d, ver = found
+    try:
+        per = int((d / "cpu.cfs_period_us").read_text()) if ver == 1 else int((d / "cpu.max").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return per if per > 0 else None
 
 
 class CpuClock:
