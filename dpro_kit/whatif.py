@@ -774,7 +774,7 @@ def cpu_limited_graph(g: Any, limits: dict[str, float], period_us: float, replay
             cur = float(sum(res.end[pos[k]] - res.start[pos[k]] for k in ks))
             gap_us = max(0.0, t_it - cur)
             need = (W * 1e3 + min(u, cpus) * gap_us) / cpus - gap_us if cpus > 0 else 0.0
-            bound = bool(durs.sum() > 0 and need > float(durs.sum()))
+            bound = bool(durs.sum() > 0 and need > float(durs.sum()) * (1 + 1e-9))    # not float noise
             if bound:
                 durs *= need / float(durs.sum())
             for k, d in zip(ks, durs):

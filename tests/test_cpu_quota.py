@@ -9,7 +9,8 @@ import networkx as nx
 import pytest
 
 from dpro_kit.replay import replay
-from dpro_kit.whatif import cfs_schedule, cpu_limited_graph, full_speed_durations, idle_cpu, recorded_limits
+from dpro_kit.whatif import (cfs_schedule, cpu_limited_graph, dethrottle_factors, full_speed_durations, idle_cpu,
+                             recorded_limits)
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_HOST = ROOT / "examples" / "traces" / "ddp-2host-1000mbit"
@@ -186,3 +187,22 @@ def test_cli_recorded_quota():
     assert set(d["cpu_limit"]) == {"host0/0", "host1/1", "host2/2"}
     assert d["whatif"]["recorded_quota"] is True and d["whatif"]["cpu_period_ms"] == 10.0
     assert all(r["stretched_ms"] >= r["compute_ms"] for r in d["cpu_limit"].values())
+
+
+def test_dethrottle_takes_out_at_most_the_recorded_stop():
+    """Op A takes 10, 30, 12 in iterations 12-14 (median 12), op B 5, 5, 9 (median 5); the kernel
+    stopped the rank 0, 8 and 10 ms.  Iteration 13: A's excess 18, the stop 8: A gives back 8 of it
+    (30 -> 22).  Iteration 14: B's excess 4 < the stop 10: B back to its median (9 -> 5), no further."""
+    from types import SimpleNamespace as NS
+    gs = {}
+    for it, (a, b) in zip((12, 13, 14), ((10.0, 5.0), (30.0, 5.0), (12.0, 9.0))):
+        g = nx.DiGraph()
+        g.add_node("n|A", node="n", kind="FW", dur=a)
+        g.add_node("n|B", node="n", kind="BW", dur=b)
+        gs[it] = g
+    facts = NS(cpu_use={"n": {"throttled_us": 1.0, "throttled_us_profiled": {"12": 0.0, "13": 8.0, "14": 10.0}}})
+    f = dethrottle_factors(gs, {"n"}, facts)
+    assert f[12] == {} and f[13] == {"n|A": pytest.approx(22 / 30)} and f[14] == {"n|B": pytest.approx(5 / 9)}
+    # no per-step record (older traces): the unprofiled mean (1 us here) in every iteration
+    f = dethrottle_factors(gs, {"n"}, NS(cpu_use={"n": {"throttled_us": 1.0}}))
+    assert f[12] == {} and f[13] == {"n|A": pytest.approx(29 / 30)} and f[14] == {"n|B": pytest.approx(8 / 9)}

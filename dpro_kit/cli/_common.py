@@ -165,8 +165,9 @@ def straggler_options() -> Callable[[F], F]:
             click.option("--cpu-limit", "cpu_limit", multiple=True, callback=_pairs(str, "HOST", "CPUS", "0.667"), metavar="HOST=CPUS",
                          help="What if HOST's cgroup had a CPU quota of CPUS (0.667: 2/3 of a CPU; split over its "
                               "workers): Linux CFS - full speed until the period's quota is spent, then stopped "
-                              "until the next period, its transfers waiting too (docs/stragglers.md). The profile "
-                              "must be unthrottled. Repeatable, or comma-separated (host0=1,host1=0.5)."),
+                              "until the next period, its transfers waiting too (docs/whatif.md, 'CPU quota'). The "
+                              "profile must be unthrottled, or use --recorded-quota beside it (the recorded stops out "
+                              "first). Repeatable, or comma-separated (host0=1,host1=0.5)."),
             click.option("--cpu-period-ms", "cpu_period_ms", type=float, default=100.0, show_default=True,
                          help="With --cpu-limit (and --recorded-quota on traces that did not record it): the "
                               "quota's period (cpu.cfs_period_us / 1000)."),
