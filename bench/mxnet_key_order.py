@@ -51,6 +51,8 @@ def run_worker(args: argparse.Namespace, index: int) -> None:
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
+        if args.enforce == "chain" and order is not None:
+            train.chain_pushes(mx, trainer._params)
         trainer.step(args.batch)
         t0 = time.perf_counter()
         done: dict[str, float] = {}
@@ -79,6 +81,7 @@ def main() -> int:
     ap.add_argument("--names", choices=("layer", "reverse"), default="reverse")
     ap.add_argument("--fwd-bulk", type=int, default=0)
     ap.add_argument("--order", default="", help="'front', PLAN.json[:NAME] or a JSON list (train.py --order)")
+    ap.add_argument("--enforce", choices=("list", "chain"), default="list", help="train.py --enforce")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)

@@ -13,7 +13,8 @@ Per bandwidth:
    ``default`` (the stock Trainer: a ParameterDict, sorted by name), ``recommended`` / ``tic`` /
    ``tac`` / ``random`` (``--order PLAN:NAME``: the Trainer gets a *list* of parameters in the plan's order, so key i
    is the i-th parameter of the order and Gluon issues its asynchronous ``pushpull`` ops in that order;
-   no other change, no extra waits -- docs/tictac.md §4).  When the plan recommends ``default`` the
+   no other change, no extra waits -- docs/tictac.md §4; ``--enforce chain``: also the chain of tiny
+   engine ops of ``train.chain_pushes`` that makes the engine dispatch the pushpulls in that order).  When the plan recommends ``default`` the
    ``recommended`` variant is the stock job again (and when it recommends an order equal to the stock one,
    the ordered variant is the stock job with a list): the paired ratio is then the noise floor.  ``--front``
    adds ``front``: the layer order, first layer first (``--names reverse`` only; not in the plan, so not
@@ -83,7 +84,8 @@ def one_rate(args: argparse.Namespace, rate: float, work: Path) -> dict:
             counter[0] += 1
             js = work / f"r{rate:g}_{name}_{counter[0]}_{{w}}.json"
             argv = [args.mxnet_python, TRAIN, *common, "--steps", str(args.steps + args.warmup),
-                    "--warmup", str(args.warmup), "--json-out", str(js), *(["--order", spec] if spec else [])]
+                    "--warmup", str(args.warmup), "--json-out", str(js),
+                    *(["--order", spec, "--enforce", args.enforce] if spec else [])]
             with open(work / f"r{rate:g}_{name}_{counter[0]}.log", "w") as log:
                 res = run_job(argv, log=log, **kw)
             files = [Path(str(js).replace("{w}", str(i))) for i in range(args.workers)]
@@ -119,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
     ap.add_argument("--names", default="reverse", choices=("layer", "reverse"),
                     help="examples/mxnet/train.py --names (reverse: the stock name order sends the last layer first)")
+    ap.add_argument("--enforce", choices=("list", "chain"), default="list",
+                    help="examples/mxnet/train.py --enforce for the ordered variants: 'list' (the Trainer built from a "
+                         "list) or 'chain' (also a tiny engine op per gradient so the pushpulls are dispatched in order)")
     ap.add_argument("--front", action="store_true",
                     help="also run 'front': the layer order, first layer first (not predicted: the plan has no such order)")
     ap.add_argument("--fwd-bulk", type=int, default=0, help="examples/mxnet/train.py --fwd-bulk")
@@ -135,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tictac-plan-"))
     work.mkdir(parents=True, exist_ok=True)
     results = [one_rate(args, r, work) for r in args.rate_mbit]
-    print(f"\nMXNet 1.9.1 dist_sync, {args.model} (--names {args.names}"
+    print(f"\nMXNet 1.9.1 dist_sync, {args.model} (--names {args.names}, --enforce {args.enforce}"
           + (f", --fwd-bulk {args.fwd_bulk}" if args.fwd_bulk else "") + f"), batch {args.batch}, "
           f"{args.workers} workers + 1 server, {args.cpus_per_host:g} CPU per host, {args.steps} steps after "
           f"{args.warmup} warm-up, {args.rounds} alternating rounds; orders from dpro optimize of a profiled run")

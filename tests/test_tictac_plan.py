@@ -113,6 +113,13 @@ for name, arg in (("dict", params), ("list", [params[n] for n in front])):
         tr.step(4)
     mx.nd.waitall()
     out[name] = [tr._params[k].name for k in issued]
+# --enforce chain: the added engine ops leave every gradient as it was
+with autograd.record():
+    losses = [net(mx.nd.ones((4, 784), ctx=c)).sum() for c in ctx]
+autograd.backward(losses)
+before = {n: p.list_grad()[0].copy() for n, p in params.items()}
+train.chain_pushes(mx, [params[n] for n in front])
+out["chain_unchanged"] = all(bool((before[n] == p.list_grad()[0]).min().asscalar()) for n, p in params.items())
 print(json.dumps(out))
 """
 
@@ -130,6 +137,7 @@ def test_a_trainer_built_from_a_list_issues_in_the_lists_order(tmp_path):
     names = sorted(f"l{l:02d}_{k}" for l in range(6) for k in ("weight", "bias"))
     assert got["dict"] == names and got["dict"][:2] == ["l00_bias", "l00_weight"]        # l00 = the output layer
     assert got["list"] == [f"l{l:02d}_{k}" for l in range(5, -1, -1) for k in ("weight", "bias")]
+    assert got["chain_unchanged"] is True
 
 
 @pytest.mark.skipif(mxnet_python() is None, reason="no MXNet 1.9.1 Python (make mxnet, or set DPRO_MXNET_PYTHON)")

@@ -111,6 +111,26 @@ def transfer_order(spec: str, names: list[str]) -> list[str] | None:
     return out + sorted(n for n in names if n not in set(out))
 
 
+def chain_pushes(mx, params) -> None:
+    """Make the pushpull of ``params[k]`` ready only after that of ``params[k-1]`` (call after ``backward``).
+
+    MXNet's engine dispatches the pushpull ops whose gradients one backward segment completes in an order of
+    its own, not the Trainer's issue order (docs/tictac.md §4). This adds, per parameter k >= 1, two tiny
+    engine ops: ``t = zeros_like(grad[k-1][first element])`` and ``grad[k] += t`` (in place, broadcast). The pushpull of
+    key k reads ``grad[k]``, so it waits for the add, which waits for ``t``; ``t`` becomes ready together
+    with the pushpull of key k-1 and was queued before it. Cost: one pass over every gradient but the
+    first; a gradient computed early waits for the ones before it in the order (overlap with the rest of
+    the backward pass is lost when the order runs against it).
+    """
+    prev = None
+    for p in params:
+        g = p.list_grad()[0]
+        if prev is not None:
+            head = prev.reshape((-1,))[0:1]                     # a view: reading it waits for prev's writes
+            mx.nd.broadcast_add(g, mx.nd.zeros_like(head).reshape((1,) * g.ndim), out=g)
+        prev = g
+
+
 def run_worker(args: argparse.Namespace, index: int) -> None:
     import mxnet as mx
     from mxnet import autograd, gluon
@@ -135,6 +155,8 @@ def run_worker(args: argparse.Namespace, index: int) -> None:
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
+        if args.enforce == "chain" and order is not None:
+            chain_pushes(mx, trainer._params)
         trainer.step(args.batch)
         loss.wait_to_read()
         stamps.append(time.time())
@@ -166,6 +188,10 @@ def main() -> int:
     ap.add_argument("--fwd-bulk", type=int, default=0,
                     help="hybridize(forward_bulk_size=N): ops per forward engine segment (default: MXNet's 15); "
                          "1 lets layer l's forward wait for layer l's weights only")
+    ap.add_argument("--enforce", choices=("list", "chain"), default="list",
+                    help="how --order reaches the wire: 'list' (the Trainer gets the parameters as a list in that "
+                         "order: keys and issue order) or 'chain' (also each pushpull waits for the previous one's "
+                         "gradient to pass a tiny engine op: the engine dispatches them in the order)")
     ap.add_argument("--order", default="",
                     help="transfer order: PLAN.json[:recommended|tic|tac|random|default] (dpro optimize) or a "
                          "JSON list of parameter names; default: $DPRO_TRANSFER_ORDER, else Gluon's name order")
