@@ -1,7 +1,12 @@
 """When does each parameter's pushpull complete? One host of a real MXNet PS job (run with MXNet's Python).
 
+    python bench/mxnet_key_order.py --run ~/.cache/dpro-kit/mxnet-venv/bin/python --rate-mbit 200   # root
     dpro cluster --hosts 3 --rate-mbit 100 -- ~/.cache/dpro-kit/mxnet-venv/bin/python bench/mxnet_key_order.py \
-        --names reverse [--order front|ORDER.json] --json-out /tmp/keys{w}.json
+        --names reverse [--order front|ORDER.json] [--enforce chain] --json-out /tmp/keys{w}.json
+
+``--run MXPY`` (in dpro's Python) runs the job on 3 emulated hosts (2 workers + 1 server,
+``--rate-mbit``, ``--cpus-per-host``) four times -- stock Trainer, list in layer order, ``chain`` in
+name order, ``chain`` in layer order -- and prints worker 0's completion order per step.
 
 The job of ``examples/mxnet/train.py`` (same roles, model, ``--names``, ``--order``), except that after
 each ``Trainer.step`` one thread per parameter blocks in ``param.data().wait_to_read()`` -- which returns
@@ -74,8 +79,38 @@ def run_worker(args: argparse.Namespace, index: int) -> None:
                    "bytes": {p.name: int(p.data().size) * 4 for p in trainer._params}, "steps": steps}, f)
 
 
+def drive(args: argparse.Namespace) -> int:
+    import tempfile
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from dpro_kit.jobs import run_job
+    work = Path(tempfile.mkdtemp(prefix="key-order-"))
+    names = sorted(f"l{l:02d}_{k}" for l in range(6) for k in ("weight", "bias"))
+    (work / "name.json").write_text(json.dumps(names))
+    cases = {"stock (dict)": [], "list, layer order": ["--order", "front"],
+             "chain, name order": ["--order", str(work / "name.json"), "--enforce", "chain"],
+             "chain, layer order": ["--order", "front", "--enforce", "chain"]}
+    short = lambda n: n.replace("_weight", "W").replace("_bias", "b")  # noqa: E731
+    for i, (case, extra) in enumerate(cases.items()):
+        out = work / f"c{i}_{{w}}.json"
+        with open(work / f"c{i}.log", "w") as log:
+            r = run_job([args.run, __file__, "--json-out", str(out), "--names", "reverse", *extra], hosts=3,
+                        ranks_per_host=None, rate_mbit=args.rate_mbit, cpus_per_host=args.cpus_per_host,
+                        env={"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1", "PYTHONPATH": ""},
+                        log=log, timeout=200, prefix="zt", fail_fast=True)
+        if not r.ok:
+            raise SystemExit(f"{case}: job failed (exit {r.codes}); log {work}/c{i}.log")
+        d = json.loads(Path(str(out).replace("{w}", "0")).read_text())
+        print(f"{case}: issued (key 0 first) {' '.join(map(short, d['issued']))}")
+        for st in d["steps"]:
+            print("   completed (ms after step): " + " ".join(f"{short(n)}@{ms:.0f}" for n, ms in st))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", metavar="MXPY", help="drive the four cases on emulated hosts (see above)")
+    ap.add_argument("--rate-mbit", type=float, default=200.0)
+    ap.add_argument("--cpus-per-host", type=float, default=0.4)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
     ap.add_argument("--names", choices=("layer", "reverse"), default="reverse")
@@ -87,8 +122,12 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--features", type=int, default=784)
     ap.add_argument("--port", type=int, default=9391)
-    ap.add_argument("--json-out", required=True)
+    ap.add_argument("--json-out", default="")
     args = ap.parse_args()
+    if args.run:
+        return drive(args)
+    if not args.json_out:
+        ap.error("--json-out is required (or --run)")
     args.servers = 1
     host = int(os.environ.get("HOST_RANK", "0"))
     if host == 0:

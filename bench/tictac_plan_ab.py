@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
     ap.add_argument("--names", default="reverse", choices=("layer", "reverse"),
                     help="examples/mxnet/train.py --names (reverse: the stock name order sends the last layer first)")
-    ap.add_argument("--enforce", choices=("list", "chain"), default="list",
+    ap.add_argument("--enforce", choices=("list", "chain"), default="chain",
                     help="examples/mxnet/train.py --enforce for the ordered variants: 'list' (the Trainer built from a "
                          "list) or 'chain' (also a tiny engine op per gradient so the pushpulls are dispatched in order)")
     ap.add_argument("--front", action="store_true",

@@ -188,10 +188,11 @@ def main() -> int:
     ap.add_argument("--fwd-bulk", type=int, default=0,
                     help="hybridize(forward_bulk_size=N): ops per forward engine segment (default: MXNet's 15); "
                          "1 lets layer l's forward wait for layer l's weights only")
-    ap.add_argument("--enforce", choices=("list", "chain"), default="list",
-                    help="how --order reaches the wire: 'list' (the Trainer gets the parameters as a list in that "
-                         "order: keys and issue order) or 'chain' (also each pushpull waits for the previous one's "
-                         "gradient to pass a tiny engine op: the engine dispatches them in the order)")
+    ap.add_argument("--enforce", choices=("list", "chain"), default="chain",
+                    help="how --order reaches the wire: 'chain' (default: the Trainer gets the parameters as a list "
+                         "in that order, and a tiny engine op per gradient makes the engine dispatch the pushpulls "
+                         "in that order) or 'list' (the list alone: keys and issue order; MXNet's engine then "
+                         "dispatches the pushpulls of one backward segment in its own order, docs/tictac.md §4)")
     ap.add_argument("--order", default="",
                     help="transfer order: PLAN.json[:recommended|tic|tac|random|default] (dpro optimize) or a "
                          "JSON list of parameter names; default: $DPRO_TRANSFER_ORDER, else Gluon's name order")
