@@ -75,6 +75,7 @@ def transfer_order(spec: str, names: list[str]) -> list[str] | None:
     ORDER: ``recommended`` (default), ``tic``, ``tac``, ``random``) -- or a JSON file with a list of names.
     MXNet keys a parameter by its position in the Trainer's list, and every worker must use the same keys,
     so one order serves all workers: the plan's first worker's (they agree for data-parallel workers).
+    A tensor group of the plan (``plan["tensor_groups"]``, fused tensors) stands for its members, in name order.
     Parameters the order does not name follow in name order. Bad input: one line naming the file, exit 2.
     """
     path, _, which = spec.partition(":")
@@ -101,7 +102,11 @@ def transfer_order(spec: str, names: list[str]) -> list[str] | None:
                              + ", ".join(sorted(sch["orders"])) + ")")
         per_worker = sch["orders"][which]
         entries = per_worker[sorted(per_worker)[0]]
-        seq = [e["tensor"] for e in sorted(entries, key=lambda e: (e["rank"], e["tensor"], e["chunk"]))]
+        # the plan's DFG may fuse tensors into groups (plan["tensor_groups"]): a group's members go together
+        members = {g["name"]: list(g["tensors"]) for g in doc.get("tensor_groups", [])
+                   if isinstance(g, dict) and "name" in g and "tensors" in g}
+        seq = [n for e in sorted(entries, key=lambda e: (e["rank"], e["tensor"], e["chunk"]))
+               for n in sorted(members.get(e["tensor"], [e["tensor"]]))]
     known = set(names)
     unknown = sorted({n for n in seq if n not in known})
     if unknown:
