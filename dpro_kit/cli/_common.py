@@ -173,8 +173,8 @@ def straggler_options() -> Callable[[F], F]:
                               "quota's period (cpu.cfs_period_us / 1000)."),
             click.option("--recorded-quota", "recorded_quota", is_flag=True,
                          help="Replay the CPU quota each rank's cgroup had when profiled, for the ranks the kernel "
-                              "throttled (the collector's throttled_us): each op of such a rank capped at its "
-                              "median over the profiled iterations (the stops out), then the CFS model of "
+                              "throttled (the collector's throttled_us): the kernel's recorded stops taken out of "
+                              "its traced ops first (from the ops above their median), then the CFS model of "
                               "--cpu-limit with the recorded quota and period (docs/whatif.md, 'CPU quota'). "
                               "Nothing throttled: the plain replay, bit for bit."),
         ], f)
