@@ -235,6 +235,12 @@ _FIX_META = "the folder was not written by this dpro_torch or was edited; re-col
 
 # --------------------------------------------------------------------------- validation
 
+#: ``extra`` keys a collector always writes, by ``raw_format``: a manifest that lost one would be
+#: replayed with another model silently (fuzz case 54687: an MXNet manifest's ``extra`` renamed, the
+#: PS links modelled per host pair instead of per interface, +2.21 %)
+EXTRA_WRITTEN_BY: dict[str, tuple[str, ...]] = {"dpro-mxnet": ("link_model",)}
+
+
 def validate_manifest(doc: Any, path: Any = None) -> dict[str, Any]:
     """Check a ``manifest.json`` document; return it unchanged.
 
@@ -291,7 +297,14 @@ def validate_manifest(doc: Any, path: Any = None) -> dict[str, Any]:
     if bad:
         raise TraceFormatError(f"iterations must be integers, got {bad[0]!r}", path=path, record="iterations",
                                hint=_FIX_MANIFEST)
-    Facts.from_extra(doc.get("extra") or {}, path=path, strict=True)
+    extra = doc.get("extra") if isinstance(doc.get("extra"), dict) else {}
+    for key in EXTRA_WRITTEN_BY.get(doc.get("raw_format"), ()):
+        if key not in extra:
+            raise TraceFormatError(f"extra.{key} is missing: the collector of raw_format {doc['raw_format']!r} always "
+                                   "writes it, and without it the job would be replayed with another model (the "
+                                   "links per host pair instead of per interface)", path=path, record=f"extra.{key}",
+                                   hint="restore the manifest.json `dpro profile` wrote, or profile again")
+    Facts.from_extra(extra, path=path, strict=True)
     return doc
 
 

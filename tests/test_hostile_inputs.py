@@ -239,6 +239,9 @@ CASES = {
     "meta.json steps reversed (case 52369: -2.95 % silently)": (
         "ddp-2host-1000mbit", "host1/1/meta.json", lambda d: d["steps"].reverse(),
         ["host1/1/meta.json [steps[1].step]", "the steps' step must increase down the list"]),
+    "an MXNet manifest without extra (case 54687: links per host pair, +2.21 % silently)": (
+        "mxnet-ps-cnn-async-2w1s-200mbit", "manifest.json", lambda d: d.pop("extra"),
+        ["manifest.json [extra.link_model]", "extra.link_model is missing"]),
     "a Kineto event replaced by -1 (case 47722: skipped, +1.74 % silently)": (
         "ddp-2rank-gloo", "host0/1/kineto_trace.json", lambda d: d["traceEvents"].__setitem__(1544, -1),
         ["[traceEvents[1544]]", "an event must be a JSON object, not int"]),
