@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import select
-import statistics
 import subprocess
 import sys
 import textwrap
