@@ -187,7 +187,8 @@ def test_cpu_limited_from_recorded_use():
                          "h1/1": {"cpus": 0.49, "throttled_us": 6000.0, "limit_cpus": 0.5},   # 30 %: limited
                          "h2/2": {"cpus": 0.95, "throttled_us": None, "limit_cpus": 1.0},     # busy at its limit
                          "h3/3": {"cpus": float("nan"), "throttled_us": -5, "limit_cpus": "x"}}}
-    assert Facts.from_extra(extra).cpu_use["h3/3"] == {"cpus": None, "throttled_us": None, "limit_cpus": None}
+    assert Facts.from_extra(extra).cpu_use["h3/3"] == {"cpus": None, "throttled_us": None, "limit_cpus": None,
+                                                              "period_us": None}
     got = {r["node"]: r for r in cpu_limited(extra)}
     assert sorted(got) == ["h1/1", "h2/2"]
     assert got["h1/1"]["throttled_ms"] == 6.0 and abs(got["h1/1"]["throttled_share"] - 0.3) < 1e-12
