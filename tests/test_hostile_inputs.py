@@ -242,6 +242,9 @@ CASES = {
     "an MXNet manifest without extra (case 54687: links per host pair, +2.21 % silently)": (
         "mxnet-ps-cnn-async-2w1s-200mbit", "manifest.json", lambda d: d.pop("extra"),
         ["manifest.json [extra.link_model]", "extra.link_model is missing"]),
+    "MXNet params out of key order (case 55686: +5.8 % silently)": (
+        "mxnet-ps-2w1s-loopback", "host2/worker0/meta.json", lambda d: d["params"].reverse(),
+        ["host2/worker0/meta.json [params[0].key]", "the collector lists the parameters in key order"]),
     "a Kineto event replaced by -1 (case 47722: skipped, +1.74 % silently)": (
         "ddp-2rank-gloo", "host0/1/kineto_trace.json", lambda d: d["traceEvents"].__setitem__(1544, -1),
         ["[traceEvents[1544]]", "an event must be a JSON object, not int"]),

@@ -70,6 +70,11 @@ def read_meta(node_dir: Path) -> dict[str, Any]:
                 raise TraceFormatError("each 'params' entry must be {name: str, bytes: int, size: int, key: int} "
                                        f"with sizes in [0, 2^40); got {prm!r}"[:300], path=path, record=f"params[{j}]",
                                        hint="the file was damaged; profile again (dpro profile --framework mxnet)")
+            if prm.get("key", j) != j:   # fuzz case 55686: the list shuffled paired spans with other sizes, +5.8 %
+                raise TraceFormatError(f"params[{j}] has key {prm['key']}: the collector lists the parameters in key "
+                                       "order (the reader pairs the j-th push-pull of a step with key j)", path=path,
+                                       record=f"params[{j}].key",
+                                       hint="the file was damaged; profile again (dpro profile --framework mxnet)")
         st = doc["steps"]
         if (not isinstance(st, list) or len(st) < 2
                 or not all(type(x) is int and 0 <= x < 2 ** 62 for x in st[:2]) or st[0] >= st[1]):
