@@ -15,7 +15,12 @@
 #    all-reduce of the ddp part cost ~2 time slices, ~4.5 ms whatever its size: docs/accuracy.md, "On a
 #    GPU"); skipped with a line in the log when nvidia-cuda-mps-control is missing or does not start;
 # 5. (PARTS=single) one rank alone (no peer, nothing time-slices the GPU): SINGLE_CONFIGS.
-# PARTS="nccl ddp overhead mps single" picks the steps (default "nccl ddp"); the second run:
+# 6. (PARTS=big) real 50-500 MB rank files (docs/scale.md, "Real rank files from an H100"): the 2-rank
+#    DDP job of BIG_CONFIGS with a long profiled window (--steps BIG_STEPS, BIG_ITERS measured
+#    iterations after 10 of warm-up), measured without the profiler before and after like `ddp`;
+#    each rank's gzipped kineto_trace.json lands in $OUT on its own (split into 15 MB parts
+#    `*.gz.part-aa ...` if one is over 15.5 MiB: `cat` them back), the rest of the folder in big.tgz.
+# PARTS="nccl ddp overhead mps single big" picks the steps (default "nccl ddp"); the second run:
 #   PARTS="mps single" OUT=/tmp/gpu bash bench/gpu_check.sh
 # Everything lands in $OUT as tarballs; `dpro replay` runs on them on the dpro machine.
 set -u
@@ -51,6 +56,10 @@ PARTS=${PARTS:-nccl ddp}                  # any of: nccl ddp overhead mps single
 DDP_CONFIGS=${DDP_CONFIGS:-cnn:64 mlp:64}  # model:batch per rank (examples/ddp/train.py)
 MPS_CONFIGS=${MPS_CONFIGS:-cnn:64 mlp:64 transformer:64}
 SINGLE_CONFIGS=${SINGLE_CONFIGS:-cnn:64 transformer:64}
+BIG_CONFIGS=${BIG_CONFIGS:-transformer:64}
+BIG_STEPS=${BIG_STEPS:-10:130}          # ~1.5 MB of Kineto JSON per transformer:64 step and rank on the H100
+BIG_ITERS=${BIG_ITERS:-130}
+BACKEND=${BACKEND:-nccl}                # gloo: try the script's logic on a machine without a GPU
 
 # ddp_job PREFIX NPROC MODEL:BATCH: measured without the profiler, profiled (collector + NCCL plugin),
 # measured again; the trace in $W/PREFIX-MODEL-bBATCH. Fails (and runs nothing more) when the first
@@ -59,11 +68,13 @@ ddp_job() {
     local prefix=$1 n=$2 model batch name
     IFS=: read -r model batch <<< "$3"
     name=$prefix-$model-b$batch
-    local args=(examples/ddp/train.py --backend nccl --model "$model" --batch-size "$batch" --warmup 10 --iters 40 --quiet)
+    local args=(examples/ddp/train.py --backend "$BACKEND" --model "$model" --batch-size "$batch" --warmup 10
+                --iters "${JOB_ITERS:-40}" --quiet)
     ranks "$name-measured" "$n" $PY "${args[@]}" --json-out "$W/$name-measured.json" || return 1
     NCCL_PROFILER_PLUGIN=$PLUG DPRO_NCCL_TRACE=$W/$name-nccl \
-        ranks "$name-profiled" "$n" $PY -m dpro_kit profile --steps 10:15 --out "$W/$name" -- "$PY" "${args[@]}"
+        ranks "$name-profiled" "$n" $PY -m dpro_kit profile --steps "${JOB_STEPS:-10:15}" --out "$W/$name" -- "$PY" "${args[@]}"
     ranks "$name-measured2" "$n" $PY "${args[@]}" --json-out "$W/$name-measured2.json"
+    ls -la "$W/$name"/host*/*/kineto_trace.json 2>/dev/null
     gzip -q "$W/$name"/host*/*/kineto_trace.json 2>/dev/null
 }
 
@@ -123,6 +134,17 @@ if [[ " $PARTS " == *" overhead "* ]]; then
         done
     done
     (cd "$W" && tar -czf "$OUT/overhead.tgz" overhead-*.json) 2>/dev/null
+fi
+if [[ " $PARTS " == *" big "* ]]; then
+    for cfg in $BIG_CONFIGS; do
+        JOB_STEPS=$BIG_STEPS JOB_ITERS=$BIG_ITERS RANK_TIMEOUT=${BIG_TIMEOUT:-240} ddp_job big 2 "$cfg"
+    done
+    for f in "$W"/big-*/host*/*/kineto_trace.json.gz; do
+        [ -f "$f" ] || continue
+        r=${f%/kineto_trace.json.gz}; job=${r%/host*}; dst=${job##*/}.${r#$job/}; dst=$OUT/${dst//\//-}.kineto_trace.json.gz
+        if [ "$(stat -c %s "$f")" -gt 16252928 ]; then split -b 15000000 "$f" "$dst.part-"; else cp "$f" "$dst"; fi
+    done
+    (cd "$W" && tar -czf "$OUT/big.tgz" --exclude=kineto_trace.json.gz big-*) 2>/dev/null
 fi
 mkdir -p "$W/logs"; mv "$W"/*.log "$W/logs/" 2>/dev/null
 tar -C "$W" -czf "$OUT/logs.tgz" logs
