@@ -174,6 +174,21 @@ def test_csr_drops_repeated_edges_at_first_occurrence():
     assert got[1].size == keep.sum() < src.size
     empty = csr_from_edges(3, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), dedupe=True)
     assert empty[0].tolist() == [0, 0, 0, 0] and empty[1].size == 0
+    for dedupe in (False, True):       # int32 edges give int32 arrays, the same values
+        got32 = csr_from_edges(50, src.astype(np.int32), dst.astype(np.int32), dedupe=dedupe)
+        want64 = csr_from_edges(50, src, dst, dedupe=dedupe)
+        assert all(x.dtype == np.int32 and y.dtype == np.int64 and np.array_equal(x, y) for x, y in zip(got32, want64))
+
+
+def test_index_arrays_are_int32_where_they_fit():
+    """The array path's index arrays (CSR, in-degrees, devices, tie-breaks, iteration edges) are int32 (half
+    the memory and fresh pages of int64); int64 only past 2**31 - 1."""
+    import scale
+    from dpro_kit.replay.engine import index_dtype
+    cg = compile_trace(scale.tables_job(6, template_ranks=2, layers=3, buckets=2, steps=1)[0])
+    for f in ("device", "indptr", "succ", "indeg", "iter_src", "iter_dst", "tiebreak"):
+        assert getattr(cg, f).dtype == np.int32, f
+    assert index_dtype(10, 2 ** 31 - 2) is np.int32 and index_dtype(2 ** 31 - 1) is np.int64
 
 
 def test_op_keys_behave_as_the_list():

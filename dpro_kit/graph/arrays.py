@@ -75,7 +75,7 @@ def compile_trace(ts: TraceSet) -> Any:
 
 
 def _compile_trace(ts: TraceSet) -> Any:
-    from ..replay.engine import OpKeys, compile_arrays
+    from ..replay.engine import OpKeys, compile_arrays, index_dtype
 
     if any(c.algorithm != "nccl" for c in ts.collectives):
         return None
@@ -91,7 +91,8 @@ def _compile_trace(ts: TraceSet) -> Any:
     ncomb = n_ev_nodes * nop
     table = None
     if ncomb <= _DENSE_LIMIT[0] * len(ev) + _DENSE_LIMIT[1]:   # ops numbered through a dense node x op-name table
-        r0, mean, table = _group_dense(nc, oc, kc, comm, dur_ev, nop, ncomb)
+        r0, mean, table = _group_dense(nc, oc, kc, comm, dur_ev, nop, ncomb,
+                                       np.zeros(0, dtype=index_dtype(len(ev), ncomb)))
         ng = r0.size
     else:                               # many distinct op names per node: hash, then binary search
         rows = np.flatnonzero(~comm[kc])
@@ -108,7 +109,7 @@ def _compile_trace(ts: TraceSet) -> Any:
         r0 = rows[first]
     if not bool(np.all(np.isfinite(mean) & (mean >= 0))):
         return None                     # the builder's validate() words it
-    gnode, gop, gkind = nc[r0].astype(np.int64), oc[r0].astype(np.int64), kc[r0]
+    gnode, gop, gkind = nc[r0], oc[r0], kc[r0]            # (int32 / int16 codes)
     gstream, stream_u = _encode(ev["stream"], r0)  # stream only at each op's first row
     node_idx: dict[str, int] = {n: i for i, n in enumerate(node_u)}
     op_idx: dict[str, int] = {o: i for i, o in enumerate(op_u)}
@@ -233,10 +234,12 @@ def _compile_trace(ts: TraceSet) -> Any:
         return None                     # keys "node|op" might collide
     n0 = ng + len(v_left)
     # edges: the dependency lists', the collectives', then the iteration rule's, written in place into
-    # arrays sized for all of them (no concatenation; np.empty: the unused tail is never touched)
+    # arrays sized for all of them (no concatenation; np.empty: the unused tail is never touched);
+    # op indices int32 where they fit (compile_arrays then keeps int32 throughout)
     n_c = len(c_src)
-    s_all = np.empty(n_dep + n_c + n0, dtype=np.int64)
-    d_all = np.empty(n_dep + n_c + n0, dtype=np.int64)
+    dt = index_dtype(n0 + len(names), n_dep + n_c + n0)
+    s_all = np.empty(n_dep + n_c + n0, dtype=dt)
+    d_all = np.empty(n_dep + n_c + n0, dtype=dt)
     if table is not None:
         if _pairs_dense(table, nop, n_ev_nodes, seg_node, seg_var, vstart, vlen, vcodes, s_all, d_all) < 0:
             return None                 # an op only in the dependency list: contracted by the builder
@@ -253,7 +256,7 @@ def _compile_trace(ts: TraceSet) -> Any:
     d_all[n_dep:n_dep + n_c] = c_dst
     del c_src, c_dst
     s_arr, d_arr = s_all[:n_dep + n_c], d_all[:n_dep + n_c]
-    owner = np.concatenate([gnode, np.asarray(v_owner, dtype=np.int64)])
+    owner = np.concatenate([gnode.astype(dt, copy=False), np.asarray(v_owner, dtype=dt)])
     has_succ, has_pred = _local_ends(s_arr, d_arr, owner)      # (repeated edges: compile_arrays drops them)
     not_first_kind = np.array([k in _NOT_FIRST for k in kind_u], dtype=bool)
     not_first = np.concatenate([not_first_kind[gkind] if kind_u else np.zeros(0, dtype=bool),
@@ -268,7 +271,7 @@ def _compile_trace(ts: TraceSet) -> Any:
     s_all[m:m + sinks.size] = sinks
     d_all[m:m + sinks.size] = n0 + rank_of[owner[sinks]]
     s_arr, d_arr = s_all[:m + sinks.size], d_all[:m + sinks.size]
-    it_pairs = np.stack([n0 + rank_of[owner[sources]], sources], axis=1)
+    it_pairs = np.stack([n0 + rank_of[owner[sources]], sources], axis=1).astype(dt)
     node_by_rank = np.empty(n_nodes, dtype=np.int64)
     used_nodes = rank_of >= 0
     node_by_rank[rank_of[used_nodes]] = np.flatnonzero(used_nodes)
@@ -277,18 +280,19 @@ def _compile_trace(ts: TraceSet) -> Any:
     # devices: node:stream of each traced op (numbered by compile_arrays in topological order)
     nsu = max(len(stream_u), 1)
     if n_ev_nodes * nsu <= 8 * ng + (1 << 20):        # pairs numbered by first appearance (dense table)
-        dcode, nd_, dtab = _first_ids(gnode * nsu + gstream, n_ev_nodes * nsu)
+        dcode, nd_, dtab = _first_ids(gnode.astype(index_dtype(n_ev_nodes * nsu), copy=False) * nsu + gstream,
+                                      n_ev_nodes * nsu)
         seen = np.flatnonzero(dtab >= 0)
         dpairs = np.empty(nd_, dtype=np.int64)
         dpairs[dtab[seen]] = seen
     else:
-        dcode, dpairs = pd.factorize(gnode * nsu + gstream)
+        dcode, dpairs = pd.factorize(gnode.astype(np.int64) * nsu + gstream)
     dev_names: dict[str, int] = {}
     dmap = np.array([dev_names.setdefault(f"{node_u[int(x) // max(len(stream_u), 1)]}:"
                                           f"{stream_u[int(x) % max(len(stream_u), 1)]}", len(dev_names))
                      for x in np.asarray(dpairs)], dtype=np.int64)
     nv = len(v_left) + n_nodes
-    dev0 = np.concatenate([dmap[dcode] if dmap.size else np.zeros(0, dtype=np.int64), np.full(nv, -1, dtype=np.int64)])
+    dev0 = np.concatenate([dmap[dcode] if dmap.size else np.zeros(0, dtype=dt), np.full(nv, -1, dtype=dt)]).astype(dt, copy=False)
     dur = np.concatenate([mean, np.zeros(nv)])
     prio = np.concatenate([np.zeros(ng), np.asarray(v_prio, dtype=np.float64), np.zeros(n_nodes)])
     # keys "node|op" (SYNC: "|SYNC t") as codes into two name tables (OpKeys: strings on demand)
@@ -653,17 +657,17 @@ def _grown(tab, uh, nu):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _group_dense(nc, oc, kc, comm, dur, nop, ncomb):  # pragma: no cover - compiled
+def _group_dense(nc, oc, kc, comm, dur, nop, ncomb, like):  # pragma: no cover - compiled
     """Ops of the rows whose kind is not ``comm`` (per kind code): the ``(node, op)`` pairs numbered in
     order of first appearance through the dense table ``node * nop + op``, in one pass over the rows.
     Returns (each op's first row, its mean duration as :func:`_group_reduce` computes it, the table:
-    op per pair or -1).  Arrays are allocated for every row and touched only as far as used."""
-    table = np.full(ncomb, -1, dtype=np.int64)
+    op per pair or -1); index arrays in ``like``'s type (int32 where the rows fit).  Arrays are allocated for every row and touched only as far as used."""
+    table = np.full(ncomb, -1, dtype=like.dtype)        # (int32 where rows and pairs fit)
     n = nc.size
-    first = np.empty(n, dtype=np.int64)
+    first = np.empty(n, dtype=like.dtype)
     sumx = np.empty(n)
     comp = np.empty(n)
-    nobs = np.empty(n, dtype=np.int64)
+    nobs = np.empty(n, dtype=like.dtype)
     ng = 0
     for i in range(n):
         if comm[kc[i]]:
@@ -725,9 +729,9 @@ def _group_reduce(gid, ng, dur):  # pragma: no cover - compiled
 @njit(cache=True)
 def _first_ids(comb, ncomb):  # pragma: no cover - compiled
     """Ids numbered in order of first appearance for codes ``0 <= comb < ncomb`` (dense table):
-    (id per element, number of ids, id per code or -1)."""
-    table = np.full(ncomb, -1, dtype=np.int64)
-    out = np.empty(comb.size, dtype=np.int64)
+    (id per element, number of ids, id per code or -1), in ``comb``'s integer type."""
+    table = np.full(ncomb, -1, dtype=comb.dtype)
+    out = np.empty(comb.size, dtype=comb.dtype)
     ng = 0
     for i in range(comb.size):
         c = comb[i]

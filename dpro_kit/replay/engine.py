@@ -109,16 +109,17 @@ class CompiledGraph:
     """A DFG as arrays; index ``i`` is op ``keys[i]`` (keys are in a topological order).
 
     ``keys`` is a list of str, or an :class:`OpKeys` (the same strings, made on demand) where the
-    array-native compile made the graph."""
+    array-native compile made the graph; there the index arrays are int32 where they fit
+    (:func:`index_dtype`), else int64."""
 
     keys: list[str] | OpKeys
     dur: np.ndarray          # float64 us
-    device: np.ndarray       # int64, -1 = takes no device
+    device: np.ndarray       # int64 (int32: array path), -1 = takes no device
     devices: list[str]
     priority: np.ndarray     # float64, lower runs first
-    indptr: np.ndarray       # int64 CSR over successors
-    succ: np.ndarray         # int64
-    indeg: np.ndarray        # int64
+    indptr: np.ndarray       # int64 (int32: array path) CSR over successors
+    succ: np.ndarray         # as indptr
+    indeg: np.ndarray        # as indptr
     iter_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # iteration edges u -> v(next)
     iter_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: last tie-break of the device queues (after priority and ready time): the op's index
@@ -144,14 +145,21 @@ def csr_from_edges(n: int, src: np.ndarray, dst: np.ndarray, dedupe: bool = Fals
     """CSR successor arrays and in-degrees for ``n`` ops from edge arrays (each op's successors
     in the order of the edge arrays: a stable counting sort by source).  ``dedupe``: a repeated
     edge is kept at its first position only (what networkx's ``add_edge`` keeps)."""
-    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    dt = index_dtype(n, np.asarray(src).size) if np.asarray(src).dtype == np.int32 == np.asarray(dst).dtype else np.int64
+    src, dst = np.asarray(src, dtype=dt), np.asarray(dst, dtype=dt)
     return _csr_first(n, src, dst) if dedupe else _csr(n, src, dst)
+
+
+def index_dtype(*sizes: int) -> type:
+    """int32 when every index and count of arrays of these sizes fits (half the memory of int64 and
+    half the fresh pages on a first call, docs/scale.md "Fourth pass"), else int64."""
+    return np.int32 if max(sizes, default=0) < 2 ** 31 - 1 else np.int64
 
 
 @njit(cache=True)
 def _csr(n, src, dst):  # pragma: no cover - compiled
     indptr, succ = _csr_only(n, src, dst)
-    indeg = np.zeros(n, dtype=np.int64)
+    indeg = np.zeros(n, dtype=src.dtype)
     for k in range(dst.size):
         indeg[dst[k]] += 1
     return indptr, succ, indeg
@@ -161,12 +169,12 @@ def _csr(n, src, dst):  # pragma: no cover - compiled
 def _csr_only(n, src, dst):  # pragma: no cover - compiled
     """The CSR of the edges (a stable counting sort by source); ``indptr`` is the fill cursor, then
     shifted back (no separate cursor array)."""
-    indptr = np.zeros(n + 1, dtype=np.int64)
+    indptr = np.zeros(n + 1, dtype=src.dtype)
     for k in range(src.size):
         indptr[src[k] + 1] += 1
     for i in range(n):
         indptr[i + 1] += indptr[i]
-    succ = np.empty(src.size, dtype=np.int64)
+    succ = np.empty(src.size, dtype=src.dtype)
     for k in range(src.size):
         u = src[k]
         succ[indptr[u]] = dst[k]
@@ -182,8 +190,8 @@ def _csr_first(n, src, dst):  # pragma: no cover - compiled
     """:func:`_csr` keeping each edge's first occurrence only: per source, in edge order, a
     destination is kept the first time it is seen (a last-seen marker per destination)."""
     indptr, succ = _csr_only(n, src, dst)
-    mark = np.full(n, -1, dtype=np.int64)
-    indeg = np.zeros(n, dtype=np.int64)
+    mark = np.full(n, -1, dtype=src.dtype)
+    indeg = np.zeros(n, dtype=src.dtype)
     k = 0
     start = 0
     for u in range(n):
@@ -240,7 +248,7 @@ def _generations_and_starts(indptr, succ, indeg0, dur, dev0, ndev):  # pragma: n
     n = indeg0.size
     indeg = indeg0.copy()
     est = np.zeros(n)
-    order = np.empty(n, dtype=np.int64)
+    order = np.empty(n, dtype=indeg0.dtype)
     out = np.empty(n)
     remap = np.full(ndev, -1, dtype=np.int64)
     by_first = np.empty(ndev, dtype=np.int64)
@@ -360,7 +368,7 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
     n = int(np.asarray(dur0).size)
     dur0 = np.asarray(dur0, dtype=np.float64)
     ip0, s0, deg0 = csr_from_edges(n, src0, dst0, dedupe)
-    dev0 = np.asarray(dev0, dtype=np.int64)
+    dev0 = np.asarray(dev0, dtype=s0.dtype)         # (int32 where the edges came as int32 and fit)
     order, est, remap, by_first = _generations_and_starts(ip0, s0, deg0, dur0, dev0, max(len(dev_names), 1))
     if order.size < n:
         return None
@@ -372,7 +380,7 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
         k = _keys_at(keys0, np.array([o], dtype=np.int64))[0]
         raise GraphError(f"op {k!r} has duration {float(dur0[o])!r}; durations must be finite and >= 0")
     # locality_order of the generation-ordered graph: earliest starts, stable by generation index
-    loc = stable_argsort_nonneg(est)
+    loc = stable_argsort_nonneg(est, s0.dtype)
     final, inv, dur, prio, device, indptr, succ, indeg = _renumbered(
         order, loc, ip0, s0, deg0, dur0, np.asarray(prio0, dtype=np.float64), dev0, remap)
     devices = [dev_names[int(i)] for i in by_first]
@@ -393,18 +401,18 @@ def _renumbered(order, loc, ip0, s0, deg0, dur0, prio0, dev0, remap):  # pragma:
     successors are old op ``final[i]``'s in their order (what a stable counting sort of the
     renumbered edges by source gives), in-degrees carried over."""
     n = order.size
-    final = np.empty(n, dtype=np.int64)
-    inv = np.empty(n, dtype=np.int64)
+    final = np.empty(n, dtype=s0.dtype)
+    inv = np.empty(n, dtype=s0.dtype)
     for i in range(n):
         o = order[loc[i]]
         final[i] = o
         inv[o] = i
     dur = np.empty(n, dtype=np.float64)
     prio = np.empty(n, dtype=np.float64)
-    device = np.empty(n, dtype=np.int64)
-    indeg = np.empty(n, dtype=np.int64)
-    indptr = np.empty(n + 1, dtype=np.int64)
-    succ = np.empty(s0.size, dtype=np.int64)
+    device = np.empty(n, dtype=s0.dtype)
+    indeg = np.empty(n, dtype=s0.dtype)
+    indptr = np.empty(n + 1, dtype=s0.dtype)
+    succ = np.empty(s0.size, dtype=s0.dtype)
     indptr[0] = 0
     k = 0
     for i in range(n):
@@ -421,15 +429,16 @@ def _renumbered(order, loc, ip0, s0, deg0, dur0, prio0, dev0, remap):  # pragma:
     return final, inv, dur, prio, device, indptr, succ, indeg
 
 
-def stable_argsort_nonneg(x: np.ndarray) -> np.ndarray:
+def stable_argsort_nonneg(x: np.ndarray, dtype: type = np.int64) -> np.ndarray:
     """``np.argsort(x, kind="stable")`` for float64 values that are ``>= 0`` or ``-0.0`` (no NaN),
     as an LSD radix sort on the values' bits (which order as the values do): ~4x faster than
-    numpy's timsort on ~1 M earliest-start times."""
-    return _radix_argsort(np.ascontiguousarray(x, dtype=np.float64) + 0.0)     # + 0.0: -0.0 -> +0.0
+    numpy's timsort on ~1 M earliest-start times.  ``dtype``: of the indices returned."""
+    return _radix_argsort(np.ascontiguousarray(x, dtype=np.float64) + 0.0,       # + 0.0: -0.0 -> +0.0
+                          np.zeros(0, dtype=dtype))
 
 
 @njit(cache=True)
-def _radix_argsort(x):  # pragma: no cover - compiled
+def _radix_argsort(x, like):  # pragma: no cover - compiled
     n = x.size
     bits = x.view(np.uint64)
     RB = 11
@@ -440,9 +449,11 @@ def _radix_argsort(x):  # pragma: no cover - compiled
         b = bits[i]
         for p in range(P):
             hist[p, (b >> np.uint64(p * RB)) & np.uint64(R - 1)] += 1
-    idx = np.arange(n, dtype=np.int64)
+    idx = np.empty(n, dtype=like.dtype)
+    for i in range(n):
+        idx[i] = i
     key = bits                                          # (x is the caller's own copy: sorted in place)
-    idx2 = np.empty(n, dtype=np.int64)
+    idx2 = np.empty(n, dtype=like.dtype)
     key2 = np.empty(n, dtype=np.uint64)
     for p in range(P):
         h = hist[p]
@@ -725,5 +736,5 @@ def replay(g: nx.DiGraph | CompiledGraph, *, iterations: int = 1, ops: Sequence[
     return ReplayResult(graph=cg, iterations=iterations, start=start, end=end, crit_pred=crit, dev_prev=prev)
 
 
-__all__ = ["compile_arrays", "compile_graph", "CompiledGraph", "OpKeys", "csr_from_edges", "induced_subgraph", "locality_order", "renumber",
+__all__ = ["compile_arrays", "compile_graph", "CompiledGraph", "OpKeys", "csr_from_edges", "index_dtype", "induced_subgraph", "locality_order", "renumber",
            "replay", "ReplayResult", "run_kernel", "unroll"]
