@@ -218,3 +218,29 @@ def test_ps_link_calibration_counts_the_queueing_of_asynchronous_workers():
     print(f"calibrated {mbit:.1f} Mbit/s, predicted {pred:.1f} ms, the profiled window {own:.1f} ms")
     assert 110 < mbit < 260, mbit
     assert abs(pred / own - 1) < 0.15, (pred, own)
+
+
+def test_host_gaps_are_charged_to_the_next_op_unless_it_waited_for_a_pull():
+    """Hand-computed (us): ops a [0, 10000], b [12000, 20000] (2 ms between: charged to b), c [30000, 31000]
+    (a pull ended at 25000: c waited for it, not charged), d [35000, 40000] (charged)."""
+    from dpro_kit.readers.mxnet import _fold_host_gaps
+    ops = [{"start": s, "dur": e - s} for s, e in [(0, 10000), (12000, 20000), (30000, 31000), (35000, 40000)]]
+    _fold_host_gaps(ops, [25000.0])
+    assert [(o["start"], o["start"] + o["dur"]) for o in ops] == [(0, 10000), (10000, 20000), (30000, 31000),
+                                                                  (31000, 40000)]
+
+
+def test_real_cnn_trace_keeps_the_time_between_its_ops():
+    """The real dist_async CNN trace: per worker and step the compute ops (gaps charged) cover the
+    traced time from the step's first op to its last op except where a pull was awaited, so each
+    step's ops sum to at least what the ops alone recorded, and no op moved its end."""
+    from dpro_kit.readers import mxnet as R
+    s = Session(str(CNN_ASYNC))
+    ev = s.trace.events
+    comp = ev[ev["kind"].isin(["FW", "BW", "OTHER"])]
+    raw = json.loads((CNN_ASYNC / "host2/worker0/profile.json").read_text())
+    compute, _comm, _w = R._spans(raw, CNN_ASYNC / "host2/worker0/profile.json")
+    ends_raw = sorted(round(r["start"] + r["dur"], 3) for r in compute)
+    w0 = comp[comp["node"] == "host2/worker0"]
+    assert sorted(round(x, 3) for x in (w0["start"] + w0["dur"])) == ends_raw
+    assert w0["dur"].sum() > sum(r["dur"] for r in compute)

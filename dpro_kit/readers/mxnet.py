@@ -26,6 +26,7 @@ What becomes of the dump (docs/ps.md, "What MXNet 1.9.1 records"):
 """
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from pathlib import Path
@@ -282,6 +283,29 @@ def _push_gates(ops: list[dict], spans: list[dict], bw_ops: set[str], n_keys: in
     return keys, gates
 
 
+def _fold_host_gaps(ops: list[dict], pull_ends: list[float]) -> None:
+    """One step's compute ops (by start): the time between an op and the end of the ops before it is
+    charged to the op (``start`` moves back, ``dur`` grows), unless a push-pull span of the worker
+    ended in that time (the op waited for a pulled weight, e.g. the ``CopyCPU2CPU`` after a pull).
+
+    The DFG chains a worker's compute ops without gaps, but the step also spends time between them:
+    the Trainer's Python code dispatching the pushes, the engine's ``WaitForVar`` (dropped from the
+    ops), and, on a host with a CPU quota, the stops that fall between two ops.  Without it every PS
+    row was predicted 1-10 % short (docs/ps.md, "Host gaps").  The first op of a step keeps its start.
+    """
+    if not ops:
+        return
+    prev_end = ops[0]["start"] + ops[0]["dur"]
+    for r in ops[1:]:
+        end = r["start"] + r["dur"]
+        if r["start"] > prev_end:
+            i = bisect.bisect_right(pull_ends, prev_end)
+            if not (i < len(pull_ends) and pull_ends[i] <= r["start"] + GATE_SLACK_US):
+                r["dur"] += r["start"] - prev_end
+                r["start"] = prev_end
+        prev_end = max(prev_end, end)
+
+
 def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     """One node's :class:`~dpro_kit.trace.NodeTrace` (a server: no events, its collectives come from the workers)."""
     meta = read_meta(node_dir)
@@ -329,6 +353,9 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
             mine.append({"op": op, "name": nm, "kind": kind, "iteration": a + i, "start": r["start"], "dur": r["dur"]})
         recs.extend(mine)
         step_recs.append(mine)
+    pull_ends = sorted(r["start"] + r["dur"] for r in comm)
+    for mine in step_recs:
+        _fold_host_gaps(mine, pull_ends)
     ids = order
     common = set.intersection(*({r["op"] for r in mine} for mine in step_recs))
     bws = [o for o in order if o in common and any(r["op"] == o and r["kind"] == "BW" for r in recs)]
