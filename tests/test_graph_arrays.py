@@ -275,6 +275,17 @@ def test_encode_buffers_is_arrows_dictionary_encode():
         codes, uniq = _encode_buffers(rep, None, runs)
         assert np.array_equal(codes, np.concatenate([c.indices.to_numpy() for c in ref.chunks]))
         assert uniq == ref.chunks[0].dictionary.to_pylist()
+    # rows ``at`` of repeated chunks: the same rows of a repeated chunk (codes copied), other rows of one
+    lens = np.cumsum([0] + [len(c) for c in rep.chunks])
+    pick = np.unique(rng.integers(0, 5_000, 900))
+    sel = [pick + lens[i] for i in range(len(rep.chunks))]
+    sel[5] = np.unique(rng.integers(0, 5_000, 900)) + lens[5]     # other rows of a repeated chunk
+    sel[8] = pick[:-1] + lens[8]                                   # one row fewer
+    at_rep = np.concatenate(sel)
+    codes, uniq = _encode_buffers(rep, at_rep, False)
+    ref = pc.dictionary_encode(rep.take(pa.array(at_rep)))
+    assert np.array_equal(codes, np.concatenate([c.indices.to_numpy() for c in ref.chunks]))
+    assert uniq == ref.chunks[0].dictionary.to_pylist()
     assert _encode_buffers(col, None, False) is None          # few repeats, many values: Arrow hashes them
     many = pa.chunked_array([pa.array(vocab[:20_000], type=pa.large_string()),
                              pa.array(vocab[20_000:] + vocab[:5], type=pa.large_string())])

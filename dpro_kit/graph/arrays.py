@@ -410,7 +410,8 @@ def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False, dtype: 
     gives (first appearance; equal UTF-8 bytes = equal value), in one int16 array (int32 if there are
     more than 32,768 distinct values: then encoded again; less fresh memory).  A chunk equal byte
     for byte to an earlier chunk of the same size and sampled bytes (:func:`_chunk_print`) (:func:`_same_chunk`) takes that chunk's
-    codes (it has no new value, so the numbering is unchanged).  None: a chunk has nulls, or (neither
+    codes (it has no new value, so the numbering is unchanged); with ``at``, when the same rows of both are
+    selected.  None: a chunk has nulls, or (neither
     ``at`` nor ``runs``) more than a quarter of the rows would be hashed here (Arrow then)."""
     import pyarrow as pa
     chunks = [c for c in (arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]) if len(c)]
@@ -452,20 +453,20 @@ def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False, dtype: 
             if j < 0:
                 return False            # more values than the codes' type holds
             tab = _grown(tab, uh, int(st[0]))
+    rep = [-1] * len(bufs)                              # the earlier chunk each one repeats, or -1
+    cands: dict[tuple[int, int], list[int]] = {}
+    for ci, (offs, data, words) in enumerate(bufs):
+        lst = cands.setdefault((offs.size, total_of[ci], _chunk_print(offs, data)), [])
+        for j, pj in enumerate(lst):
+            if _same_chunk(offs, data, words, *bufs[pj]):
+                rep[ci] = pj
+                if j:
+                    lst.insert(0, lst.pop(j))
+                break
+        else:
+            lst.insert(0, ci)
+            del lst[8:]
     if at is None:
-        rep = [-1] * len(bufs)                          # the earlier chunk each one repeats, or -1
-        cands: dict[tuple[int, int], list[int]] = {}
-        for ci, (offs, data, words) in enumerate(bufs):
-            lst = cands.setdefault((offs.size, total_of[ci], _chunk_print(offs, data)), [])
-            for j, pj in enumerate(lst):
-                if _same_chunk(offs, data, words, *bufs[pj]):
-                    rep[ci] = pj
-                    if j:
-                        lst.insert(0, lst.pop(j))
-                    break
-            else:
-                lst.insert(0, ci)
-                del lst[8:]
         if not runs and sum(int(m) for m, r in zip(lens, rep) if r < 0) > n // 4:
             return None
         row_of = np.concatenate([[0], np.cumsum(lens)])
@@ -479,15 +480,24 @@ def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False, dtype: 
                 return _encode_buffers(arr, at, runs, np.int32)
             k += m
     else:
+        # rows ``at`` of each chunk; a chunk that repeats an earlier one with the same rows selected (ranks
+        # with the same op sequence) takes that chunk's codes
         at = np.asarray(at, dtype=np.int64)
         bounds = np.searchsorted(at, np.concatenate([[0], np.cumsum(lens)]))
-        row0 = 0
-        for (offs, data, _), a, b in zip(bufs, bounds[:-1], bounds[1:]):
+        row_of = np.concatenate([[0], np.cumsum(lens)])
+        seg: list[tuple[int, int, int]] = []             # per chunk: (its first code's place, a, b)
+        for ci, ((offs, data, _), a, b) in enumerate(zip(bufs, bounds[:-1], bounds[1:])):
+            a, b = int(a), int(b)
+            seg.append((k, a, b))
             if b > a:
-                if not run(offs, data, at[a:b] - row0, False, int(b - a)):
+                pj = rep[ci]
+                kj, aj, bj = seg[pj] if pj >= 0 else (0, 0, -1)
+                if bj - aj == b - a and bool(np.all(at[a:b] - at[aj:bj] == row_of[ci] - row_of[pj])):
+                    codes[k:k + b - a] = codes[kj:kj + b - a]
+                    st[1] = codes[k + b - a - 1]
+                elif not run(offs, data, at[a:b] - row_of[ci], False, b - a):
                     return _encode_buffers(arr, at, runs, np.int32)
-                k += int(b - a)
-            row0 += offs.size - 1
+                k += b - a
     nu = int(st[0])
     pb = pool[:int(poff[nu])].tobytes()
     po = poff[:nu + 1].tolist()
