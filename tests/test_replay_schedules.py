@@ -451,3 +451,95 @@ def test_execution_graph_of_several_iterations_uses_key_iteration_pairs():
     assert h.edges[("B", 0), ("B", 1)].get("order") is True
     assert "order" not in h.edges[("A", 0), ("A", 1)]
     assert h.nodes[("B", 1)]["start"] == 8 and h.nodes[("B", 1)]["end"] == 13
+
+
+# --------------------------------------------------------------------------- the kernel's event structures
+
+def heapq_replay(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak):
+    """The kernel's rules (module docstring of dpro_kit/replay/_kernel.py) with one ``heapq`` of
+    ``(time, key)`` events -- key ``i < n``: op ``i`` released, ``n + d``: device ``d`` wakes up, ``n + ndev
+    + d``: its deferred wake-up -- instead of the kernel's radix heap of future instants plus a heap of the
+    current instant's keys; the kernel must give the same schedule, op for op."""
+    import heapq
+    n = len(dur)
+    w1, w2 = n, n + ndev
+    ready, rpred, indeg = [float(x) for x in ready0], [-1] * n, [int(x) for x in indeg0]
+    start, end, crit, prev = [0.0] * n, [0.0] * n, [-1] * n, [-1] * n
+    clock, last, waiting, deferred = [0.0] * ndev, [-1] * ndev, [False] * ndev, [float("-inf")] * ndev
+    queues: list[list] = [[] for _ in range(ndev)]
+    ev = [(ready[i], i) for i in range(n) if indeg[i] == 0]
+    heapq.heapify(ev)
+    done = 0
+    while ev:
+        t, x = heapq.heappop(ev)
+        if x < w1:
+            d = int(device[x])
+            if d >= 0:                              # into its device's queue
+                heapq.heappush(queues[d], (priority[x], t, int(tiebreak[x]), x))
+                if not waiting[d]:
+                    waiting[d] = True
+                    heapq.heappush(ev, (max(clock[d], t), w1 + d))
+                elif dur[x] == 0.0 and deferred[d] == t and clock[d] <= t:
+                    heapq.heappush(ev, (t, w1 + d))
+                continue
+            o, e = x, t + dur[x]
+            start[o], end[o], crit[o], prev[o] = t, e, rpred[o], -1
+        else:
+            d, flag = (x - w1, 1) if x < w2 else (x - w2, 2)
+            if clock[d] > t:
+                continue
+            if not queues[d]:
+                waiting[d] = False
+                continue
+            _, r, _, o = queues[d][0]
+            if flag == 1 and dur[o] > 0.0:          # zero-time ops released at t go first
+                deferred[d] = t
+                heapq.heappush(ev, (t, w2 + d))
+                continue
+            heapq.heappop(queues[d])
+            e = t + dur[o]
+            start[o], end[o] = t, e
+            crit[o] = last[d] if last[d] >= 0 and clock[d] >= r else rpred[o]
+            prev[o], last[d], clock[d] = last[d], o, e
+            if queues[d]:
+                heapq.heappush(ev, (e, w1 + d))
+            else:
+                waiting[d] = False
+        done += 1
+        for k in range(indptr[o], indptr[o + 1]):
+            v = int(succ[k])
+            if e >= ready[v]:
+                ready[v], rpred[v] = e, o
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(ev, (ready[v], v))
+    return start, end, crit, prev, done
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_kernel_equals_one_heap_event_loop(seed):
+    """simulate == heapq_replay on random DAGs: ties and zero-time ops, device-less ops, priorities,
+    negative and zero ready times, times from 1e-9 to 1e12 (the radix heap's buckets), int32 and int64."""
+    import numpy as np
+    from dpro_kit.replay._kernel import simulate
+    from dpro_kit.replay.engine import csr_from_edges
+    rng = np.random.default_rng(seed)
+    for it in range(150):
+        n, ndev = int(rng.integers(1, 120)), int(rng.integers(1, 5))
+        a, b = rng.integers(0, n, 3 * n), rng.integers(0, n, 3 * n)
+        keep = a != b
+        src, dst = np.minimum(a, b)[keep], np.maximum(a, b)[keep]
+        dur = [rng.integers(0, 4, n).astype(float), rng.choice([0.0, 1e-9, 1.0, 1e6, 1e12], n),
+               np.round(rng.exponential(10.0, n), 1) * (rng.random(n) > 0.2)][it % 3]
+        dev = rng.integers(-1, ndev, n)
+        prio = rng.integers(0, 3, n).astype(float) if it % 2 else np.zeros(n)
+        ready = rng.choice([0.0, -5.0, 3.0, -0.0], n) if it % 5 == 0 else np.zeros(n)
+        tb = rng.permutation(n)
+        ip, sc, deg = csr_from_edges(n, src, dst)
+        want = heapq_replay(dur, dev, prio, ip, sc, deg, ready, ndev, tb)
+        dt = np.int32 if it % 2 else np.int64
+        got = simulate(dur, dev.astype(dt), prio, ip.astype(dt), sc.astype(dt), deg.astype(dt), ready, ndev,
+                       tb.astype(dt))
+        assert got[4] == want[4] == n
+        for g, w in zip(got[:4], want[:4]):
+            assert g.tolist() == list(w)
