@@ -3,6 +3,8 @@
     python bench/scale.py                                  # 64, 128, 256 ranks (a few minutes)
     python bench/scale.py --ranks 1024 --repeat 1          # the 1,024-rank point (~250 MB of JSON)
     python bench/scale.py --ranks 64 --keep /tmp/job64     # keep the generated traces
+    python bench/scale.py --trace /work/gpu-big/h100-86mb/big-transformer-b64 --store --arrays
+                                                           # an existing (real) trace folder instead
 
 For each rank count a job's plain torch.profiler (Kineto) traces are generated
 into a temporary folder (deleted afterwards unless ``--keep``; never in the
@@ -298,6 +300,23 @@ def tables_job(ranks: int, *, template_ranks: int = 8, **kw):
     return replicate_job(tpl, ranks, seed=kw.get("seed", 0)), info["bytes"] / template_ranks
 
 
+def trace_info(d: Path) -> dict:
+    """An existing trace folder's size: rank folders (``<host>/<rank>/`` with a Kineto file, or plain
+    ``*.json[.gz]`` files) and the Kineto JSON's bytes, uncompressed (a ``.gz``'s trailer: size mod 4 GiB)."""
+    files = sorted(d.glob("*/*/kineto_trace.json*")) or sorted(p for p in d.glob("*.json*") if p.name != "manifest.json")
+    if not files:
+        raise SystemExit(f"{d}: no Kineto trace found (<host>/<rank>/kineto_trace.json[.gz] or *.json[.gz])")
+    size = 0
+    for f in files:
+        if f.suffix == ".gz":
+            with open(f, "rb") as fh:
+                fh.seek(-4, os.SEEK_END)
+                size += int.from_bytes(fh.read(4), "little")
+        else:
+            size += f.stat().st_size
+    return {"ranks": len(files), "bytes": size, "file_bytes": sum(f.stat().st_size for f in files), "events_raw": None}
+
+
 # --------------------------------------------------------------------------- one measurement (child process)
 
 def _rss_mb() -> float:
@@ -403,8 +422,9 @@ def measure_child(trace_dir: str, mode: str = "full") -> dict:
         from dpro_kit.graph.arrays import compile_trace
         stage("arrays", lambda: compile_trace(ts))
         cg = state["arrays"]
-        if cg is None:
-            raise SystemExit("compile_trace does not cover this job")
+        if cg is None:               # e.g. a dpro collector's trace (not the plain NCCL barrier scheme)
+            out["not_covered"] = True
+            return out
         out["ops"] = cg.n
         stage("replay", lambda: replay(cg))
         out["iteration_time_us"] = float(state["replay"].iteration_time_us)
@@ -610,6 +630,10 @@ def main(argv: list[str] | None = None) -> int:
                          "root only): a scheduler on one host, one worker on each of K others, load_trace("
                          "scheduler='tcp://...') checked equal to the serial load; --repeat fresh processes")
     ap.add_argument("--netns-prefix", default="dpk", help="name prefix of the namespaces --dask-hosts makes")
+    ap.add_argument("--trace", metavar="DIR", action="append",
+                    help="measure this existing trace folder (e.g. real GPU ranks recorded by bench/gpu_check.sh "
+                         "PARTS=big) instead of generated jobs; repeatable; 'ranks' = its rank folders, 'JSON MB' = "
+                         "its Kineto JSON uncompressed (a .gz's trailer); --ranks/--layers/... are ignored")
     ap.add_argument("--child", metavar="TRACE_DIR", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="full", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -619,16 +643,27 @@ def main(argv: list[str] | None = None) -> int:
     ranks = [int(s) for s in a.ranks.split(",") if s.strip()]
     if a.tables:
         return tables_main(a, ranks)
-    print(f"dpro_kit scale: generated torch.profiler jobs ({a.layers} layers, {a.buckets} buckets, {a.steps} steps, "
-          f"classes {a.classes or 'none (every rank jittered)'}); {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.2f}; {a.repeat} fresh process(es) per point")
+    if a.trace:
+        print(f"dpro_kit scale: existing trace folders {', '.join(a.trace)}; {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.2f}; {a.repeat} fresh process(es) per point")
+        points = [(Path(t), trace_info(Path(t))) for t in a.trace]
+    else:
+        print(f"dpro_kit scale: generated torch.profiler jobs ({a.layers} layers, {a.buckets} buckets, {a.steps} steps, "
+              f"classes {a.classes or 'none (every rank jittered)'}); {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.2f}; {a.repeat} fresh process(es) per point")
+        points = [(None, n) for n in ranks]
     rows = []
-    for n in ranks:
-        base = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="dpro-scale-"))
-        d = base / f"ranks{n}"
+    for d, n in points:
+        base = Path(a.keep) if a.keep and d is None else Path(tempfile.mkdtemp(prefix="dpro-scale-"))
+        if d is None:
+            d = base / f"ranks{n}"
+        else:
+            n = n["ranks"]
         try:
             t0 = time.perf_counter()
-            if not (d.is_dir() and len(list(d.glob("rank*.json"))) == n):
+            if a.trace:
+                info = trace_info(d)
+            elif not (d.is_dir() and len(list(d.glob("rank*.json"))) == n):
                 info = write_job(d, n, layers=a.layers, buckets=a.buckets, steps=a.steps, seed=a.seed,
                                  classes=a.classes)
             else:
@@ -663,10 +698,10 @@ def main(argv: list[str] | None = None) -> int:
                 srow.update(info)
                 row["sym"] = srow
             rows.append(row)
-            print(f"  ... {n} ranks: {info['bytes'] / 1e6:.0f} MB generated in {gen_s:.1f} s; stages "
-                  f"{row['total_s']:.1f} s", flush=True)
+            print(f"  ... {n} ranks: {info['bytes'] / 1e6:.0f} MB {'found' if a.trace else 'generated'} in "
+                  f"{gen_s:.1f} s; stages {row['total_s']:.1f} s", flush=True)
         finally:
-            if not a.keep:
+            if not a.keep or a.trace:
                 shutil.rmtree(base, ignore_errors=True)
             elif a.store:
                 shutil.rmtree(base / f"cache{n}", ignore_errors=True)
@@ -685,6 +720,11 @@ def main(argv: list[str] | None = None) -> int:
         print("-" * len(head))
         for r in rows:
             x = r["arrays"]
+            if x.get("not_covered"):
+                print(f"{r['ranks']:>6,} {r['ops']:>10,} {r['build_s'] + r['compile_s']:>18.2f} "
+                      f"{r['build_cpu_s'] + r['compile_cpu_s']:>6.2f}  compile_trace does not cover this job "
+                      "(networkx path only)")
+                continue
             same = "yes" if x["iteration_time_us"] == r["iteration_time_us"] and x["ops"] == r["ops"] else "NO"
             t = x["arrays_s"] + x["replay_s"]
             print(f"{r['ranks']:>6,} {x['ops']:>10,} {r['build_s'] + r['compile_s']:>18.2f} "
