@@ -299,11 +299,11 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
                                path=node_dir / "meta.json",
                                hint="profile the job with `dpro profile` and Horovod's DistributedOptimizer")
     tpath = TK._file_of(node_dir, meta, "trace_file", "trace_file", "the file was damaged; profile again")
-    doc = K.load_doc(tpath)
+    kt, doc = K.read_file(tpath)     # streamed, as torch_kineto.read_node
     facts = manifest.facts
     extra: dict[str, Any] = {}
     nt = TK.parse_node(meta, doc, path=tpath, fold_gaps=facts.host_gaps != "keep",
-                       overhead=facts.profiler_overhead, extra=extra)
+                       overhead=facts.profiler_overhead, extra=extra, kt=kt)
     tl_path = TK._file_of(node_dir, {"timeline_file": hv.get("timeline_file") or TIMELINE_FILE}, "timeline_file",
                           "horovod.timeline_file", "the file was damaged; profile again")
     resp = responses(load_timeline(tl_path))

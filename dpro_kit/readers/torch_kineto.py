@@ -220,7 +220,7 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
     node_dir = Path(node_dir)
     meta = _load_meta(node_dir)
     tpath = _file_of(node_dir, meta, "trace_file", "trace_file", "the file was damaged; profile again")
-    doc = K.load_doc(tpath)
+    kt, doc = K.read_file(tpath)     # streamed: never the whole document (docs/reliability.md, "Memory")
     facts = manifest.facts
     fold_gaps = facts.host_gaps != "keep"
     overhead = facts.profiler_overhead
@@ -234,7 +234,7 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
         ring = (rpath, read_json(rpath))
     ranks = {int(i.rank): n for n, i in manifest.nodes.items() if i.role == "worker"}
     return parse_node(meta, doc, path=tpath, fold_gaps=fold_gaps, overhead=overhead, ring=ring,
-                      node_of_rank=ranks)
+                      node_of_rank=ranks, kt=kt)
 
 
 def read_op_shapes(node_dir: Path) -> dict[str, dict[str, Any]]:
@@ -862,7 +862,7 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
                overhead: str = "window", ring: tuple[Path, Any] | None = None,
                node_of_rank: dict[int, str] | None = None,
                op_args: dict[str, dict[str, Any]] | None = None,
-               extra: dict[str, Any] | None = None) -> NodeTrace:
+               extra: dict[str, Any] | None = None, kt: K.KinetoTrace | None = None) -> NodeTrace:
     """One rank's trace: the generic Kineto layer's events and call trees (:mod:`.kineto`), read
     with what the collector's markers and ``meta.json`` say (the module docstring, step by step).
 
@@ -871,7 +871,8 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
     meta : dict
         The rank's ``meta.json``.
     doc : dict
-        Its Kineto document (:func:`dpro_kit.readers.kineto.load_doc`).
+        Its Kineto document (:func:`dpro_kit.readers.kineto.load_doc`), or with ``kt`` the stand-in
+        :func:`dpro_kit.readers.kineto.read_file` returns.
     path : Path
         The Kineto file, named in errors.
     fold_gaps : bool
@@ -889,9 +890,11 @@ def parse_node(meta: dict[str, Any], doc: dict[str, Any], *, path: Path, fold_ga
         Receives what a reader that adds its own collectives needs: ``wait_op`` (the op that
         waits for the collectives), ``grad_ready`` (parameter index -> [(iteration, op id,
         time in us)]) and ``iterations`` ([(start us, end us, step)]), times on the Unix clock.
+    kt : KinetoTrace, optional
+        ``doc`` already parsed (:func:`dpro_kit.readers.kineto.read_file`).
     """
     mk = _marker_names(meta)
-    kt = K.parse(doc, path)
+    kt = K.parse(doc, path) if kt is None else kt
     main_key = _training_thread(kt, meta, path)
     markers = [e for e in _in_file_order(kt.cpu[main_key]) if _is_marker(e)]
     main = [e for e in _in_file_order(kt.cpu[main_key]) if not _is_marker(e)]
