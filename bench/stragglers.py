@@ -15,8 +15,10 @@ budget: ``dpro_kit.jobs.run_job(cpus_per_host=..., cpu_period_us=10000)``):
 2. every job (balanced and each injection) without the profiler, ``--rounds`` times in
    alternating order; measured slowdown = median(injected) / median(balanced), per-round pairs;
 3. the reverse direction: the job with host S at 1/``--reverse`` of the budget under
-   ``dpro profile``: ``dpro replay --stragglers`` must name host S first, and its saving (``--like-median S`` over every profiled iteration)
-   predicts the speed-up of fixing it (measured: median(slowed) / median(balanced)).
+   ``dpro profile`` (``--reverse-profiles`` times, interleaved with the rounds like the balanced
+   profiles): ``dpro replay --stragglers`` must name host S first on each, and its saving
+   (``--like-median S`` over every profiled iteration) predicts the speed-up of fixing it, median
+   over the slowed profiles (measured: median(slowed) / median(balanced)).
 
 The CFS period is 10 ms (``--period-us``): with the kernel's 100 ms, a cut budget stalls a
 ~30 ms iteration between ops and in communication waits instead of slowing the computation
@@ -175,9 +177,15 @@ def repredict(rows_file: Path, only: str | None = None) -> int:
             continue
         if r["direction"] == "fix":
             s = int(r["injected"].split("host", 1)[1].split()[0])
-            att = Bench.replay(t, ["--stragglers"])["stragglers"]
-            now, then, m = fix_speedup(att, s, t), r["predicted_speedup"], r["measured_speedup"]
-            note = f" (first named: then {r.get('attribution_first')}, now {att.get('first')})"
+            per, firsts = [], []
+            for t_ in traces:           # every slowed profile (--reverse-profiles), median of their fixes
+                att = Bench.replay(t_, ["--stragglers"])["stragglers"]
+                per.append(fix_speedup(att, s, t_))
+                firsts.append(att.get("first"))
+            now, then, m = statistics.median(per), r["predicted_speedup"], r["measured_speedup"]
+            if m is None:
+                continue
+            note = f" (first named: then {r.get('attribution_first')}, now {', '.join(map(str, firsts))})"
         else:
             now_ms = statistics.median(base[t_]["iteration_time_ms"] for t_ in traces)
             print(f"| {r['rate']:g} | balanced | {r['predicted_ms']:.3f} ms | {now_ms:.3f} ms | "
@@ -227,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuts", default="1.25,1.5,2", help="CPU-budget cuts F (host gets cpus/F)")
     ap.add_argument("--link-cuts", default="0.5", help="link-rate factors f (host's rate x f)")
     ap.add_argument("--reverse", type=float, default=1.5, help="profile the job with this cut and predict the fix (0: skip)")
+    ap.add_argument("--reverse-profiles", type=int, default=1,
+                    help="profile the slowed job of --reverse this many times (like --profiles: before the rounds and "
+                         "after evenly spaced rounds; one: after the rounds); the predicted fix is the median over them")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=8)
@@ -261,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     K = max(1, a.profiles)
     # the balanced job is profiled K times: before the rounds and after evenly spaced rounds
     prof_after = {max(0, round(j * a.rounds / (K - 1)) - 1) for j in range(1, K)} if K > 1 else set()
+    # the slowed job of the reverse rows likewise, --reverse-profiles times (one: after the rounds)
+    KR = max(1, a.reverse_profiles)
+    rev_after = {max(0, round(j * a.rounds / (KR - 1)) - 1) for j in range(1, KR)} if KR > 1 else set()
     for model in a.models.split(","):
         for rate in [float(r) for r in a.rates.split(",")]:
             rates = [rate] * H
@@ -294,7 +308,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  balanced profile {prof['tag']}: predicted {base_pred:.3f} ms (measured without the profiler in "
                       f"that job: {prof['ms']:.3f} ms)", flush=True)
 
+            slowed_profs: list[dict[str, Any]] = []
+            slow_cpus = [a.cpus / a.reverse if i == S else a.cpus for i in range(H)] if a.reverse else None
+
+            def profile_slowed() -> None:
+                sp = b.job(model, rates, slow_cpus, profile=True)
+                slowed_profs.append(sp)
+                print(f"  slowed profile {sp['tag']} (host{S} at 1/{a.reverse:g}; measured without the profiler "
+                      f"in that job: {sp['ms']:.3f} ms)", flush=True)
+
             profile_balanced()
+            if a.reverse and KR > 1:
+                profile_slowed()
             meas: dict[str, list[float]] = {k: [] for k in variants}
             for rnd in range(a.rounds):
                 order = list(variants) if rnd % 2 == 0 else list(reversed(variants))
@@ -305,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  round {rnd + 1} {k:<22} {j['ms']:8.3f} ms", flush=True)
                 if rnd in prof_after:
                     profile_balanced()
+                if a.reverse and rnd in rev_after:
+                    profile_slowed()
+            if a.reverse and KR == 1:
+                profile_slowed()          # one slowed profile: after the rounds (the bench's rule before --reverse-profiles)
             mb = statistics.median(meas["balanced"])
             for k, (_, _, how) in variants.items():
                 if k == "balanced":
@@ -347,25 +376,37 @@ def main(argv: list[str] | None = None) -> int:
             if a.reverse:
                 F = a.reverse
                 k = f"cpu host{S} x1/{F:g}"
-                slow_cpus = [a.cpus / F if i == S else a.cpus for i in range(H)]
-                sp = b.job(model, rates, slow_cpus, profile=True)
-                rep = b.replay(sp["trace"], ["--stragglers"])
-                att = rep.get("stragglers", {})
-                slow_pred = rep["iteration_time_ms"]
-                fixed = slow_pred / fix_speedup(att, S, sp["trace"])
                 ms = statistics.median(meas[k]) / mb if k in meas else None
+                per_sp, firsts, slow_preds, atts = [], [], [], []
+                for sp in slowed_profs:
+                    rep = b.replay(sp["trace"], ["--stragglers"])
+                    att = rep.get("stragglers", {})
+                    slow_preds.append(rep["iteration_time_ms"])
+                    per_sp.append(fix_speedup(att, S, sp["trace"]))
+                    firsts.append(att.get("first"))
+                    atts.append(att)
+                    print(f"  reverse profile {sp['tag']}: first named {att.get('first')}, fix predicted "
+                          f"x{per_sp[-1]:.3f}", flush=True)
+                pred = statistics.median(per_sp)
+                slow_pred = statistics.median(slow_preds)
                 rows.append({"model": model, "rate": rate, "injected": k, "direction": "fix",
-                             "predicted_ms": round(fixed, 3), "predicted_slowed_ms": round(slow_pred, 3),
-                             "predicted_speedup": round(slow_pred / fixed, 4),
+                             "predicted_ms": round(slow_pred / pred, 3), "predicted_slowed_ms": round(slow_pred, 3),
+                             "predicted_speedup": round(pred, 4),
+                             "per_profile_speedup": [round(x, 4) for x in per_sp],
+                             "per_profile_slowed_ms": [round(x, 3) for x in slow_preds],
+                             "slowed_profiled_jobs_measured_ms": [round(sp["ms"], 3) for sp in slowed_profs],
                              "measured_speedup": round(ms, 4) if ms else None,
-                             "error_pct": pct((slow_pred / fixed) / ms - 1.0) if ms else None,
-                             "attribution_first": att.get("first"), "cpu_use": cpu_use(sp["trace"]),
-                             "attribution": [{k2: r.get(k2) for k2 in ("node", "saved_ms", "compute_vs_median",
-                                                                        "late_start_ms", "throttled_ms")}
-                                             for r in att.get("ranks", [])],
-                             "trace": sp["trace"]})
-                print(f"  reverse: profiled host{S} at 1/{F:g}: first named {att.get('first')}, "
-                      f"fix predicted x{slow_pred / fixed:.3f}, measured x{ms if ms else float('nan'):.3f}", flush=True)
+                             "error_pct": pct(pred / ms - 1.0) if ms else None,
+                             "attribution_first": max(set(firsts), key=firsts.count),
+                             "attribution_first_per_profile": firsts,
+                             "cpu_use": [cpu_use(sp["trace"]) for sp in slowed_profs],
+                             "attribution": [[{k2: r.get(k2) for k2 in ("node", "saved_ms", "compute_vs_median",
+                                                                         "late_start_ms", "throttled_ms")}
+                                              for r in att_.get("ranks", [])] for att_ in atts],
+                             "trace": slowed_profs[0]["trace"], "traces": [sp["trace"] for sp in slowed_profs]})
+                print(f"  reverse: profiled host{S} at 1/{F:g} x{len(slowed_profs)}: first named {firsts}, "
+                      f"fix predicted x{pred:.3f} (per profile {', '.join(f'{x:.3f}' for x in per_sp)}), "
+                      f"measured x{ms if ms else float('nan'):.3f}", flush=True)
             (a.out / "rows.json").write_text(json.dumps(rows, indent=1))
     print()
     print("| model | Mbit/s | injected | predicted slowdown (median of profiles) | measured slowdown (per round) | error |"
