@@ -51,6 +51,95 @@ DPRO = [PY, "-m", "dpro_kit.cli"]
 BATCH = {"mlp": 64, "cnn": 32, "transformer": 8}
 
 
+class SchedPoll:
+    """Per emulated host, how long its threads waited for a core while the job trained (``--sched``).
+
+    Polls, every ``interval`` s while a job runs, ``/proc/<tid>/schedstat`` (CPU time, run-queue
+    wait) of every thread in the job's host cgroups (``<prefix>-<bench pid>-*/host<i>``, made by
+    ``dpro_kit.jobs.CpuBudget``) and each group's ``cpu.stat`` ``throttled_time``.  A thread that is
+    runnable but not running counts as waiting, whether no core was free or its group's quota
+    was spent, so the wait for a core is ``wait - throttled`` (a check with a lone busy thread at
+    0.3 CPU: wait 1.55 s, throttled 1.04 s, on a machine with other load).  Only the training
+    window counts: it ends when the rank's main thread (the one with the most CPU) stops
+    computing and is as long as the rank's measured iterations (``times.json``).
+    """
+
+    def __init__(self, prefix: str, interval: float = 0.1) -> None:
+        import threading
+        self.glob = f"{prefix}-{os.getpid()}-*/host*"
+        self.interval = interval
+        self.samples: list[tuple[float, dict[str, dict]]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "SchedPoll":
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+    def _run(self) -> None:
+        root = Path("/sys/fs/cgroup/cpu")
+        while not self._stop.is_set():
+            now = time.perf_counter()
+            snap: dict[str, dict] = {}
+            for g in root.glob(self.glob):
+                th: dict[int, tuple[int, int]] = {}
+                try:
+                    tids = [int(x) for x in (g / "tasks").read_text().split()]
+                    thr = 0
+                    for line in (g / "cpu.stat").read_text().splitlines():
+                        if line.startswith("throttled_time "):
+                            thr = int(line.split()[1])
+                except (OSError, ValueError):
+                    continue
+                for tid in tids:
+                    try:
+                        c, w, _ = (int(x) for x in Path(f"/proc/{tid}/schedstat").read_text().split())
+                    except (OSError, ValueError):
+                        continue
+                    th[tid] = (c, w)
+                snap[g.name] = {"threads": th, "throttled": thr}
+            if snap:
+                self.samples.append((now, snap))
+            self._stop.wait(self.interval)
+
+    def summary(self, window_s: dict[str, float]) -> dict[str, dict[str, float]]:
+        """Per host: the main thread's CPU, run-queue wait and the group's throttled time (ms) over its
+        training window (``window_s[host]`` seconds ending where its main thread stopped computing),
+        and the wait for a core as a fraction of the window."""
+        out: dict[str, dict[str, float]] = {}
+        hosts = sorted({h for _, sn in self.samples for h in sn})
+        for h in hosts:
+            seq = [(t, sn[h]) for t, sn in self.samples if h in sn and sn[h]["threads"]]
+            if len(seq) < 3 or h not in window_s:
+                continue
+            last = seq[-1][1]["threads"]
+            main = max(last, key=lambda tid: last[tid][0])
+            seq = [(t, d) for t, d in seq if main in d["threads"]]
+            # the end of training: the last interval in which the main thread got more than 20 % of a CPU
+            end = len(seq) - 1
+            while end > 0 and (seq[end][1]["threads"][main][0] - seq[end - 1][1]["threads"][main][0]) / 1e9 \
+                    < 0.2 * (seq[end][0] - seq[end - 1][0]):
+                end -= 1
+            t_end = seq[end][0]
+            start = min(range(end + 1), key=lambda i: abs(seq[i][0] - (t_end - window_s[h])))
+            if end - start < 2:
+                continue
+            a, b = seq[start][1], seq[end][1]
+            wall = (seq[end][0] - seq[start][0]) * 1e3
+            cpu = (b["threads"][main][0] - a["threads"][main][0]) / 1e6
+            wait = (b["threads"][main][1] - a["threads"][main][1]) / 1e6
+            thr = (b["throttled"] - a["throttled"]) / 1e6
+            others = sum(b["threads"][t][0] - a["threads"].get(t, (0, 0))[0] for t in b["threads"] if t != main) / 1e6
+            out[h] = {"window_ms": round(wall, 1), "main_cpu_ms": round(cpu, 1), "main_wait_ms": round(wait, 1),
+                      "throttled_ms": round(thr, 1), "other_threads_cpu_ms": round(others, 1),
+                      "core_wait_frac": round(max(0.0, wait - thr) / wall, 3) if wall > 0 else None}
+        return out
+
+
 class Bench:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
@@ -58,6 +147,7 @@ class Bench:
         self.out.mkdir(parents=True, exist_ok=True)
         self.log = open(self.out / "jobs.log", "a")
         self.n = 0
+        self.jobs: list[dict[str, Any]] = []
 
     def job(self, model: str, rates: list[float], cpus: list[float], profile: bool) -> dict[str, Any]:
         """One real job; the slowest rank's median iteration (ms), and its trace when profiled."""
@@ -77,10 +167,17 @@ class Bench:
             [str(ROOT / "collectors" / "torch"), str(ROOT / "collectors" / "common"), str(ROOT),
              os.environ.get("PYTHONPATH", "")]))
         trace = jdir / "trace"
-        res = run_job(argv, hosts=len(cpus), ranks_per_host=1, rate_mbit=rates, cpus_per_host=cpus,
+        poll = SchedPoll(a.prefix) if a.sched else None
+        if poll:
+            poll.__enter__()
+        try:
+            res = run_job(argv, hosts=len(cpus), ranks_per_host=1, rate_mbit=rates, cpus_per_host=cpus,
                       cpu_period_us=a.period_us, cpu_shares=a.shares, profile=trace if profile else None,
                       steps=f"{a.prof_start}:{a.prof_start + a.prof_steps}", env=env, log=self.log,
                       timeout=a.job_timeout, prefix=a.prefix)
+        finally:
+            if poll:
+                poll.__exit__()
         if not times.exists() or (profile and not (trace / "manifest.json").exists()):
             raise RuntimeError(f"job {tag} failed (exit codes {res.codes}); see {self.out / 'jobs.log'}")
         doc = json.loads(times.read_text())
@@ -89,6 +186,15 @@ class Bench:
                "per_rank_ms": {r: round(statistics.median(ts) * 1e3, 3) for r, ts in per_rank.items()}}
         if profile:
             row["trace"] = str(trace)
+        if poll:
+            # the training window of each host: its rank's measured iterations (after the warm-up)
+            win = {f"host{r}": sum(ts) for r, ts in per_rank.items()}
+            row["sched"] = poll.summary(win)
+            print(f"    {tag} wait for a core (fraction of training): " + ", ".join(
+                f"{h} {v['core_wait_frac']} (throttled {v['throttled_ms']:.0f} ms of {v['window_ms']:.0f})"
+                for h, v in sorted(row["sched"].items())), flush=True)
+        self.jobs.append(dict(row, rates=rates, cpus=[round(c, 4) for c in cpus]))
+        (self.out / "jobs.json").write_text(json.dumps(self.jobs, indent=1))
         return row
 
     @staticmethod
@@ -247,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", type=int, default=3,
                     help="profile the balanced job this many times (before the rounds and after evenly spaced "
                          "rounds); each prediction is the median over them")
+    ap.add_argument("--sched", action="store_true",
+                    help="record per host how long its training thread waited for a core (schedstat run-queue wait "
+                         "less the group's throttled time) in every job's row (--out/jobs.json)")
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--job-timeout", type=float, default=400)
     ap.add_argument("--prefix", default="strg", help="name prefix of the emulated hosts' network namespaces and cgroups "
