@@ -305,6 +305,28 @@ def repredict(rows_file: Path, only: str | None = None) -> int:
     return 0
 
 
+def sched_summary(jobs_file: Path) -> int:
+    """The ``--sched`` records of a run's plain jobs (``--out/jobs.json``), per job configuration: medians
+    over its rounds of each host's wait for a core, CPU and quota stops, as fractions of the training
+    window (docs/stragglers.md, "Seventh run")."""
+    groups: dict[tuple, list[dict]] = {}
+    for j in json.loads(jobs_file.read_text()):
+        if j["tag"].endswith("-plain") and j.get("sched"):
+            groups.setdefault((tuple(j["cpus"]), tuple(j["rates"])), []).append(j)
+    print("| CPUs per host | Mbit/s per host | jobs | median ms | per host: core wait / CPU / stopped (fractions of training) |")
+    print("|---|---|---|---|---|")
+    for (cpus, rates), js in groups.items():
+        cells = []
+        for h in sorted({h for j in js for h in j["sched"]}):
+            v = [j["sched"][h] for j in js if h in j["sched"] and j["sched"][h]["window_ms"]]
+            cells.append(f"{h} {statistics.median(x['core_wait_frac'] for x in v):.3f} / "
+                         f"{statistics.median(x['main_cpu_ms'] / x['window_ms'] for x in v):.3f} / "
+                         f"{statistics.median(x['throttled_ms'] / x['window_ms'] for x in v):.3f}")
+        print(f"| {', '.join(f'{c:g}' for c in cpus)} | {', '.join(f'{r:g}' for r in rates)} | {len(js)} | "
+              f"{statistics.median(j['ms'] for j in js):.1f} | " + "; ".join(cells) + " |")
+    return 0
+
+
 def all_iterations_ratio(base: dict, whatif: dict) -> float | None:
     """A what-if's slowdown over every profiled iteration, paired: sum of its per-iteration replays over
     the profiled job's (``dpro replay --json`` ``per_iteration_ms``); None with mean durations.  The
@@ -367,7 +389,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="no jobs: re-predict the rows of an earlier run's rows.json from its kept traces with this code")
     ap.add_argument("--only", choices=("slow", "fix", "base"), default=None,
                     help="with --repredict: only the rows of this direction (fix: the reverse rows, a few replays)")
+    ap.add_argument("--sched-summary", type=Path, default=None,
+                    help="no jobs: the --sched records of an earlier run's jobs.json, per job configuration")
     a = ap.parse_args(argv)
+    if a.sched_summary is not None:
+        return sched_summary(a.sched_summary)
     if a.repredict is not None:
         return repredict(a.repredict, a.only)
     H = a.hosts
