@@ -56,7 +56,7 @@ def run(args, work: Path, model: str, rate: float | None, *, profile: Path | Non
     env = {"PYTHONPATH": f"{ROOT}:{ROOT / 'collectors' / 'torch'}", **(knobs or {})}
     with open(work / "jobs.log", "a") as log:
         r = run_job(argv, hosts=2, ranks_per_host=None, rate_mbit=rate, cluster=True, env=env,
-                    cpus_per_host=args.cpus_per_host, profile=profile,
+                    cpus_per_host=args.cpus_per_host, cpu_period_us=int(args.cpu_period_ms * 1000), profile=profile,
                     steps=f"{args.prof_start}:{args.prof_start + args.prof_steps}", log=log,
                     timeout=args.job_timeout, prefix=args.prefix)
     if not times.exists():
@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prof-start", type=int, default=12)
     ap.add_argument("--prof-steps", type=int, default=5)
     ap.add_argument("--cpus-per-host", type=float, default=1.0)
+    ap.add_argument("--cpu-period-ms", type=float, default=100.0,
+                    help="CFS period of the per-host CPU budget (dpro_kit.jobs.CpuBudget; the kernel's 100 ms by "
+                         "default; 10 ms spreads a quota's stops over an iteration instead of one long stop)")
     ap.add_argument("--whatif-on", default="mlp-200",
                     help="MODEL-RATE configurations that also get the what-if rows ('' = none)")
     ap.add_argument("--job-timeout", type=float, default=300)
