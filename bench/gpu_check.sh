@@ -57,7 +57,7 @@ DDP_CONFIGS=${DDP_CONFIGS:-cnn:64 mlp:64}  # model:batch per rank (examples/ddp/
 MPS_CONFIGS=${MPS_CONFIGS:-cnn:64 mlp:64 transformer:64}
 SINGLE_CONFIGS=${SINGLE_CONFIGS:-cnn:64 transformer:64}
 BIG_CONFIGS=${BIG_CONFIGS:-transformer:64}
-BIG_STEPS=${BIG_STEPS:-10:130}          # ~1.5 MB of Kineto JSON per transformer:64 step and rank on the H100
+BIG_STEPS=${BIG_STEPS:-10:130}          # ~0.7 MB of Kineto JSON per transformer:64 step and rank on the H100: 10:130 gave 86 MB, 10:450 307 MB (docs/scale.md)
 BIG_ITERS=${BIG_ITERS:-130}
 BACKEND=${BACKEND:-nccl}                # gloo: try the script's logic on a machine without a GPU
 
