@@ -229,7 +229,8 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
     n = dur.shape[0]
     # hot per-op state packed by op: one or two cache lines per op instead of one per array
     F = np.empty((n, 4), dtype=np.float64)        # dur, priority, ready, (unused)
-    I = np.empty((n + 1, 4), dtype=np.int64)      # device, indeg, ready_pred, first successor
+    I = np.empty((n + 1, 4), dtype=indptr.dtype)  # device, indeg, ready_pred, first successor (int32 on the
+    #                                                array path: 16 instead of 32 bytes per op)
     for i in range(n):
         F[i, 0] = dur[i]
         F[i, 1] = priority[i]
