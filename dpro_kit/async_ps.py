@@ -102,10 +102,14 @@ def template_from_trace(trace_dir: str | Path, *, node: str | None = None, num_p
     node = node or workers[0]
     if (ts.manifest.extra or {}).get("strategy") == "ps" and ts.manifest.raw_format == "tf-xplane":
         return _template_from_ps_trace(ts, Path(trace_dir), node, num_ps, placement)
+    from .schema import MXNET_RAW_FORMAT
+    if ts.manifest.raw_format == MXNET_RAW_FORMAT:
+        return _template_from_mxnet_trace(ts, Path(trace_dir), node, num_ps, placement)
     ndir = Path(trace_dir) / (ts.manifest.nodes[node].dir or node)
     if ts.manifest.raw_format != "tf-xplane" and ts.manifest.nodes[node].format != "tf-xplane":
         from .errors import DproError
-        raise DproError(f"async-predict needs a TensorFlow step trace; this one is {ts.manifest.raw_format!r}",
+        raise DproError(f"async-predict needs a TensorFlow step trace or an MXNet parameter-server trace; "
+                        f"this one is {ts.manifest.raw_format!r}",
                         path=trace_dir, hint="profile the training step with `dpro profile --framework tensorflow`")
     from .trace import read_json
     gdoc = read_json(ndir / "tf_graph.json", what="TensorFlow collector file tf_graph.json")
@@ -302,6 +306,70 @@ def _template_from_ps_trace(ts: Any, trace_dir: Path, node: str, num_ps: int,
         from .errors import DproError
         raise DproError(f"no replayable step of {node} in the trace", path=trace_dir,
                         hint="profile more steps (--steps START:END with END-START >= 3)")
+    return StepTemplate(ops=ops, samples=samples, variables=var_bytes)
+
+
+def _template_from_mxnet_trace(ts: Any, trace_dir: Path, node: str, num_ps: int,
+                               placement: dict[str, int] | None) -> StepTemplate:
+    """The step DAG of one worker of a traced MXNet ``dist_async`` / ``dist_sync`` job (:mod:`dpro_kit.readers.mxnet`).
+
+    MXNet's Gluon Trainer (``update_on_kvstore``) sends each parameter as one push-pull: the push of
+    its gradient once the backward op that computes it has run, the server's update, then the pull of
+    the new weight; the next step's forward waits for every pull.  So per partition of a parameter
+    (``KVStoreDist::EncodeDefaultKey``, the reader's ``partitions``) an ``up`` op after its gate (the
+    collective's input op), a ``ps`` op (the server's update: not traced, 0) and a ``down`` op after it,
+    in the same step; worker ops = the worker's compute ops chained in their traced order, with each
+    profiled iteration's durations (the reader's host gaps included; an op absent from a step costs 0
+    there).  A partition's PS is its traced server; ``placement`` (parameter name -> PS index) or a
+    different ``num_ps`` re-places it (``num_ps``: round-robin by partition, as MXNet's key hash
+    spreads keys; a what-if).
+    """
+    man = ts.manifest
+    servers = man.servers()
+    ev = ts.events[(ts.events["node"] == node) & ts.events["kind"].isin(["FW", "BW", "OTHER"])]
+    ev = ev.sort_values(["iteration", "start"], kind="stable")
+    iters = sorted(int(i) for i in ev["iteration"].unique())
+    order = list(dict.fromkeys(ev["op"].astype(str)))
+    if not iters or not order:
+        from .errors import DproError
+        raise DproError(f"no compute op of {node} in the trace", path=trace_dir, hint="profile more steps")
+    dur = {(str(r.op), int(r.iteration)): float(r.dur) for r in ev.itertuples()}
+    ops: list[StepOp] = []
+    index = {}
+    for k, op in enumerate(order):
+        index[op] = len(ops)
+        ops.append(StepOp(op, "worker", 0.0, [k - 1] if k else []))
+    var_bytes: dict[str, int] = {}
+    n = 0
+    for c in ts.collectives:
+        if node not in c.participants:
+            continue
+        var_bytes[c.tensor] = int(c.bytes)
+        gate = next((index[o] for o in c.inputs.get(node, []) if o in index), len(order) - 1)
+        for part in (c.partitions or [{"bytes": c.bytes, "server": servers[0] if servers else ""}]):
+            srv = part.get("server")
+            p = servers.index(srv) if srv in servers else n
+            if placement is not None and c.tensor in placement:
+                p = int(placement[c.tensor])
+            elif num_ps != max(1, len(servers)):
+                p = n
+            p %= max(1, num_ps)
+            n += 1
+            b = float(part.get("bytes") or 0)
+            up = len(ops)
+            ops.append(StepOp(f"up:{c.tensor}:{n}", "up", b, [gate], ps=p))
+            ops.append(StepOp(f"apply:{c.tensor}:{n}", "ps", 0.0, [up], ps=p))
+            ops.append(StepOp(f"down:{c.tensor}:{n}", "down", b, [up + 1], ps=p))
+    if not var_bytes:
+        from .errors import DproError
+        raise DproError(f"no push-pull of {node} in the trace", path=trace_dir,
+                        hint="async-predict needs a parameter-server job (a dist kvstore)")
+    samples = []
+    for it in iters:
+        row = [o.work for o in ops]
+        for op, i in index.items():
+            row[i] = dur.get((op, it), 0.0)
+        samples.append(row)
     return StepTemplate(ops=ops, samples=samples, variables=var_bytes)
 
 

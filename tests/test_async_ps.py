@@ -276,3 +276,35 @@ def test_link_sharing_bench_on_a_real_emulated_link(tmp_path: Path):
     assert m["goodput"]["down"][0] == 1.0 and len(m["goodput"]["down"]) == 2
     assert all(0 < g <= 1 for g in m["goodput"]["up"])
     assert {"down", "up"} == set(res["ping"])
+
+
+def test_template_from_a_real_mxnet_ps_trace():
+    """examples/traces/mxnet-ps-mlp-async-3w1s-200mbit (a real dist_async job): per parameter an up op
+    after the backward op that computes its gradient, the server's update, then the down op; the
+    compute ops chained with each profiled step's durations.  At 1e6 Mbit/s (transfers ~0) one worker
+    runs at 1 / (its mean compute per step)."""
+    from dpro_kit.async_ps import template_from_trace
+    from dpro_kit.trace import load_trace
+    trace = Path(__file__).resolve().parents[1] / "examples/traces/mxnet-ps-mlp-async-3w1s-200mbit"
+    ts = load_trace(trace)
+    node = ts.manifest.workers()[0]
+    tpl = template_from_trace(trace)
+    params = {c.tensor: c.bytes for c in ts.collectives}
+    assert tpl.variables == params and tpl.total_bytes("up") == tpl.total_bytes("down") == sum(params.values())
+    ops = tpl.ops
+    for i, o in enumerate(ops):
+        if o.res == "up":
+            gate = ops[o.deps[0]]
+            assert gate.res == "worker" and ops[i + 1].res == "ps" and ops[i + 1].deps == [i]
+            assert ops[i + 2].res == "down" and ops[i + 2].deps == [i + 1]
+            c = next(c for c in ts.collectives if o.name.startswith(f"up:{c.tensor}:"))
+            assert gate.name in c.inputs[node]
+    worker = [i for i, o in enumerate(ops) if o.res == "worker"]
+    assert all(ops[i].deps == ([worker[k - 1]] if k else []) for k, i in enumerate(worker))
+    ev = ts.events[(ts.events["node"] == node) & ts.events["kind"].isin(["FW", "BW", "OTHER"])]
+    assert len(tpl.samples) == ev["iteration"].nunique()
+    per_step = ev.groupby("iteration")["dur"].sum()
+    assert sorted(sum(r[i] for i in worker) for r in tpl.samples) == pytest.approx(sorted(per_step), rel=1e-9)
+    # the 6 profiled steps' compute sums range 4.7-29 ms: the mean of 4 runs of 400 sampled steps
+    rate = sum(simulate(tpl, 1, bandwidth_mbit=1e6, steps=400, seed=s).steps_per_s for s in range(4)) / 4
+    assert rate == pytest.approx(1e6 / per_step.mean(), rel=0.05)

@@ -88,7 +88,8 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     TRACE is a `dpro profile --framework tensorflow` folder: of a real 1-worker ParameterServerStrategy
     job (its coordinator under dpro profile: variables, placement, update and launch times measured;
     without --measured-1w its own measured steps/s calibrate it, so --bandwidth must be the rate it ran
-    at), or of the training step in one process. Each of W
+    at), or of the training step in one process; or a `dpro profile --framework mxnet` folder of a
+    dist_async (or dist_sync) kvstore job, calibrated the same way when it has 1 worker. Each of W
     workers runs steps sampled from the profiled ones: the variables come down from the PS,
     the step computes, the gradients go up and the PS applies them; concurrent transfers share
     the PS link equally (discrete-event simulation, Li et al. ICPE'20), or, with `--sharing arrival

@@ -1,0 +1,83 @@
+"""Asynchronous-PS throughput for W workers predicted from a 1-worker MXNet trace (issue 13, docs/async.md).
+
+Takes the measurements and kept traces of a ``bench/ps_accuracy.py --kvstore dist_async --workers 1,2,...``
+run (real MXNet 1.9.1 jobs, one role per emulated host): for every link rate and round, the 1-worker
+job's profile goes through ``dpro async-predict`` (calibrated on that run's own unprofiled steps,
+``manifest.extra.measured_iteration_ms``), and each W's prediction is compared with the measured run
+of the same round: steps/s of all workers together = sum over workers of 1 / (mean gap between its
+Trainer steps after warm-up).
+
+    python bench/ps_accuracy.py --kvstore dist_async --model mlp --servers 1 --workers 1,2,3,4 \\
+        --rates 200,500 --rounds 2 --cpus-per-host 0.3 --cpu-period-ms 10 --json mlp.json --keep mlp
+    python bench/async_mxnet.py --json mlp.json --keep mlp
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+
+def measured_steps_per_s(keep: Path, workers: int, rate: str, rnd: int) -> float | None:
+    files = sorted(keep.glob(f"times-s1-w{workers}-{rate}mbit-r{rnd}-m-w*.json"))
+    if len(files) != workers:
+        return None
+    total = 0.0
+    for f in files:
+        gaps = json.loads(f.read_text())["iteration_ms"]
+        total += 1e3 * len(gaps) / sum(gaps)
+    return total
+
+
+def predicted(trace: Path, rate: str, ws: list[int], seeds: int) -> dict[int, float] | None:
+    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(trace), "--bandwidth", rate,
+                        "--workers", ",".join(map(str, ws)), "--seeds", str(seeds), "--json"],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        print(f"  {trace}: {r.stderr.strip()}", flush=True)
+        return None
+    return {p["workers"]: p["steps_per_s"] for p in json.loads(r.stdout)["predicted"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", required=True, help="bench/ps_accuracy.py --json of a dist_async run with --workers 1,...")
+    ap.add_argument("--keep", required=True, help="its --keep folder")
+    ap.add_argument("--seeds", type=int, default=8)
+    args = ap.parse_args()
+    doc = json.loads(Path(args.json).read_text())
+    a = doc["args"]
+    ws = sorted(int(w) for w in str(a["workers"]).split(","))
+    rates = [str(r).replace(".0", "") for r in str(a["rates"]).split(",")]
+    keep = Path(args.keep)
+    rows = []
+    for rate in rates:
+        meas = {w: [] for w in ws}
+        pred = {w: [] for w in ws}
+        for rnd in range(int(a["rounds"])):
+            p = predicted(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws, args.seeds)
+            for w in ws:
+                m = measured_steps_per_s(keep, w, rate, rnd)
+                if m is not None:
+                    meas[w].append(m)
+                if p is not None:
+                    pred[w].append(p[w])
+        for w in ws:
+            if meas[w] and pred[w]:
+                m, p = statistics.median(meas[w]), statistics.median(pred[w])
+                rows.append((rate, w, m, meas[w], p, pred[w], 100 * (p / m - 1)))
+    print("\n| Mbit/s | W | measured steps/s (rounds) | predicted steps/s (rounds) | error |")
+    print("|---|---|---|---|---|")
+    for rate, w, m, ms, p, ps, e in rows:
+        print(f"| {rate} | {w} | {m:.2f} ({', '.join(f'{x:.2f}' for x in ms)}) | "
+              f"{p:.2f} ({', '.join(f'{x:.2f}' for x in ps)}) | {e:+.1f} % |")
+    errs = [abs(r[-1]) for r in rows if r[1] > 1]
+    if errs:
+        print(f"\nW > 1: median |error| {statistics.median(errs):.1f} %, max {max(errs):.1f} % over {len(errs)} rows")
+
+
+if __name__ == "__main__":
+    main()
