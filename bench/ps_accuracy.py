@@ -55,7 +55,9 @@ def run(args, work: Path, servers: int, workers: int, rate: float, *, profile: P
         log.write(f"=== {tag}\n")
         log.flush()
         r = run_job(argv, hosts=servers + workers, ranks_per_host=None, rate_mbit=rate,
-                    cpus_per_host=args.cpus_per_host, cpu_period_us=int(args.cpu_period_ms * 1000),
+                    cpus_per_host=(args.cpus_per_host if args.server_cpus is None else
+                                   [args.server_cpus] * servers + [args.cpus_per_host] * workers),
+                    cpu_period_us=int(args.cpu_period_ms * 1000),
                     profile=profile, log=log,
                     steps=f"{args.prof_start}:{args.prof_start + args.prof_steps}",
                     profile_flags=["--framework", "mxnet"], timeout=args.job_timeout, prefix=args.prefix)
@@ -91,6 +93,8 @@ def main() -> int:
     ap.add_argument("--prof-steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--cpus-per-host", type=float, default=0.4)
+    ap.add_argument("--server-cpus", type=float, default=None,
+                    help="CPU budget of the server hosts (host 0 also runs the scheduler; default: --cpus-per-host)")
     ap.add_argument("--cpu-period-ms", type=float, default=100.0,
                     help="CFS period of the per-host CPU budget (dpro_kit.jobs.CpuBudget; the kernel's 100 ms by default)")
     ap.add_argument("--job-timeout", type=float, default=300)
