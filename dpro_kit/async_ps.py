@@ -110,7 +110,8 @@ def template_from_trace(trace_dir: str | Path, *, node: str | None = None, num_p
         from .errors import DproError
         raise DproError(f"async-predict needs a TensorFlow step trace or an MXNet parameter-server trace; "
                         f"this one is {ts.manifest.raw_format!r}",
-                        path=trace_dir, hint="profile the training step with `dpro profile --framework tensorflow`")
+                        path=trace_dir, hint="profile the training step with `dpro profile --framework tensorflow` (or an MXNet dist kvstore "
+                             "job with `--framework mxnet`)")
     from .trace import read_json
     gdoc = read_json(ndir / "tf_graph.json", what="TensorFlow collector file tf_graph.json")
     gops, gedges = _graph(gdoc, ndir / "tf_graph.json")
