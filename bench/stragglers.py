@@ -20,6 +20,12 @@ budget: ``dpro_kit.jobs.run_job(cpus_per_host=..., cpu_period_us=10000)``):
    (``--like-median S`` over every profiled iteration) predicts the speed-up of fixing it, median
    over the slowed profiles (measured: median(slowed) / median(balanced)).
 
+``--pin 0,0,1`` also pins the hosts to cores (``dpro_kit.jobs.CpuBudget`` ``cpusets``, cgroup v1
+``cpuset``; one cpu list per host): with 3 hosts on 2 cores a quota alone does not stop ranks
+that compute at the same moments from queueing for a core; pinned so that no core's quotas sum
+to more than 1 CPU, each host runs at its quota's speed (docs/stragglers.md, "Eighth run").  The
+busy-loop calibration then runs on the slowed host's cores.
+
 The CFS period is 10 ms (``--period-us``): with the kernel's 100 ms, a cut budget stalls a
 ~30 ms iteration between ops and in communication waits instead of slowing the computation
 (docs/stragglers.md).  The job's parent cgroup gets ``cpu.shares`` ``--shares`` so other load on
@@ -43,7 +49,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from dpro_kit.jobs import run_job  # noqa: E402
+from dpro_kit.jobs import core_load, run_job  # noqa: E402
 
 TRAIN = ROOT / "examples" / "ddp" / "train.py"
 PY = sys.executable
@@ -172,7 +178,8 @@ class Bench:
             poll.__enter__()
         try:
             res = run_job(argv, hosts=len(cpus), ranks_per_host=1, rate_mbit=rates, cpus_per_host=cpus,
-                      cpu_period_us=a.period_us, cpu_shares=a.shares, profile=trace if profile else None,
+                      cpu_period_us=a.period_us, cpu_shares=a.shares, cpusets=a.pin_layout,
+                      profile=trace if profile else None,
                       steps=f"{a.prof_start}:{a.prof_start + a.prof_steps}", env=env, log=self.log,
                       timeout=a.job_timeout, prefix=a.prefix)
         finally:
@@ -193,7 +200,7 @@ class Bench:
             print(f"    {tag} wait for a core (fraction of training): " + ", ".join(
                 f"{h} {v['core_wait_frac']} (throttled {v['throttled_ms']:.0f} ms of {v['window_ms']:.0f})"
                 for h, v in sorted(row["sched"].items())), flush=True)
-        self.jobs.append(dict(row, rates=rates, cpus=[round(c, 4) for c in cpus]))
+        self.jobs.append(dict(row, rates=rates, cpus=[round(c, 4) for c in cpus], cpusets=a.pin_layout))
         (self.out / "jobs.json").write_text(json.dumps(self.jobs, indent=1))
         return row
 
@@ -210,17 +217,20 @@ BUSY_LOOP = ("import time\nend = time.perf_counter() + {secs}\nn = 0\n"
              "while time.perf_counter() < end:\n    for _ in range(2000):\n        pass\n    n += 1\nprint(n)")
 
 
-def busy_speed(cpus: float, period_us: int, shares: int, secs: float = 1.5, prefix: str = "strg") -> float:
-    """Work a single busy thread gets done per second in a cgroup with a quota of ``cpus`` CPUs."""
+def busy_speed(cpus: float, period_us: int, shares: int, secs: float = 1.5, prefix: str = "strg",
+               cpuset: str | None = None) -> float:
+    """Work a single busy thread gets done per second in a cgroup with a quota of ``cpus`` CPUs
+    (on the cores of ``cpuset`` when given)."""
     from dpro_kit.jobs import CpuBudget
-    with CpuBudget(1, [cpus], prefix=prefix + "cal", period_us=period_us, shares=shares) as cb:
+    with CpuBudget(1, [cpus], prefix=prefix + "cal", period_us=period_us, shares=shares,
+                   cpusets=[cpuset] if cpuset is not None else None) as cb:
         p = subprocess.run([PY, "-c", BUSY_LOOP.format(secs=secs)], capture_output=True, text=True,
                            preexec_fn=cb.preexec(0), timeout=60)
     return int(p.stdout) / secs
 
 
 def effective_cuts(cuts: list[float], cpus: float, period_us: int, shares: int, reps: int,
-                   prefix: str = "strg") -> dict[float, list[float]]:
+                   prefix: str = "strg", cpuset: str | None = None) -> dict[float, list[float]]:
     """The compute factor each budget cut really gives: busy-loop speed at ``cpus`` / at ``cpus / F``.
 
     A CFS quota is enforced at the scheduler tick (HZ=250 here: 4 ms), so a group may overrun its
@@ -231,9 +241,9 @@ def effective_cuts(cuts: list[float], cpus: float, period_us: int, shares: int, 
     out: dict[float, list[float]] = {F: [] for F in cuts}
     for _ in range(reps):
         for F in cuts:
-            b1 = busy_speed(cpus, period_us, shares, prefix=prefix)
-            c = busy_speed(cpus / F, period_us, shares, prefix=prefix)
-            b2 = busy_speed(cpus, period_us, shares, prefix=prefix)
+            b1 = busy_speed(cpus, period_us, shares, prefix=prefix, cpuset=cpuset)
+            c = busy_speed(cpus / F, period_us, shares, prefix=prefix, cpuset=cpuset)
+            b2 = busy_speed(cpus, period_us, shares, prefix=prefix, cpuset=cpuset)
             out[F].append(round(0.5 * (b1 + b2) / c, 4))
     return out
 
@@ -378,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sched", action="store_true",
                     help="record per host how long its training thread waited for a core (schedstat run-queue wait "
                          "less the group's throttled time) in every job's row (--out/jobs.json)")
+    ap.add_argument("--pin", default=None, metavar="LAYOUT",
+                    help="pin the hosts to cores (cgroup v1 cpuset): one cpu list per host, comma-separated, "
+                         "ranges with '-' (0,0,1: host0 and host1 on CPU 0, host2 alone on CPU 1; 0-1,0,1 gives host0 "
+                         "both); keep each core's quota sum <= 1 CPU")
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--job-timeout", type=float, default=400)
     ap.add_argument("--prefix", default="strg", help="name prefix of the emulated hosts' network namespaces and cgroups "
@@ -398,6 +412,11 @@ def main(argv: list[str] | None = None) -> int:
         return repredict(a.repredict, a.only)
     H = a.hosts
     S = H - 1 if a.slow_host is None else a.slow_host
+    a.pin_layout = None
+    if a.pin:
+        a.pin_layout = [x.strip() for x in a.pin.split(",")]
+        if len(a.pin_layout) != H:
+            ap.error(f"--pin {a.pin}: {len(a.pin_layout)} cpu lists for {H} hosts (one per host, e.g. 0,0,1)")
     cuts = [float(x) for x in a.cuts.split(",") if x]
     lcuts = [float(x) for x in a.link_cuts.split(",") if x]
     b = Bench(a)
@@ -424,8 +443,11 @@ def main(argv: list[str] | None = None) -> int:
             for f in lcuts:
                 variants[f"link host{S} x{f:g}"] = ([rate * f if i == S else rate for i in range(H)], base_cpus,
                                                     {"link": ["--slow-link", f"host{S}={f:g}"]})
-            print(f"== {model} {rate:g} Mbit/s, {H} hosts at {a.cpus:g} CPU (period {a.period_us} us)", flush=True)
-            eff = effective_cuts(cuts, a.cpus, a.period_us, a.shares, a.calib_reps, a.prefix) if a.calib_reps else {}
+            print(f"== {model} {rate:g} Mbit/s, {H} hosts at {a.cpus:g} CPU (period {a.period_us} us)"
+                  + (f", pinned {a.pin_layout} (host{S}, the slowed one, on CPU {a.pin_layout[S]}; balanced quota per "
+                     f"core {core_load(a.pin_layout, base_cpus)})" if a.pin_layout else ""), flush=True)
+            eff = effective_cuts(cuts, a.cpus, a.period_us, a.shares, a.calib_reps, a.prefix,
+                                 cpuset=a.pin_layout[S] if a.pin_layout else None) if a.calib_reps else {}
             feff = {F: statistics.median(v) for F, v in eff.items()}
             for F in cuts:
                 if F in feff:
@@ -476,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
                 m = statistics.median(meas[k])
                 ms = m / mb
                 pairs = [x / y for x, y in zip(meas[k], meas["balanced"])]
-                row: dict[str, Any] = {"model": model, "rate": rate, "injected": k, "direction": "slow",
+                row: dict[str, Any] = {"model": model, "rate": rate, "injected": k, "direction": "slow", "pin": a.pin_layout,
                                        "measured_ms": round(m, 3), "measured_balanced_ms": round(mb, 3),
                                        "measured_slowdown": round(ms, 4), "round_ratios": [round(x, 4) for x in pairs],
                                        "traces": [p_["trace"] for p_ in profs],
@@ -500,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
                 row.update(predicted_slowdown=row[f"predicted_slowdown_{prim}"], error_pct=row[f"error_pct_{prim}"],
                            replay_args=row[f"replay_args_{prim}"], prediction=prim)
                 rows.append(row)
-            rows.append({"model": model, "rate": rate, "injected": "balanced", "direction": "base",
+            rows.append({"model": model, "rate": rate, "injected": "balanced", "direction": "base", "pin": a.pin_layout,
                          "cpu_use": [p_["cpu_use"] for p_ in profs],
                          "predicted_ms": round(statistics.median(p_["base_pred"] for p_ in profs), 3),
                          "per_profile_ms": [round(p_["base_pred"], 3) for p_ in profs],
@@ -524,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"x{per_sp[-1]:.3f}", flush=True)
                 pred = statistics.median(per_sp)
                 slow_pred = statistics.median(slow_preds)
-                rows.append({"model": model, "rate": rate, "injected": k, "direction": "fix",
+                rows.append({"model": model, "rate": rate, "injected": k, "direction": "fix", "pin": a.pin_layout,
                              "predicted_ms": round(slow_pred / pred, 3), "predicted_slowed_ms": round(slow_pred, 3),
                              "predicted_speedup": round(pred, 4),
                              "per_profile_speedup": [round(x, 4) for x in per_sp],

@@ -16,7 +16,7 @@ The one harness every bench (and the demo, and the tests) uses to launch real di
 * ``cpus_per_host=C``: every host's processes run in their own cgroup (v1 ``cpu`` controller,
   ``cpu.cfs_quota_us = C * cpu.cfs_period_us``) under a parent group unique to the call,
   removed afterwards (also on errors).  Without the controller, :class:`~dpro_kit.errors.DproError`
-  says so.
+  says so.  ``cpusets=["0", "0", "1"]`` also pins each host to its cores (v1 ``cpuset``).
 * :func:`alternate` runs variants A/B/A/B... (or a seeded shuffle per round) and collects
   their numbers; :func:`paired_table` prints medians and ratios taken within each round.
 
@@ -56,11 +56,17 @@ __all__ = [
     "paired_ratio",
     "paired_table",
     "cgroup_cpu_root",
+    "cgroup_cpuset_root",
+    "core_load",
+    "parse_cpu_list",
     "CGROUP_CPU_ROOT",
+    "CGROUP_CPUSET_ROOT",
 ]
 
 #: where the cgroup v1 ``cpu`` controller is mounted (checked by :func:`cgroup_cpu_root`)
 CGROUP_CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+#: where the cgroup v1 ``cpuset`` controller is mounted (checked by :func:`cgroup_cpuset_root`)
+CGROUP_CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
 _DPRO = [sys.executable, "-m", "dpro_kit.cli"]
 _COUNTER = itertools.count()
 _LOCK = threading.Lock()
@@ -103,6 +109,38 @@ def cgroup_cpu_root() -> Path | None:
     return CGROUP_CPU_ROOT
 
 
+def cgroup_cpuset_root() -> Path | None:
+    """The cgroup v1 ``cpuset`` controller's mount point if it is usable here (root, writable), else None."""
+    if not (CGROUP_CPUSET_ROOT / "cpuset.cpus").exists() or not os.access(CGROUP_CPUSET_ROOT, os.W_OK):
+        return None
+    return CGROUP_CPUSET_ROOT
+
+
+def core_load(cpusets: Sequence[str], cpus: Sequence[float]) -> dict[int, float]:
+    """Per CPU, the quotas (in CPUs) of the hosts pinned to it by a core layout (one cpu list per
+    host, ``cpus`` each host's budget), each host's spread evenly over its CPUs."""
+    load: dict[int, float] = {}
+    for cs, c in zip(cpusets, cpus):
+        cl = parse_cpu_list(cs)
+        for cpu in cl:
+            load[cpu] = round(load.get(cpu, 0.0) + c / len(cl), 4)
+    return dict(sorted(load.items()))
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """The CPUs of a kernel cpu list (``"0"``, ``"0-3"``, ``"0,2-3"``), sorted; ValueError on anything else."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"not a cpu list: {text!r} (expected e.g. 0, 0-1, 0,2-3)")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a:
+            raise ValueError(f"not a cpu list: {text!r} ({part} runs backwards)")
+        cpus.update(range(a, b + 1))
+    return sorted(cpus)
+
+
 class CpuBudget:
     """One cgroup v1 ``cpu`` group per host, with a fixed CPU quota, under a parent unique to this object.
 
@@ -126,6 +164,16 @@ class CpuBudget:
         ``cpu.shares`` of the parent group (default: the kernel's 1024, the weight of ONE busy
         thread outside it): raise it so other load on a shared machine does not eat into the
         hosts' budgets (the quotas still cap each host).
+    cpusets:
+        Optional core layout, one kernel cpu list per host (``["0", "0", "1"]``: host0 and host1
+        on CPU 0, host2 alone on CPU 1): every host also gets a cgroup v1 ``cpuset`` group
+        (``cpuset.cpus`` = its list, ``cpuset.mems`` = the machine's) under a parent of the same
+        name, so its threads run only there.  A quota caps a host's CPU per period but not *when*
+        it runs: with more busy hosts than cores (3 on 2) ranks that compute at the same moments
+        queue for a core whatever their quotas sum to.  Pinned so that no core's quotas add up to
+        more than 1 CPU (:attr:`core_load`), a host runs at its quota's speed whichever of the
+        other hosts are busy (docs/stragglers.md, "Eighth run").  Needs the ``cpuset`` hierarchy
+        (:func:`cgroup_cpuset_root`); every CPU must be one this machine's root cpuset has.
 
     Use as a context manager; :meth:`close` kills what is left in the groups (our own processes)
     and removes them.  :meth:`preexec` returns a function for ``Popen(preexec_fn=...)`` that
@@ -136,7 +184,8 @@ class CpuBudget:
     PERIOD_US = 100_000
 
     def __init__(self, hosts: int, cpus: "float | Sequence[float]", *, prefix: str = "dpro",
-                 period_us: int = PERIOD_US, shares: int | None = None) -> None:
+                 period_us: int = PERIOD_US, shares: int | None = None,
+                 cpusets: "Sequence[str] | None" = None) -> None:
         root = cgroup_cpu_root()
         if root is None:
             raise DproError(f"no usable cgroup v1 cpu controller at {CGROUP_CPU_ROOT} (needs root and the "
@@ -158,6 +207,10 @@ class CpuBudget:
         if min(self.quotas_us) < 1000:
             raise DproError(f"a CPU budget of {min(per_host):g} CPU is a quota under 1 ms in a {self.period_us} us "
                             "period, which the kernel refuses", hint="use a longer period or a larger budget")
+        self.cpus_per_host = per_host
+        self.cpusets = self._check_cpusets(hosts, cpusets) if cpusets is not None else None
+        self.cpuset_parent = CGROUP_CPUSET_ROOT / self.parent.name if self.cpusets is not None else None
+        self.cpuset_groups = [self.cpuset_parent / f"host{i}" for i in range(hosts)] if self.cpuset_parent else []
         self.parent.mkdir()
         try:
             if shares is not None:
@@ -166,22 +219,64 @@ class CpuBudget:
                 g.mkdir()
                 (g / "cpu.cfs_period_us").write_text(str(self.period_us))
                 (g / "cpu.cfs_quota_us").write_text(str(q))
+            if self.cpuset_parent is not None:
+                # a new cpuset group starts with no CPUs and no memory nodes: the parent needs both before
+                # a child can have any (a child's are a subset of its parent's)
+                mems = (CGROUP_CPUSET_ROOT / "cpuset.mems").read_text().strip()
+                self.cpuset_parent.mkdir()
+                (self.cpuset_parent / "cpuset.cpus").write_text(
+                    ",".join(str(c) for c in sorted({c for cs in self.cpusets for c in cs})))
+                (self.cpuset_parent / "cpuset.mems").write_text(mems)
+                for g, cs in zip(self.cpuset_groups, self.cpusets):
+                    g.mkdir()
+                    (g / "cpuset.cpus").write_text(",".join(map(str, cs)))
+                    (g / "cpuset.mems").write_text(mems)
         except BaseException:
             self.close()
             raise
 
+    @staticmethod
+    def _check_cpusets(hosts: int, cpusets: Sequence[str]) -> list[list[int]]:
+        if cgroup_cpuset_root() is None:
+            raise DproError(f"no usable cgroup v1 cpuset controller at {CGROUP_CPUSET_ROOT} (needs root and the "
+                            "cgroup v1 `cpuset` hierarchy mounted)", hint="run without a core layout (cpusets=None)")
+        if isinstance(cpusets, str) or len(cpusets) != hosts:
+            raise DproError(f"a core layout needs one cpu list per host ({hosts}), got {cpusets!r}",
+                            hint="e.g. ['0', '0', '1'] for 3 hosts on 2 cores")
+        have = set(parse_cpu_list((CGROUP_CPUSET_ROOT / "cpuset.effective_cpus").read_text()))
+        out = []
+        for i, cs in enumerate(cpusets):
+            try:
+                cpus = parse_cpu_list(str(cs))
+            except ValueError as e:
+                raise DproError(f"cpuset of host{i}: {e}", hint="one kernel cpu list per host, e.g. 0 or 0-1") from None
+            if not set(cpus) <= have:
+                raise DproError(f"cpuset of host{i}: CPU(s) {sorted(set(cpus) - have)} not on this machine "
+                                f"(its cpuset has {sorted(have)})", hint="pick CPUs of /sys/fs/cgroup/cpuset/cpuset.cpus")
+            out.append(cpus)
+        return out
+
+    @property
+    def core_load(self) -> dict[int, float]:
+        """With a core layout: :func:`core_load` of its hosts; empty without one."""
+        return core_load([",".join(map(str, c)) for c in self.cpusets or []], self.cpus_per_host)
+
     def preexec(self, host: int) -> Callable[[], None]:
-        """A ``preexec_fn`` that puts the starting child into host ``host``'s group."""
-        procs = str(self.groups[host] / "cgroup.procs")
+        """A ``preexec_fn`` that puts the starting child into host ``host``'s group(s)."""
+        procs = [str(self.groups[host] / "cgroup.procs")]
+        if self.cpuset_groups:
+            procs.append(str(self.cpuset_groups[host] / "cgroup.procs"))
 
         def _enter() -> None:
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
+            for path in procs:
+                with open(path, "w") as f:
+                    f.write(str(os.getpid()))
         return _enter
 
     def close(self) -> None:
         """Kill processes still in the groups and remove them (idempotent)."""
-        for g in [*self.groups, self.parent]:
+        for g in [*self.groups, self.parent, *self.cpuset_groups,
+                  *([self.cpuset_parent] if self.cpuset_parent is not None else [])]:
             if not g.exists():
                 continue
             for _ in range(50):
@@ -253,7 +348,8 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
             rate_mbit: "float | Sequence[float | None] | None" = None, cluster: bool | None = None,
             second_rate_mbit: "float | Sequence[float | None] | None" = None,
             cpus_per_host: "float | Sequence[float] | None" = None, cpu_period_us: int = CpuBudget.PERIOD_US,
-            cpu_shares: int | None = None, profile: str | os.PathLike | None = None, steps: str = "10:15", profile_flags: Sequence[str] = (),
+            cpu_shares: int | None = None, cpusets: "Sequence[str] | None" = None,
+            profile: str | os.PathLike | None = None, steps: str = "10:15", profile_flags: Sequence[str] = (),
             env: Mapping[str, str] | None = None, host_env: Callable[[int], Mapping[str, str]] | None = None,
             log: IO | None = None, timeout: float = 600.0, fail_fast: bool = False,
             prefix: str = "dpj") -> JobResult:
@@ -287,6 +383,9 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
         the computation itself).
     cpu_shares:
         :class:`CpuBudget` ``shares`` (the job's weight against other load on this machine).
+    cpusets:
+        :class:`CpuBudget` ``cpusets``: one kernel cpu list per host (the cores its processes may
+        run on; cgroup v1 ``cpuset``), or None; needs ``cpus_per_host``.
     profile:
         Folder for ``dpro profile --out``; every host's launcher is ``dpro profile --host host<i>``.
     steps:
@@ -321,7 +420,11 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
         raise DproError("a second link (second_rate_mbit) needs an emulated cluster",
                         hint="give rate_mbit, or cluster=True")
     out = subprocess.DEVNULL if log is None else log
-    budget = CpuBudget(hosts, cpus_per_host, prefix=prefix, period_us=cpu_period_us, shares=cpu_shares) if cpus_per_host is not None else None
+    if cpusets is not None and cpus_per_host is None:
+        raise DproError("a core layout (cpusets) needs a CPU budget (cpus_per_host)",
+                        hint="give cpus_per_host, e.g. 1.0 per host")
+    budget = CpuBudget(hosts, cpus_per_host, prefix=prefix, period_us=cpu_period_us, shares=cpu_shares,
+                       cpusets=cpusets) if cpus_per_host is not None else None
     emu = None
     procs: list[subprocess.Popen] = []
     t0 = time.time()

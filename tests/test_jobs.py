@@ -150,3 +150,80 @@ def test_alternate_and_paired_ratios() -> None:
     assert "| a | 11.00 | 10.00 .. 12.00 | 3 | 2.000 |" in text and buf.getvalue().strip() == text
     shuffled = alternate({"a": lambda: 1.0, "b": lambda: 2.0, "c": lambda: 3.0}, 4, shuffle_seed=0)
     assert shuffled == {"a": [1.0] * 4, "b": [2.0] * 4, "c": [3.0] * 4}
+
+
+needs_cpuset = pytest.mark.skipif(jobs.cgroup_cpu_root() is None or jobs.cgroup_cpuset_root() is None,
+                                  reason="no writable cgroup v1 cpu and cpuset controllers (/sys/fs/cgroup/cpu, cpuset)")
+
+# what a pinned host's process sees: the cores it may run on and its cgroups
+PIN_PROBE = textwrap.dedent(r"""
+    import json, os, sys, threading
+    cg = {l.split(":")[1]: l.split(":", 2)[2].strip() for l in open("/proc/self/cgroup")}
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))   # a thread it starts
+    t.start(); t.join()
+    json.dump({"affinity": sorted(os.sched_getaffinity(0)), "thread_affinity": seen[0],
+               "cpu": cg.get("cpu"), "cpuset": cg.get("cpuset")}, open(sys.argv[1], "w"))
+""")
+
+
+def test_core_layout_parsing_and_load() -> None:
+    """Kernel cpu lists, and each core's quota sum under a layout (3 hosts at 0.5 on 2 cores)."""
+    assert jobs.parse_cpu_list("0") == [0] and jobs.parse_cpu_list("0,2-3") == [0, 2, 3]
+    for bad in ("", "a", "1-0", "0-", "-1"):
+        with pytest.raises(ValueError):
+            jobs.parse_cpu_list(bad)
+    assert jobs.core_load(["0", "0", "1"], [0.5, 0.5, 0.5]) == {0: 1.0, 1: 0.5}
+    assert jobs.core_load(["0-1", "1"], [1.0, 0.25]) == {0: 0.5, 1: 0.75}
+
+
+@needs_cpuset
+def test_cpuset_layout_pins_each_host(tmp_path: Path) -> None:
+    """cpusets=[...]: each host's processes (and the threads they start) run only on its cores, in a
+    cpuset group whose cpuset.cpus is its list, beside its cpu quota group; both removed after."""
+    have = jobs.parse_cpu_list((jobs.CGROUP_CPUSET_ROOT / "cpuset.effective_cpus").read_text())
+    layout = [str(have[-1]), str(have[0])]          # reversed, so the order is checked on >= 2 cores
+    cpuset_files: dict[str, str] = {}
+
+    def watch() -> None:   # the cpuset groups' files, read from outside while the job runs
+        deadline = time.time() + 20
+        while time.time() < deadline and len(cpuset_files) < 2:
+            for g in jobs.CGROUP_CPUSET_ROOT.glob(f"{PREFIX}-{__import__('os').getpid()}-*/host*"):
+                try:
+                    if (g / "cgroup.procs").read_text().split():
+                        cpuset_files[g.name] = (g / "cpuset.cpus").read_text().strip()
+                except OSError:
+                    continue
+            time.sleep(0.02)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    r = run_job([PY, "-c", PIN_PROBE + "\nimport time; time.sleep(2)", str(tmp_path / "h{i}.json")], hosts=2,
+                cpus_per_host=[0.5, 0.25], cpu_period_us=10000, cpusets=layout, prefix=PREFIX, timeout=60)
+    t.join()
+    assert r.ok, r
+    assert cpuset_files == {"host0": layout[0], "host1": layout[1]}
+    for i in range(2):
+        doc = json.loads((tmp_path / f"h{i}.json").read_text())
+        assert doc["affinity"] == [int(layout[i])] and doc["thread_affinity"] == [int(layout[i])], doc
+        assert doc["cpuset"] == doc["cpu"] == "/" + str(r.cgroups[i].relative_to(jobs.CGROUP_CPU_ROOT)), doc
+    name = r.cgroups[0].parent.name
+    assert not (jobs.CGROUP_CPUSET_ROOT / name).exists() and not (jobs.CGROUP_CPU_ROOT / name).exists()
+    assert not list(jobs.CGROUP_CPUSET_ROOT.glob(f"{PREFIX}-*"))
+
+
+@needs_cpuset
+def test_cpuset_layout_bad_input() -> None:
+    """A core layout that does not fit: one line naming the host and what is wrong; nothing is made."""
+    from dpro_kit.errors import DproError
+    have = jobs.parse_cpu_list((jobs.CGROUP_CPUSET_ROOT / "cpuset.effective_cpus").read_text())
+    cases = [(["0", "x"], "cpuset of host1: not a cpu list: 'x'"),
+             (["0", str(max(have) + 1)], f"cpuset of host1: CPU(s) [{max(have) + 1}] not on this machine"),
+             (["0"], "a core layout needs one cpu list per host (2)")]
+    for layout, msg in cases:
+        with pytest.raises(DproError, match=msg.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                           .replace(")", r"\)")):
+            jobs.CpuBudget(2, 0.5, prefix=PREFIX, cpusets=layout)
+    with pytest.raises(DproError, match="needs a CPU budget"):
+        run_job([PY, "-c", "pass"], hosts=1, cpusets=["0"], prefix=PREFIX)
+    assert _ours_left()[0] == [] and not list(jobs.CGROUP_CPUSET_ROOT.glob(f"{PREFIX}-*"))
