@@ -248,6 +248,16 @@ CASES = {
     "a Kineto event replaced by -1 (case 47722: skipped, +1.74 % silently)": (
         "ddp-2rank-gloo", "host0/1/kineto_trace.json", lambda d: d["traceEvents"].__setitem__(1544, -1),
         ["[traceEvents[1544]]", "an event must be a JSON object, not int"]),
+    "a flow event's pid a list (case 72992: TypeError traceback)": (
+        "ddp-h100-2rank-nccl-cnn", "host1/1/kineto_trace.json.gz",
+        lambda d: next(e for e in d["traceEvents"] if e.get("cat") == "ac2g").update(pid=[]),
+        ["host1/1/kineto_trace.json.gz [traceEvents[", "a flow event's pid and tid must be numbers or strings"]),
+    "a ps-lite server's records emptied (case 74696: replayed as 0.0 ms)": (
+        "pslite-2w1s-200mbit", "pslite-server-8.5158.json", lambda d: d.update(records=[]),
+        ["pslite-server-8.5158.json [records]", "server node id 8 recorded none of the"]),
+    "a ps-lite server record deleted": (
+        "pslite-2w1s-200mbit", "pslite-server-8.5158.json", lambda d: d["records"].pop(300),
+        ["pslite-server-8.5158.json", "this server's file does not record", "a record is missing"]),
     "manifest dir a 1 MB name (case 3557)": ("ddp-2host-1000mbit", "manifest.json",
                                              lambda d: next(iter(d["nodes"].values())).update(dir="A" * 10**6),
                                              ["dir must be a relative path"]),

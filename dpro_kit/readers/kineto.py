@@ -466,7 +466,7 @@ def parse_file(path: str | Path, on_event: Callable[[Any], None] | None = None,
     TraceFormatError
         As :func:`iter_events` and :func:`parse`.
     """
-    path = Path(path)
+    path = existing(path)   # errors name the file read (meta.json may name the plain one of a .gz)
     check_memory(path)
     header = {} if header is None else header
     events = iter_events(path, header)
@@ -644,6 +644,10 @@ def _parse(events: Any, header: dict[str, Any], path: Path) -> KinetoTrace:
             if not (math.isfinite(fts) and abs(fts) <= MAX_ABS_TS_US):   # fuzz case 40704: a NaN lost an edge
                 raise TraceFormatError(f"flow event ts {fts!r} is not a finite time (|ts| <= {MAX_ABS_TS_US:.0e} us)",
                                        path=path, record=f"traceEvents[{i}]", hint="the file is corrupt; export it again")
+            if isinstance(e.get("pid"), (list, dict)) or isinstance(e.get("tid"), (list, dict)):
+                # fuzz case 72992: a flow end's pid [] raised TypeError (unhashable) when matched
+                raise TraceFormatError("a flow event's pid and tid must be numbers or strings", path=path,
+                                       record=f"traceEvents[{i}]", hint="the file is corrupt; export it again")
             try:
                 ends[e["id"]] = (e.get("pid"), e.get("tid"), fts)
             except (KeyError, TypeError):
