@@ -299,6 +299,76 @@ def test_encode_buffers_is_arrows_dictionary_encode():
     assert _encode_buffers(col, np.array([5, 3])) is None                     # rows must increase
 
 
+
+def test_encode_all_chunks_in_one_call_is_arrows_dictionary_encode():
+    """The one-call encoder over many chunks (docs/scale.md "Fifth pass"): chunks of one value (nodes' rows,
+    some of empty strings), chunks of one row, chunks repeating earlier ones byte for byte, chunks of equal
+    offsets but other bytes (two nodes' names), sliced chunks, 32- and 64-bit offsets, a new value at the
+    end of each of 3,000 chunks (the hash table grows between chunks); with and without ``runs``, all rows
+    or rows ``at``: Arrow's codes and dictionary."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from dpro_kit.graph.arrays import _encode_buffers
+    rng = np.random.default_rng(17)
+    vocab = [f"gpu:{i % 7}/aten::op{i}" for i in range(300)] + ["", "é/ü", "x" * 40]
+    for typ in (pa.large_string(), pa.string()):
+        parts = []
+        for i in range(400):
+            kind = i % 6
+            if kind == 0:
+                vals = [f"host{i // 8}/{i:04d}"] * int(rng.integers(1, 3000))      # one value (a node)
+            elif kind == 1:
+                vals = [""] * int(rng.integers(1, 50))
+            elif kind == 2 and parts:
+                parts.append(parts[int(rng.integers(0, len(parts)))])              # a repeat
+                continue
+            elif kind == 3:
+                vals = [vocab[int(rng.integers(0, len(vocab)))]]
+            else:
+                vals = [vocab[j] for j in rng.integers(0, len(vocab), int(rng.integers(1, 2000)))]
+            a = pa.array(["pad"] * 3 + vals, type=typ).slice(3) if i % 5 == 0 else pa.array(vals, type=typ)
+            parts.append(a)
+        col = pa.chunked_array(parts)
+        n = len(col)
+        for runs in (True, False):
+            for rows in (None, np.unique(rng.integers(0, n, n // 3)), np.arange(0, n, 7)):
+                got = _encode_buffers(col, rows, runs)
+                if got is None:
+                    assert rows is None and not runs        # few repeats: Arrow hashes them
+                    continue
+                codes, uniq = got
+                ref = pc.dictionary_encode(col if rows is None else col.take(pa.array(rows)))
+                assert np.array_equal(codes, np.concatenate([c.indices.to_numpy() for c in ref.chunks]))
+                assert uniq == ref.chunks[0].dictionary.to_pylist()
+    grow = pa.chunked_array([pa.array(["x", f"new{i}"], type=pa.large_string()) for i in range(3_000)])
+    codes, uniq = _encode_buffers(grow, None, True)
+    assert uniq == ["x"] + [f"new{i}" for i in range(3_000)]
+    assert codes.tolist() == [c for i in range(3_000) for c in (0, i + 1)]
+
+
+def test_dependency_lists_that_differ_off_the_sampled_pairs():
+    """Nodes whose dependency lists have one length and equal sampled pairs (the 17 compared before a full
+    comparison) but differ elsewhere (a pair replaced by its neighbour: one edge fewer, which changes the
+    CSR, the tie-breaks and the order) or at a sampled pair: each node keeps its own list; same arrays as
+    networkx's."""
+    import scale
+    ts, _ = scale.tables_job(12, template_ranks=3, layers=6, buckets=2, steps=2)
+    nodes = list(ts.edges)
+    ln = len(ts.edges[nodes[0]])
+    step = max(ln // 16, 1)
+    i = next(i for i in range(ln // 3, ln - 2) if (ln - 1 - i) % step and (ln - 2 - i) % step)
+    for k, node in enumerate(nodes[:8]):
+        e = list(ts.edges[node])
+        if len(e) != ln:
+            continue
+        if k % 2:
+            e[i] = e[i + 1]                             # off the sample
+        if k % 4 == 3:
+            e[ln - 1] = e[ln - 2]                       # on it
+        ts.edges[node] = e
+    assert len({tuple(ts.edges[n]) for n in nodes[:8]}) >= 3      # unchanged, off the sample, on it
+    check(ts)
+
 @pytest.mark.skipif(not HTA.is_dir(), reason="shared/traces/hta not present")
 def test_cli_replay_fast(tmp_path, capsys, monkeypatch):
     """`dpro replay --fast`: the iteration time of `--mean-durations` from the arrays (plain Kineto with NCCL)

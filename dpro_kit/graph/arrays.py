@@ -27,10 +27,21 @@ from __future__ import annotations
 
 import gc
 from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+try:    # numba reads the Arrow buffers at their addresses (_encode_all); without it _encode uses Arrow
+    from numba import carray
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+except Exception:  # pragma: no cover - exercised only without numba
+    carray = None
+
+    def intrinsic(f):  # type: ignore[misc]
+        return f
 
 from ..replay._kernel import njit
 from ..trace import COMM_KINDS, OpKind, TraceSet
@@ -141,11 +152,16 @@ def _compile_trace(ts: TraceSet) -> Any:
     variants: list[np.ndarray] = []     # the distinct code arrays (kept: their ids stay unique)
     var_of: dict[int, int] = {}
     node_var: list[int] = []
-    seen_lists: dict[int, list[tuple[Any, np.ndarray]]] = {}
+    seen_lists: dict[int, tuple[Any, list[tuple[Any, Any, np.ndarray]]]] = {}
     for edges in ts.edges.values():
-        cands = seen_lists.setdefault(len(edges), [])
-        for j, (lst, codes) in enumerate(cands):
-            if lst == edges:
+        ln = len(edges)
+        got = seen_lists.get(ln)
+        if got is None:         # ~17 pairs from the end: lists of two variants often differ only there
+            got = seen_lists[ln] = (itemgetter(*range(ln - 1, -1, -max(ln // 16, 1))) if ln else None, [])
+        probe, cands = got
+        sample = probe(edges) if probe is not None else None
+        for j, (lst, lsample, codes) in enumerate(cands):
+            if lsample == sample and lst == edges:      # (a sampled pair differs: no full comparison)
                 if j:
                     cands.insert(0, cands.pop(j))
                 break
@@ -154,7 +170,7 @@ def _compile_trace(ts: TraceSet) -> Any:
             if len(flat) != 2 * len(edges):
                 return None
             codes = np.fromiter(map(op_idx.get, flat, repeat(-1)), dtype=np.int64, count=len(flat))
-            cands.insert(0, (edges, codes))
+            cands.insert(0, (edges, sample, codes))
             del cands[4:]
         vi = var_of.get(id(codes))
         if vi is None:
@@ -406,102 +422,235 @@ def _encode(col: pd.Series, at: np.ndarray | None = None, runs: bool = False, sm
 def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False, dtype: Any = np.int16
                     ) -> tuple[np.ndarray, list[str]] | None:
     """:func:`_encode` of an Arrow string column (rows ``at``, increasing, if given) read straight from
-    its chunks' offset and data buffers by :func:`_encode_chunk`: the codes Arrow's ``dictionary_encode``
-    gives (first appearance; equal UTF-8 bytes = equal value), in one int16 array (int32 if there are
-    more than 32,768 distinct values: then encoded again; less fresh memory).  A chunk equal byte
-    for byte to an earlier chunk of the same size and sampled bytes (:func:`_chunk_print`) (:func:`_same_chunk`) takes that chunk's
-    codes (it has no new value, so the numbering is unchanged); with ``at``, when the same rows of both are
-    selected.  None: a chunk has nulls, or (neither
-    ``at`` nor ``runs``) more than a quarter of the rows would be hashed here (Arrow then)."""
+    its chunks' offset and data buffers: the codes Arrow's ``dictionary_encode`` gives (first appearance;
+    equal UTF-8 bytes = equal value), in one int16 array (int32 if there are more than 32,768 distinct
+    values: then encoded again; less fresh memory).  A chunk equal byte for byte to an earlier chunk
+    (:func:`_chunk_print`, :func:`_same_chunk`) takes that chunk's codes (it has no new value, so the
+    numbering is unchanged); with ``at``, when the same rows of both are selected.  None: a chunk has
+    nulls, or (neither ``at`` nor ``runs``) more than a quarter of the rows would be hashed here (Arrow
+    then).
+
+    Python only collects each chunk's buffer addresses; one numba call (:func:`_encode_all`) reads the
+    buffers through them and does the rest, chunk by chunk (the per-chunk Python work of buffer views
+    and calls cost ~25 µs per chunk and column, ~0.1 s at 1,024 ranks: docs/scale.md "Fifth pass")."""
     import pyarrow as pa
     chunks = [c for c in (arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]) if len(c)]
-    if any(c.null_count for c in chunks):
+    if arr.null_count or carray is None:
         return None
     if at is not None and at.size > 1 and not bool((at[1:] > at[:-1]).all()):
         return None
-    lens = np.array([len(c) for c in chunks], dtype=np.int64)
-    n = int(lens.sum()) if at is None else int(at.size)
-    codes = np.empty(n, dtype=dtype)
-    maxc = int(np.iinfo(dtype).max) + 1
-    total = 0
-    total_of: list[int] = []
-    bufs = []
+    meta = []                                       # per chunk: offsets address, offset, rows, data address, bytes
+    keep = []                                       # the buffers, alive while numba reads them
     for c in chunks:
         _, ob, db = c.buffers()
-        offs = np.frombuffer(ob, dtype=np.int64 if pa.types.is_large_string(c.type) else np.int32)
-        offs = offs[c.offset:c.offset + len(c) + 1]
-        data = np.frombuffer(db, dtype=np.uint8) if db is not None and db.size else np.zeros(8, dtype=np.uint8)
-        bufs.append((offs, data, data[:data.size // 8 * 8].view(np.uint64)))
-        total_of.append(int(offs[-1] - offs[0]))
-        total += total_of[-1]
-    st = np.array([0, -1], dtype=np.int64)          # distinct values so far, last code
-    tab = np.full(1 << 10, -1, dtype=np.int32)
+        keep.append((ob, db))
+        dsz = db.size if db is not None else 0
+        meta.append((ob.address, c.offset, len(c), db.address if dsz else 0, dsz))
+    meta_a = np.array(meta, dtype=np.int64).reshape(-1, 5)
+    n = int(meta_a[:, 2].sum()) if at is None else int(at.size)
+    codes = np.empty(n, dtype=dtype)
     cap = max(n, 1)
     uh = np.empty(cap, dtype=np.uint64)             # (np.empty: pages touched only as far as used)
-    pool = np.empty(max(total, 1), dtype=np.uint8)
-    poff = np.zeros(cap + 1, dtype=np.int64)
-    sel = np.zeros(0, dtype=np.int64)
-    k = 0
-
-    def run(offs, data, sel, all_rows, m):
-        nonlocal tab
-        j = 0
-        while True:
-            j = _encode_chunk(offs, data, sel, all_rows, j, codes, k, st, tab, uh, pool, poff, maxc)
-            if j >= m:
-                return True
-            if j < 0:
-                return False            # more values than the codes' type holds
-            tab = _grown(tab, uh, int(st[0]))
-    rep = [-1] * len(bufs)                              # the earlier chunk each one repeats, or -1
-    cands: dict[tuple[int, int], list[int]] = {}
-    for ci, (offs, data, words) in enumerate(bufs):
-        lst = cands.setdefault((offs.size, total_of[ci], _chunk_print(offs, data)), [])
-        for j, pj in enumerate(lst):
-            if _same_chunk(offs, data, words, *bufs[pj]):
-                rep[ci] = pj
-                if j:
-                    lst.insert(0, lst.pop(j))
-                break
-        else:
-            lst.insert(0, ci)
-            del lst[8:]
-    if at is None:
-        if not runs and sum(int(m) for m, r in zip(lens, rep) if r < 0) > n // 4:
-            return None
-        row_of = np.concatenate([[0], np.cumsum(lens)])
-        for ci, (offs, data, _) in enumerate(bufs):
-            m = offs.size - 1
-            if rep[ci] >= 0:
-                r0 = int(row_of[rep[ci]])
-                codes[k:k + m] = codes[r0:r0 + m]
-                st[1] = codes[k + m - 1]
-            elif not run(offs, data, sel, True, m):
-                return _encode_buffers(arr, at, runs, np.int32)
-            k += m
-    else:
-        # rows ``at`` of each chunk; a chunk that repeats an earlier one with the same rows selected (ranks
-        # with the same op sequence) takes that chunk's codes
-        at = np.asarray(at, dtype=np.int64)
-        bounds = np.searchsorted(at, np.concatenate([[0], np.cumsum(lens)]))
-        row_of = np.concatenate([[0], np.cumsum(lens)])
-        seg: list[tuple[int, int, int]] = []             # per chunk: (its first code's place, a, b)
-        for ci, ((offs, data, _), a, b) in enumerate(zip(bufs, bounds[:-1], bounds[1:])):
-            a, b = int(a), int(b)
-            seg.append((k, a, b))
-            if b > a:
-                pj = rep[ci]
-                kj, aj, bj = seg[pj] if pj >= 0 else (0, 0, -1)
-                if bj - aj == b - a and bool(np.all(at[a:b] - at[aj:bj] == row_of[ci] - row_of[pj])):
-                    codes[k:k + b - a] = codes[kj:kj + b - a]
-                    st[1] = codes[k + b - a - 1]
-                elif not run(offs, data, at[a:b] - row_of[ci], False, b - a):
-                    return _encode_buffers(arr, at, runs, np.int32)
-                k += b - a
+    pool = np.empty(max(int(meta_a[:, 4].sum()), 1), dtype=np.uint8)
+    poff = np.empty(cap + 1, dtype=np.int64)
+    poff[0] = 0
+    st = np.array([0, -1], dtype=np.int64)          # distinct values so far, last code
+    limit = n // 4 if at is None and not runs else -1
+    owit = np.zeros(0, dtype=np.int64 if pa.types.is_large_string(arr.type) else np.int32)
+    at_a = np.zeros(0, dtype=np.int64) if at is None else np.asarray(at, dtype=np.int64)
+    status = _encode_all(meta_a, owit, at_a, at is not None, bool(runs), codes, st, uh, pool, poff,
+                         int(np.iinfo(dtype).max) + 1, limit)
+    del keep
+    if status == -1:
+        return _encode_buffers(arr, at, runs, np.int32)     # more values than the codes' type holds
+    if status == -2:
+        return None
     nu = int(st[0])
     pb = pool[:int(poff[nu])].tobytes()
     po = poff[:nu + 1].tolist()
     return codes, [pb[po[i]:po[i + 1]].decode("utf-8") for i in range(nu)]
+
+
+@intrinsic
+def _address(typingctx, addr):  # pragma: no cover - compiled
+    """An integer address as a ``void *`` (for ``numba.carray`` over a buffer numba did not allocate)."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+    return types.voidptr(addr), codegen
+
+
+@njit(inline="always")
+def _chunk_offsets(meta, ci, owit):  # pragma: no cover - compiled
+    """Chunk ``ci``'s offsets (``owit``'s integer type), its own ``rows + 1`` of them."""
+    a = meta[ci, 1]
+    return carray(_address(meta[ci, 0]), a + meta[ci, 2] + 1, owit.dtype)[a:]
+
+
+@njit(inline="always")
+def _chunk_data(meta, ci, dummy):  # pragma: no cover - compiled
+    """Chunk ``ci``'s data buffer as bytes (``dummy`` if it has none)."""
+    if meta[ci, 4] == 0:
+        return dummy
+    return carray(_address(meta[ci, 3]), meta[ci, 4], np.uint8)
+
+
+@njit(inline="always")
+def _chunk_words(meta, ci, dummyw):  # pragma: no cover - compiled
+    """Chunk ``ci``'s data buffer as 8-byte words (its whole words)."""
+    if meta[ci, 4] < 8:
+        return dummyw
+    return carray(_address(meta[ci, 3]), meta[ci, 4] // 8, np.uint64)
+
+
+@njit(inline="always")
+def _one_value(offs, data):  # pragma: no cover - compiled
+    """Do all of a chunk's strings equal its first: every length the first's and every byte the byte one
+    length before it (checked block by block without branches, so that it vectorises)."""
+    m = offs.size - 1
+    ln = offs[1] - offs[0]
+    B = 4096
+    for i0 in range(1, m, B):
+        acc = 0
+        for i in range(i0, min(i0 + B, m)):
+            acc |= (offs[i + 1] - offs[i]) ^ ln
+        if acc != 0:
+            return False
+    if ln > 0:
+        for j0 in range(offs[0] + ln, offs[m], B):
+            accb = np.uint8(0)
+            for j in range(j0, min(j0 + B, offs[m])):
+                accb |= data[j] ^ data[j - ln]
+            if accb != 0:
+                return False
+    return True
+
+
+@njit(cache=True)
+def _encode_all(meta, owit, at, has_at, runs, codes, st, uh, pool, poff, maxc, limit):  # pragma: no cover - compiled
+    """:func:`_encode_buffers`' work over all chunks (``meta``: per chunk its offsets' address, offset, rows,
+    data address and bytes; offsets of ``owit``'s type): chunks that repeat an earlier chunk byte for byte
+    found (a table of (rows, bytes, :func:`_chunk_print`) keys, up to 8 earlier distinct chunks of a key
+    compared, newest first), then the chunks (rows ``at`` of them if ``has_at``) encoded by
+    :func:`_encode_chunk` into ``codes`` or copied from the chunk they repeat; with ``runs``, a chunk of
+    one value (:func:`_one_value`: a node's rows) has its first row encoded and its code repeated.  Returns 0; -1 when a new
+    value would need code ``maxc``; -2 when ``limit >= 0`` and more than ``limit`` rows are in chunks
+    that repeat none."""
+    nch = meta.shape[0]
+    dummy = np.zeros(8, dtype=np.uint8)
+    dummyw = np.zeros(1, dtype=np.uint64)
+    row_of = np.zeros(nch + 1, dtype=np.int64)
+    prt = np.empty(nch, dtype=np.uint64)
+    tot = np.empty(nch, dtype=np.int64)
+    for ci in range(nch):
+        row_of[ci + 1] = row_of[ci] + meta[ci, 2]
+        offs = _chunk_offsets(meta, ci, owit)
+        tot[ci] = offs[offs.size - 1] - offs[0]
+        prt[ci] = _chunk_print(offs, _chunk_data(meta, ci, dummy))
+    size = 16
+    while size < 2 * nch:
+        size *= 2
+    mask = size - 1
+    htab = np.full(size, -1, dtype=np.int64)        # key -> newest distinct chunk of that key
+    chain = np.full(max(nch, 1), -1, dtype=np.int64)   # the previous distinct chunk of the same key
+    rep = np.full(max(nch, 1), -1, dtype=np.int64)  # the earlier chunk each one repeats, or -1
+    fresh_rows = 0
+    for ci in range(nch):
+        h = (np.uint64(meta[ci, 2]) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(tot[ci])
+        h = (h ^ prt[ci]) * np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+        s = np.int64(h & np.uint64(mask))
+        while True:
+            c0 = htab[s]
+            if c0 < 0 or (meta[c0, 2] == meta[ci, 2] and tot[c0] == tot[ci] and prt[c0] == prt[ci]):
+                break
+            s = (s + 1) & mask
+        pj = htab[s]
+        if pj >= 0:
+            oa = _chunk_offsets(meta, ci, owit)
+            da = _chunk_data(meta, ci, dummy)
+            wa = _chunk_words(meta, ci, dummyw)
+            cnt = 0
+            while pj >= 0 and cnt < 8:
+                if _same_chunk(oa, da, wa, _chunk_offsets(meta, pj, owit), _chunk_data(meta, pj, dummy),
+                               _chunk_words(meta, pj, dummyw)):
+                    rep[ci] = pj
+                    break
+                pj = chain[pj]
+                cnt += 1
+        if rep[ci] < 0:
+            chain[ci] = htab[s]
+            htab[s] = ci
+            fresh_rows += meta[ci, 2]
+    if limit >= 0 and fresh_rows > limit:
+        return -2
+    tab = np.full(1 << 10, -1, dtype=np.int32)
+    k = 0
+    first = np.zeros(1, dtype=np.int64)              # (row 0 of a chunk of one value)
+    if not has_at:
+        for ci in range(nch):
+            m = meta[ci, 2]
+            pj = rep[ci]
+            if pj >= 0:
+                r0 = row_of[pj]
+                for q in range(m):
+                    codes[k + q] = codes[r0 + q]
+                st[1] = codes[k + m - 1]
+            else:
+                offs = _chunk_offsets(meta, ci, owit)
+                data = _chunk_data(meta, ci, dummy)
+                one = runs and m > 1 and _one_value(offs, data)
+                j = 0
+                while True:
+                    j = _encode_chunk(offs, data, first, not one, j, codes, k, st, tab, uh, pool, poff, maxc)
+                    if j < 0:
+                        return -1
+                    if 2 * st[0] > tab.size:            # half full: grown before it is used again
+                        tab = _grown(tab, uh, st[0])
+                    if j >= (1 if one else m):
+                        break
+                if one:
+                    c = codes[k]
+                    for q in range(1, m):
+                        codes[k + q] = c
+            k += m
+        return 0
+    bounds = np.searchsorted(at, row_of)
+    segk = np.empty(max(nch, 1), dtype=np.int64)
+    for ci in range(nch):
+        a = bounds[ci]
+        b = bounds[ci + 1]
+        segk[ci] = k
+        if b > a:
+            pj = rep[ci]
+            same = False
+            if pj >= 0 and bounds[pj + 1] - bounds[pj] == b - a:
+                same = True
+                d = row_of[ci] - row_of[pj]
+                aj = bounds[pj]
+                for q in range(b - a):
+                    if at[a + q] - at[aj + q] != d:
+                        same = False
+                        break
+            if same:
+                kj = segk[pj]
+                for q in range(b - a):
+                    codes[k + q] = codes[kj + q]
+                st[1] = codes[k + b - a - 1]
+            else:
+                sel = at[a:b] - row_of[ci]
+                offs = _chunk_offsets(meta, ci, owit)
+                data = _chunk_data(meta, ci, dummy)
+                j = 0
+                while True:
+                    j = _encode_chunk(offs, data, sel, False, j, codes, k, st, tab, uh, pool, poff, maxc)
+                    if j < 0:
+                        return -1
+                    if 2 * st[0] > tab.size:
+                        tab = _grown(tab, uh, st[0])
+                    if j >= b - a:
+                        break
+            k += b - a
+    return 0
 
 
 @njit(inline="always")
@@ -565,12 +714,10 @@ def _chunk_print(offs, data):  # pragma: no cover - compiled
 def _same_chunk(oa, da, wa, ob, db, wb):  # pragma: no cover - compiled
     """Do two chunks (offsets, data, the data as 8-byte words ``w``) hold the same strings, row for row?
     Bytes compared 8 at a time where both start at the same place in a word (as a rule: Arrow's buffers
-    are 64-byte aligned), else one by one."""
-    if oa.size != ob.size:
+    are 64-byte aligned), else one by one; the bytes before the offsets (chunks of one length and equal
+    offsets, e.g. two nodes' names, differ in their bytes)."""
+    if oa.size != ob.size or oa[oa.size - 1] - oa[0] != ob[ob.size - 1] - ob[0]:
         return False
-    for i in range(oa.size):
-        if oa[i] - oa[0] != ob[i] - ob[0]:
-            return False
     a = oa[0]
     b = ob[0]
     ln = oa[oa.size - 1] - a
@@ -592,6 +739,9 @@ def _same_chunk(oa, da, wa, ob, db, wb):  # pragma: no cover - compiled
         ln -= k
     for q in range(ln):
         if da[a + q] != db[b + q]:
+            return False
+    for i in range(oa.size):
+        if oa[i] - oa[0] != ob[i] - ob[0]:
             return False
     return True
 
