@@ -10,6 +10,7 @@ Trainer steps after warm-up).
     python bench/ps_accuracy.py --kvstore dist_async --model mlp --servers 1 --workers 1,2,3,4 \\
         --rates 200,500 --rounds 2 --cpus-per-host 0.3 --cpu-period-ms 10 --json mlp.json --keep mlp
     python bench/async_mxnet.py --json mlp.json --keep mlp
+    python bench/async_mxnet.py --json mlp.json --keep mlp --lockstep    # and the lockstep bound (docs/async.md)
 """
 from __future__ import annotations
 
@@ -42,11 +43,30 @@ def predicted(trace: Path, rate: str, ws: list[int], seeds: int) -> dict[int, fl
     return {p["workers"]: p["steps_per_s"] for p in json.loads(r.stdout)["predicted"]}
 
 
+def lockstep(trace: Path, rate: str, ws: list[int]) -> dict[int, float]:
+    """Steps/s if the W workers stayed in lockstep: every worker runs the mean profiled step, all start at 0
+    (with equal sharing such a start stays in lockstep, docs/async.md), calibrated as async-predict is."""
+    import statistics as st
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from dpro_kit.async_ps import StepTemplate, calibrate, simulate, template_from_trace
+    from dpro_kit.trace import load_trace
+    tpl = template_from_trace(trace)
+    mean = StepTemplate(ops=tpl.ops, samples=[[st.mean(s[i] for s in tpl.samples) for i in range(len(tpl.ops))]],
+                        variables=tpl.variables)
+    measured = 1e3 / float(load_trace(trace).manifest.extra["measured_iteration_ms"])
+    bw = calibrate(tpl, measured, bandwidth_mbit=float(rate))["bandwidth_mbit"]
+    return {w: simulate(mean, w, bandwidth_mbit=bw, steps=60, warmup=10, start_offsets_us=[0.0] * w).steps_per_s
+            for w in ws}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", required=True, help="bench/ps_accuracy.py --json of a dist_async run with --workers 1,...")
     ap.add_argument("--keep", required=True, help="its --keep folder")
     ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--lockstep", action="store_true",
+                    help="also the lockstep bound: the same model with every worker running the mean step from a "
+                         "common start (equal sharing keeps them in lockstep; the real W=2 job stays near it)")
     args = ap.parse_args()
     doc = json.loads(Path(args.json).read_text())
     a = doc["args"]
@@ -57,8 +77,12 @@ def main() -> None:
     for rate in rates:
         meas = {w: [] for w in ws}
         pred = {w: [] for w in ws}
+        lock = {w: [] for w in ws}
         for rnd in range(int(a["rounds"])):
             p = predicted(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws, args.seeds)
+            if args.lockstep and p is not None:
+                for w, x in lockstep(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws).items():
+                    lock[w].append(x)
             for w in ws:
                 m = measured_steps_per_s(keep, w, rate, rnd)
                 if m is not None:
@@ -68,13 +92,16 @@ def main() -> None:
         for w in ws:
             if meas[w] and pred[w]:
                 m, p = statistics.median(meas[w]), statistics.median(pred[w])
-                rows.append((rate, w, m, meas[w], p, pred[w], 100 * (p / m - 1)))
-    print("\n| Mbit/s | W | measured steps/s (rounds) | predicted steps/s (rounds) | error |")
-    print("|---|---|---|---|---|")
-    for rate, w, m, ms, p, ps, e in rows:
+                lk = statistics.median(lock[w]) if lock[w] else None
+                rows.append((rate, w, m, meas[w], p, pred[w], 100 * (p / m - 1), lk))
+    print("\n| Mbit/s | W | measured steps/s (rounds) | predicted steps/s (rounds) | error |"
+          + (" lockstep bound | its error |" if args.lockstep else ""))
+    print("|---|---|---|---|---|" + ("---|---|" if args.lockstep else ""))
+    for rate, w, m, ms, p, ps, e, lk in rows:
         print(f"| {rate} | {w} | {m:.2f} ({', '.join(f'{x:.2f}' for x in ms)}) | "
-              f"{p:.2f} ({', '.join(f'{x:.2f}' for x in ps)}) | {e:+.1f} % |")
-    errs = [abs(r[-1]) for r in rows if r[1] > 1]
+              f"{p:.2f} ({', '.join(f'{x:.2f}' for x in ps)}) | {e:+.1f} % |"
+              + (f" {lk:.2f} | {100 * (lk / m - 1):+.1f} % |" if lk is not None else ""))
+    errs = [abs(r[6]) for r in rows if r[1] > 1]
     if errs:
         print(f"\nW > 1: median |error| {statistics.median(errs):.1f} %, max {max(errs):.1f} % over {len(errs)} rows")
 
