@@ -274,19 +274,30 @@ class Session:
         # to: a what-if changes the job, not which profiled iteration represents it (re-selecting the
         # median among the what-if's replays compared different iterations - e.g. one where the slowed
         # rank happened to be fast - and skewed what-if ratios and straggler savings; docs/stragglers.md)
-        from .trace import select_iterations
+        from .trace import split_iterations
 
         def iterations_of(ts_: "TraceSet") -> list[int]:
             return sorted(int(i) for i in ts_.events["iteration"].unique())
 
+        split: dict[int, dict[int, "TraceSet"]] = {}   # id(trace) -> its iterations, split once
+
         def replays(ts_: "TraceSet", builder: Any, its: list[int] | None = None) -> dict[int, tuple]:
             out = {}
+            if id(ts_) not in split:
+                split[id(ts_)] = split_iterations(ts_)
             for it in iterations_of(ts_) if its is None else its:
-                ts_it = select_iterations(ts_, [it])
+                ts_it = split[id(ts_)][it]
                 job_it, g_it = builder(ts_it)
                 res = _replay(g_it, 1)
-                out[it] = (res.iteration_time_us / 1e3, g_it, ts_it, res, job_it)
+                # only the time and the graph of each iteration are kept (hundreds of iterations' jobs and
+                # replay results held 1.5 GB for 440 iterations); the median's are rebuilt (full())
+                out[it] = (res.iteration_time_us / 1e3, g_it)
             return out
+
+        def full(ts_: "TraceSet", builder: Any, it: int) -> tuple:
+            ts_it = split[id(ts_)][it]
+            job_it, g_it = builder(ts_it)
+            return g_it, ts_it, _replay(g_it, 1), job_it
 
         def median_of(runs_: dict[int, tuple]) -> int:
             order = sorted(runs_, key=lambda i: runs_[i][0])
@@ -330,7 +341,8 @@ class Session:
             else:
                 runs = replays(ts, build_job)
                 median_it = median_of(runs)
-        _, g, ts_it, res, job = runs[median_it]
+        g, ts_it, res, job = full(ts, build_job, median_it)
+        runs[median_it] = (runs[median_it][0], g)
         self._replays[1] = res
         self._stages.update(graph=g, graph_trace=ts_it, job_model=job, median_iteration=median_it,
                             per_iteration_ms={str(i): runs[i][0] for i in sorted(runs)},
