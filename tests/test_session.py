@@ -130,3 +130,24 @@ def test_large_whatif_is_replayed_for_the_median_iteration_only(trace, monkeypat
     assert one.info["whatif_ratio_per_iteration"] == {
         k: v for k, v in full.info["whatif_ratio_per_iteration"].items() if k in one.info["per_iteration_ms"]}
     assert f"has {ops:,} ops: replayed for the median profiled iteration" in one.info["durations"]
+
+
+@pytest.mark.parametrize("name", ["ddp-2rank-gloo", "ddp-h100-2rank-nccl-cnn", "mxnet-ps-2w1s-loopback"])
+def test_split_iterations_equals_select_iterations(name):
+    """The per-iteration rule splits the trace once (one stable sort by iteration, then slices); each
+    part must equal select_iterations of that iteration: same rows in the same order, same dtypes,
+    memory samples and manifest iterations (the events of several nodes interleave their iterations)."""
+    import pandas.testing as pdt
+
+    from dpro_kit.trace import load_trace, select_iterations, split_iterations
+    ts = load_trace(REAL.parent / name)
+    its = sorted(int(i) for i in ts.events["iteration"].unique())
+    assert len(its) >= 2 and not ts.events["iteration"].is_monotonic_increasing
+    parts = split_iterations(ts)
+    assert sorted(parts) == its
+    for i in its:
+        want = select_iterations(ts, [i])
+        pdt.assert_frame_equal(parts[i].events, want.events)
+        pdt.assert_frame_equal(parts[i].memory, want.memory)
+        assert parts[i].manifest == want.manifest and parts[i].edges is ts.edges
+    assert split_iterations(ts, [its[0], 10**6])[10**6].events.empty
