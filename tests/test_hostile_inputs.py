@@ -381,3 +381,17 @@ def test_manifest_rebuilt_from_a_damaged_meta_is_refused(field, value, words, tm
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2 and len(lines) == 1, err
     assert f"host0/0/meta.json [{field}]" in lines[0] and words in lines[0], lines[0]
+
+
+def test_folder_of_job_folders_is_refused(tmp_path, capsys, monkeypatch):
+    """A folder holding several jobs' folders (here a DDP job and a ps-lite job): the ps-lite discoverer,
+    which looks one folder down for its files, replayed the ps-lite job as the folder's (exit 0, 104.8 ms
+    for `dpro replay examples/traces`); now one line naming the job folders, exit 2."""
+    root = tmp_path / "jobs"
+    root.mkdir()
+    for name in ("ddp-2rank-gloo", "pslite-2w1s-200mbit"):
+        shutil.copytree(TRACES / name, root / name)
+    rc, out, err = _replay(root, capsys, monkeypatch, tmp_path)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and out == "" and len(lines) == 1, err
+    assert "sub-folder(s) ddp-2rank-gloo" in lines[0] and f"pass one job's folder, e.g. {root / 'ddp-2rank-gloo'}" in lines[0]

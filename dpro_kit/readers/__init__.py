@@ -73,7 +73,17 @@ def discover_manifest(trace_dir: Path) -> Manifest:
     from ..errors import DproError
 
     trace_dir = Path(trace_dir)
-    for _name, fn in _DISCOVERERS:
+    # a folder of job folders (a bench's output, a download of several jobs): the discoverers that look one
+    # folder down for their files (ps-lite, NCCL) replayed one of those jobs as if it were the folder's
+    # (`dpro replay examples/traces` printed the ps-lite job's 104.8 ms). The per-host folders of one
+    # `dpro profile` job copied together are the first discoverer's, tried before this refusal.
+    jobs = sorted(p.name for p in trace_dir.iterdir() if p.is_dir() and (p / "manifest.json").is_file())
+    for i, (_name, fn) in enumerate(_DISCOVERERS):
+        if i > 0 and jobs:
+            shown = ", ".join(jobs[:3]) + (f" and {len(jobs) - 3} more" if len(jobs) > 3 else "")
+            raise DproError(f"no manifest.json in the directory itself, but its sub-folder(s) {shown} each hold "
+                            "a job"[:400], path=trace_dir,
+                            hint=f"pass one job's folder, e.g. {trace_dir / jobs[0]}"[:400])
         man = fn(trace_dir)
         if man is not None:
             return man
