@@ -142,6 +142,27 @@ class Session:
         self._replays: dict[int, "ReplayResult"] = {}
         self._scheduled: dict[tuple, "ReplayResult"] = {}
 
+    def derive(self, whatif: "WhatIf | None") -> "Session":
+        """A session on the same trace with another what-if, sharing what does not depend on it.
+
+        The trace as read, its alignment and the fitted comm model, and (once this session has
+        replayed the profiled job per iteration) those replays' times, which a what-if session
+        otherwise computes again to pick its iteration and pair its ratios.  The straggler
+        attribution derives one session per rank: on a 440-iteration H100 trace each of them re-read
+        the store, re-fitted and replayed the 440 iterations again.  Same results as a new
+        ``Session(path, whatif=...)`` with this session's options.
+
+        Parameters
+        ----------
+        whatif : WhatIf or None
+            The configuration the new session predicts.
+        """
+        s = Session(self.path, align=self.align, whatif=whatif, per_iteration=self.per_iteration)
+        for k in ("raw", "profiled", "alignment", "fitted", "base_times"):
+            if k in self._stages:
+                s._stages[k] = self._stages[k]
+        return s
+
     # ------------------------------------------------------------------ stages
     def _note(self, msg: str) -> None:
         if self.progress is not None:
@@ -182,7 +203,7 @@ class Session:
             ts, model = self.profiled, None
             if ts is not None:
                 from .costmodel import fit_from_trace
-                model = fit_from_trace(ts)
+                model = self._stages["fitted"] if "fitted" in self._stages else fit_from_trace(ts)   # derive() shares it
                 self._stages["fitted"] = model
                 if self.whatif is not None and self.whatif.recorded_quota:
                     # --recorded-quota where no rank was throttled: the plain replay, bit for bit
@@ -306,6 +327,7 @@ class Session:
         if self.whatif is None:
             runs = replays(ts, build_job)
             median_it = median_of(runs)
+            self._stages["base_times"] = {i: r[0] for i, r in runs.items()}   # what derive()'d what-ifs compare to
         else:
             base_model = self._stages.get("fitted")
 
@@ -313,7 +335,11 @@ class Session:
                 job = Job.from_trace(ts_, comm_model=base_model)
                 g_ = build(job, identity(job), check=False)
                 return job, g_
-            base_runs = replays(self.profiled, build_base)
+            if "base_times" in self._stages and not self.whatif.recorded_quota:
+                # the job as profiled, replayed per iteration by the session this one was derived from
+                base_runs = {i: (ms, None) for i, ms in self._stages["base_times"].items()}
+            else:
+                base_runs = replays(self.profiled, build_base)
             if self.whatif.recorded_quota:
                 # per iteration and op of a throttled rank: the factor that takes the kernel's recorded stops
                 # out of its traced ops (whatif.dethrottle_factors; a factor composes with --slow-rank)

@@ -86,7 +86,6 @@ def attribute(session: Any) -> dict[str, Any]:
         over 1 %, and ``saved_median_iteration_ms``, the saving in the median iteration alone), ``late_start_ms``, and where the collector recorded them ``cpus_used`` / ``limit_cpus`` / ``throttled_ms`` (its CPU per step, its cgroup's quota, time stopped by it per step); ``first`` (the node
         ranked first, or None when no rank saves more than 1 % of the iteration), ``note``.
     """
-    from .session import Session
     from .whatif import COMPUTE_KINDS, WhatIf
 
     ts = session.trace          # the job asked about (a what-if applied), aligned
@@ -114,7 +113,7 @@ def attribute(session: Any) -> dict[str, Any]:
                        throttled_ms=round(u["throttled_us"] / 1e3, 3) if u.get("throttled_us") is not None else None)
         if k < MAX_REPLAYED_RANKS and len(workers) > 1:
             wi = replace(prior, like_median=sorted(set(prior.like_median) | {int(info.rank)}))
-            fixed = Session(session.path, whatif=wi, align=session.align, per_iteration=session.per_iteration)
+            fixed = session.derive(wi)   # shares the read trace, the fit and the per-iteration base replays
             t = fixed.iteration_time_ms()
             saved, held = saved_over_iterations(base_its, fixed.info.get("per_iteration_ms") or {})
             if saved is None:        # one graph of mean durations (or one iteration): that replay alone
