@@ -568,7 +568,8 @@ def _load_trace(trace_dir: Path, progress: Any, store: bool | None, scheduler: s
     if warnings:   # what the readers repaired: the commands print manifest.facts.warnings
         manifest.extra["warnings"] = list(dict.fromkeys(warnings))
     collectives = merge_collectives(raw_colls, manifest)
-    ps = next((c for c in collectives if c.op == "push_pull"), None)
+    from .graph.schemes import SCHEMES   # a PS scheme of any kind (sync, async, step): fuzz case 87074
+    ps = next((c for c in collectives if getattr(SCHEMES.get(c.algorithm), "uses_servers", False)), None)
     if ps is not None and not manifest.servers():   # fuzz case 41565: a server node deleted from the manifest
         mf = trace_dir / "manifest.json"
         raise TraceFormatError(f"tensor {ps.tensor!r} is pushed to a parameter server, and the manifest lists no "

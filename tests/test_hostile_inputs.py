@@ -233,6 +233,9 @@ CASES = {
     "MXNet server node deleted from the manifest (case 41565: refused without naming a file)": (
         "mxnet-ps-2w1s-loopback", "manifest.json", lambda d: d["nodes"].pop("host0/server0"),
         ["manifest.json [nodes]", "pushed to a parameter server", "no node with role 'server'"]),
+    "asynchronous MXNet job's server deleted from the manifest (case 87074: refused without naming a file)": (
+        "mxnet-ps-mlp-async-3w1s-200mbit", "manifest.json", lambda d: d["nodes"].pop("host0/server0"),
+        ["manifest.json [nodes]", "pushed to a parameter server", "no node with role 'server'"]),
     "profiled steps reversed (case 46938: +3.08 % silently)": (
         "ddp-h100-2rank-nccl-cnn", "host1/1/meta.json", lambda d: d["window"]["profiled_steps"].reverse(),
         ["host1/1/meta.json [window.profiled_steps[1]]", "the profiled steps must increase"]),
