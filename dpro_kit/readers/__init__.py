@@ -60,11 +60,22 @@ def available() -> list[str]:
 #: files but they cannot make a usable trace (ranks missing, mixed runs, ...).
 Discoverer = Callable[[Path], "Manifest | None"]
 _DISCOVERERS: list[tuple[str, Discoverer]] = []
+#: discoverers whose input is sub-folders that each hold a ``manifest.json`` (the per-host folders of
+#: one ``dpro profile`` job copied together); :func:`discover_manifest` tries them before it refuses a
+#: folder of job folders
+_OF_JOB_FOLDERS: set[str] = set()
 
 
-def register_discoverer(name: str, fn: Discoverer) -> None:
-    """Add ``fn`` to the discoverers tried, in registration order, by :func:`discover_manifest`."""
+def register_discoverer(name: str, fn: Discoverer, *, reads_job_folders: bool = False) -> None:
+    """Add ``fn`` to the discoverers tried, in registration order, by :func:`discover_manifest`.
+
+    ``reads_job_folders``: ``fn`` reads sub-folders that each hold a ``manifest.json``; only such
+    discoverers see a folder of job folders (the others would take one job in it for the folder's).
+    """
     _DISCOVERERS[:] = [(n, f) for n, f in _DISCOVERERS if n != name] + [(name, fn)]
+    _OF_JOB_FOLDERS.discard(name)
+    if reads_job_folders:
+        _OF_JOB_FOLDERS.add(name)
 
 
 def discover_manifest(trace_dir: Path) -> Manifest:
@@ -76,14 +87,17 @@ def discover_manifest(trace_dir: Path) -> Manifest:
     # a folder of job folders (a bench's output, a download of several jobs): the discoverers that look one
     # folder down for their files (ps-lite, NCCL) replayed one of those jobs as if it were the folder's
     # (`dpro replay examples/traces` printed the ps-lite job's 104.8 ms). The per-host folders of one
-    # `dpro profile` job copied together are the first discoverer's, tried before this refusal.
+    # `dpro profile` job copied together are read by the discoverers registered with reads_job_folders.
     jobs = sorted(p.name for p in trace_dir.iterdir() if p.is_dir() and (p / "manifest.json").is_file())
-    for i, (_name, fn) in enumerate(_DISCOVERERS):
-        if i > 0 and jobs:
-            shown = ", ".join(jobs[:3]) + (f" and {len(jobs) - 3} more" if len(jobs) > 3 else "")
-            raise DproError(f"no manifest.json in the directory itself, but its sub-folder(s) {shown} each hold "
-                            "a job"[:400], path=trace_dir,
-                            hint=f"pass one job's folder, e.g. {trace_dir / jobs[0]}"[:400])
+    if jobs:
+        for name, fn in _DISCOVERERS:
+            man = fn(trace_dir) if name in _OF_JOB_FOLDERS else None
+            if man is not None:
+                return man
+        shown = ", ".join(jobs[:3]) + (f" and {len(jobs) - 3} more" if len(jobs) > 3 else "")
+        raise DproError(f"no manifest.json in the directory itself, but its sub-folder(s) {shown} each hold a job",
+                        path=trace_dir, hint=f"pass one job's folder, e.g. {trace_dir / jobs[0]}")
+    for _name, fn in _DISCOVERERS:
         man = fn(trace_dir)
         if man is not None:
             return man
@@ -109,7 +123,8 @@ register_finisher(horovod.FORMAT, horovod.finish)
 # their richer readers (and kineto_plain skips any folder holding a dpro meta.json or manifest.json)
 from . import dpro_torch_discover, kineto_plain  # noqa: E402
 
-register_discoverer(dpro_torch_discover.FORMAT, dpro_torch_discover.discover)  # per-host dpro profile folders
+register_discoverer(dpro_torch_discover.FORMAT, dpro_torch_discover.discover,  # per-host dpro profile folders
+                    reads_job_folders=True)
 
 # ps-lite message timestamps (patches/ps-lite): a folder of pslite-*.json files; before kineto_plain,
 # which would try any JSON file
