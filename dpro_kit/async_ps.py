@@ -50,6 +50,8 @@ class StepTemplate:
     ops: list[StepOp]
     samples: list[list[float]]            # per profiled step: work of every op (bytes unchanged)
     variables: dict[str, int] = field(default_factory=dict)   # variable -> bytes
+    node: str = ""                        # the worker whose steps these are
+    trace_workers: int = 1                # workers in the traced job (the method wants 1)
 
     def total_bytes(self, res: str) -> int:
         return int(sum(o.work for o in self.ops if o.res == res))
@@ -94,17 +96,27 @@ def template_from_trace(trace_dir: str | Path, *, node: str | None = None, num_p
     A trace of a real ParameterServerStrategy job (``dpro profile`` on its coordinator, docs/tensorflow.md)
     gives more, measured: :func:`_template_from_ps_trace`.
     """
-    from .readers.tf import _graph, classify
     from .trace import load_trace
 
     ts = load_trace(trace_dir)
     workers = ts.manifest.workers()
     node = node or workers[0]
     if (ts.manifest.extra or {}).get("strategy") == "ps" and ts.manifest.raw_format == "tf-xplane":
-        return _template_from_ps_trace(ts, Path(trace_dir), node, num_ps, placement)
-    from .schema import MXNET_RAW_FORMAT
-    if ts.manifest.raw_format == MXNET_RAW_FORMAT:
-        return _template_from_mxnet_trace(ts, Path(trace_dir), node, num_ps, placement)
+        tpl = _template_from_ps_trace(ts, Path(trace_dir), node, num_ps, placement)
+    else:
+        from .schema import MXNET_RAW_FORMAT
+        if ts.manifest.raw_format == MXNET_RAW_FORMAT:
+            tpl = _template_from_mxnet_trace(ts, Path(trace_dir), node, num_ps, placement)
+        else:
+            tpl = _template_from_step_trace(ts, Path(trace_dir), node, num_ps, placement)
+    tpl.node, tpl.trace_workers = node, len(workers)
+    return tpl
+
+
+def _template_from_step_trace(ts: Any, trace_dir: Path, node: str, num_ps: int,
+                              placement: dict[str, int] | None) -> StepTemplate:
+    """:func:`template_from_trace` for a dpro_tf trace of the training step in one process."""
+    from .readers.tf import _graph, classify
     ndir = Path(trace_dir) / (ts.manifest.nodes[node].dir or node)
     if ts.manifest.raw_format != "tf-xplane" and ts.manifest.nodes[node].format != "tf-xplane":
         from .errors import DproError

@@ -217,6 +217,7 @@ def test_cli_on_a_real_trace(tmp_path: Path):
                         "--workers", "1-3", "--json"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
+    assert doc["trace_workers"] == 1 and doc["note"] is None and "note:" not in r.stderr
     # 3 dense layers of width 256: (256*256 + 256) * 2 + 256*10 + 10 floats + lr + step counter
     params = (256 * 256 + 256) * 2 + 256 * 10 + 10
     assert params * 4 <= doc["bytes_down_per_step"] <= params * 4 + 64
@@ -308,3 +309,17 @@ def test_template_from_a_real_mxnet_ps_trace():
     # the 6 profiled steps' compute sums range 4.7-29 ms: the mean of 4 runs of 400 sampled steps
     rate = sum(simulate(tpl, 1, bandwidth_mbit=1e6, steps=400, seed=s).steps_per_s for s in range(4)) / 4
     assert rate == pytest.approx(1e6 / per_step.mean(), rel=0.05)
+
+
+def test_cli_says_when_the_trace_has_several_workers():
+    """The method wants one worker's steps run alone; a 3-worker dist_async trace is used (worker0's
+    steps) with a note on stderr that names the trace, the worker and what to do, and in --json."""
+    trace = Path(__file__).resolve().parents[1] / "examples/traces/mxnet-ps-mlp-async-3w1s-200mbit"
+    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(trace), "--bandwidth", "200",
+                        "--workers", "1-2", "--seeds", "2", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["trace_workers"] == 3 and doc["worker"] == "host3/worker0"
+    note = [ln for ln in r.stderr.splitlines() if "note:" in ln]
+    assert len(note) == 1 and str(trace) in note[0] and "has 3 workers" in note[0] and "host3/worker0" in note[0]
+    assert "profile a 1-worker job" in note[0] and doc["note"] in note[0]

@@ -119,6 +119,14 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
         if not isinstance(place, dict) or not all(isinstance(v, int) for v in place.values()):
             raise DproError("expected a JSON object {variable name: PS index}", path=placement)
     tpl = template_from_trace(trace_dir, num_ps=num_ps, placement=place)
+    many = None
+    if tpl.trace_workers > 1:
+        # the method (seed 004) takes one worker's steps run alone; here they ran beside other workers
+        many = (f"the traced job has {tpl.trace_workers} workers: the step is {tpl.node}'s, whose compute and "
+                f"transfers ran beside the other {tpl.trace_workers - 1}, so its times may include their "
+                "contention and are not calibrated by the trace; profile a 1-worker job (or give --measured-1w) "
+                "for the prediction the method describes")
+        click.echo(f"dpro: note: {trace_dir}: {many}", err=True)
     from_trace = None
     if measured is None and step_overhead_ms is None:
         # a traced ParameterServerStrategy job measured its own 1-worker steps (the coordinator's, unprofiled)
@@ -143,6 +151,7 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     doc = {"trace": str(trace_dir), "bandwidth_mbit": bandwidth, "effective_bandwidth_mbit": kw["bandwidth_mbit"],
            "ps": num_ps, "step_overhead_ms": ovh_us / 1e3, "measured_1w": measured,
            "measured_1w_from_trace": from_trace is not None,
+           "trace_workers": tpl.trace_workers, "worker": tpl.node, "note": many,
            "bytes_down_per_step": tpl.total_bytes("down"), "bytes_up_per_step": tpl.total_bytes("up"),
            "seeds": seeds, "saturation_workers": sat, "sharing": sharing, "run_steps": run_steps,
            "link": None if link is None else {"file": str(link_file), "goodput": link["goodput"],
