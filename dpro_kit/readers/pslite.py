@@ -203,6 +203,46 @@ def _root(manifest: Manifest, node: str, node_dir: Path) -> Path:
     return root
 
 
+def _check_request_ends(by_node: dict[str, dict[str, Any]], req: dict[tuple[int, int, int], dict[str, Any]],
+                        ends: dict[tuple[int, int, int], dict[str, tuple]], wname: dict[int, str],
+                        sname: dict[int, str]) -> None:
+    """Refuse a pair of files where one end of a request is missing (a deleted record), naming the file.
+
+    * A request the server received that its worker's file does not have: a missing pull request
+      dropped its iteration from the replayed ones without a word (fuzz case 34300: +9.46 %); a
+      missing push request would shift the iteration count of the key's later pushes.
+    * The mirror: a request the worker sent that its server's file does not have. ps-lite numbers a
+      customer's requests, so inside the span of request timestamps the server recorded from that
+      worker a gap is a deleted record (no clocks are compared); a server that recorded none of a
+      worker's requests lost its records (fuzz case 74696: a server's records emptied replayed as 0.0 ms).
+    """
+    seen: dict[tuple[int, int], list[int]] = defaultdict(list)   # (worker, server) -> request ts received
+    for (w, s, ts), e in ends.items():
+        if "server_recv_req" not in e:
+            continue
+        seen[(w, s)].append(ts)
+        if s in sname and w in wname and (w, s, ts) not in req:
+            raise TraceFormatError(f"server node id {s} received a request (timestamp {ts}) from node id {w} that "
+                                   "this file does not record: a record is missing", path=by_node[wname[w]]["path"],
+                                   hint="copy the worker's file again from the job's trace folder")
+    sent: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for (w, s, ts) in req:
+        sent[(w, s)].append(ts)
+    for (w, s), tss in sorted(sent.items()):
+        got = seen.get((w, s))
+        path = by_node[sname[s]]["path"]
+        if not got:
+            raise TraceFormatError(f"server node id {s} recorded none of the {len(tss)} requests node id {w} sent "
+                                   "to it", path=path, record="records",
+                                   hint="copy the server's file again from the job's trace folder")
+        lo, hi = min(got), max(got)
+        gone = [ts for ts in tss if lo <= ts <= hi and "server_recv_req" not in ends[(w, s, ts)]]
+        if gone:
+            raise TraceFormatError(f"node id {w} sent a request (timestamp {gone[0]}) that this server's file does "
+                                   f"not record ({len(gone)} such): a record is missing", path=path,
+                                   hint="copy the server's file again from the job's trace folder")
+
+
 @functools.lru_cache(maxsize=8)
 def _transfers(stamp: tuple) -> dict[str, Any]:
     from ..graph.topology import Links, txn_id
@@ -249,39 +289,7 @@ def _transfers(stamp: tuple) -> dict[str, Any]:
                                        hint="the file's node_id or its records were edited; copy the node's file "
                                             "again from the job's trace folder")
             ends[(w, s, ts)][f"{where}_{ev}_{'req' if request else 'res'}"] = r
-    # a request the server received that its worker's file does not have: a record was deleted from that
-    # file. A missing pull request dropped its iteration from the replayed ones without a word (fuzz case
-    # 34300: +9.46 %); a missing push request would shift the iteration count of the key's later pushes
-    for (w, s, ts), e in ends.items():
-        if "server_recv_req" in e and s in sname and w in wname and (w, s, ts) not in req:
-            d = by_node[wname[w]]
-            raise TraceFormatError(f"server node id {s} received a request (timestamp {ts}) from node id {w} that "
-                                   "this file does not record: a record is missing", path=d["path"],
-                                   hint="copy the worker's file again from the job's trace folder")
-    # the mirror case: a request the worker sent that its server's file does not have. Inside the span of
-    # request timestamps the server recorded from that worker (ps-lite numbers a customer's requests, so
-    # no clocks are compared) a gap is a deleted record; a server that recorded none of a worker's
-    # requests lost its records (fuzz case 74696: a server's records emptied replayed as 0.0 ms)
-    seen: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for (w, s, ts), e in ends.items():
-        if "server_recv_req" in e:
-            seen[(w, s)].append(ts)
-    sent: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for (w, s, ts) in req:
-        sent[(w, s)].append(ts)
-    for (w, s), tss in sorted(sent.items()):
-        got = seen.get((w, s))
-        d = by_node[sname[s]]
-        if not got:
-            raise TraceFormatError(f"server node id {s} recorded none of the {len(tss)} requests node id {w} sent "
-                                   "to it", path=d["path"], record="records",
-                                   hint="copy the server's file again from the job's trace folder")
-        lo, hi = min(got), max(got)
-        gone = [ts for ts in tss if lo <= ts <= hi and "server_recv_req" not in ends[(w, s, ts)]]
-        if gone:
-            raise TraceFormatError(f"node id {w} sent a request (timestamp {gone[0]}) that this server's file does "
-                                   f"not record ({len(gone)} such): a record is missing", path=d["path"],
-                                   hint="copy the server's file again from the job's trace folder")
+    _check_request_ends(by_node, req, ends, wname, sname)
     # transfers of the DFG: push requests and pull responses
     xfers = []
     for (w, s, ts), q in req.items():
