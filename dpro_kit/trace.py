@@ -277,10 +277,14 @@ def select_iterations(ts: TraceSet, iterations: Iterable[int]) -> TraceSet:
         Profiled iteration numbers to keep.
     """
     keep = [int(i) for i in iterations]
-    ev = ts.events[ts.events["iteration"].isin(keep)].reset_index(drop=True)
-    mem = ts.memory[ts.memory["iteration"].isin(keep)].reset_index(drop=True) if ts.memory is not None else None
+    mem = ts.memory if ts.memory is not None else empty_memory()
+    return _restricted(ts, set(keep), ts.events[ts.events["iteration"].isin(keep)], mem[mem["iteration"].isin(keep)])
+
+
+def _restricted(ts: TraceSet, keep: set[int], events: pd.DataFrame, memory: pd.DataFrame) -> TraceSet:
+    """``ts`` with these rows (of the iterations ``keep``) and the manifest's iterations narrowed to ``keep``."""
     man = replace(ts.manifest, iterations=[i for i in ts.manifest.iterations if i in keep])
-    return replace(ts, manifest=man, events=ev, memory=mem if mem is not None else empty_memory())
+    return replace(ts, manifest=man, events=events.reset_index(drop=True), memory=memory.reset_index(drop=True))
 
 
 def split_iterations(ts: TraceSet, iterations: Iterable[int] | None = None) -> dict[int, TraceSet]:
@@ -299,23 +303,19 @@ def split_iterations(ts: TraceSet, iterations: Iterable[int] | None = None) -> d
     iterations : iterable of int or None
         The iterations wanted (default: every one in ``ts.events``); one not in the trace gives an empty one.
     """
-    def by_iteration(df: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    def by_iteration(df: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
         it = df["iteration"].to_numpy(dtype=np.int64)
         order = np.argsort(it, kind="stable")
-        srt = df.take(order)
-        return srt, it[order], order
+        return df.take(order), it[order]
 
-    ev, ev_it, _ = by_iteration(ts.events)
-    mem = ts.memory if ts.memory is not None else empty_memory()
-    mm, mm_it, _ = by_iteration(mem)
+    ev, ev_it = by_iteration(ts.events)
+    mm, mm_it = by_iteration(ts.memory if ts.memory is not None else empty_memory())
     wanted = sorted({int(i) for i in ev_it}) if iterations is None else [int(i) for i in iterations]
     out: dict[int, TraceSet] = {}
     for i in wanted:
         a, b = np.searchsorted(ev_it, i, "left"), np.searchsorted(ev_it, i, "right")
         c, d = np.searchsorted(mm_it, i, "left"), np.searchsorted(mm_it, i, "right")
-        man = replace(ts.manifest, iterations=[j for j in ts.manifest.iterations if j == i])
-        out[i] = replace(ts, manifest=man, events=ev.iloc[a:b].reset_index(drop=True),
-                         memory=mm.iloc[c:d].reset_index(drop=True))
+        out[i] = _restricted(ts, {i}, ev.iloc[a:b], mm.iloc[c:d])
     return out
 
 
