@@ -227,7 +227,8 @@ def test_both_directions_are_limited(pattern: str) -> None:
     fan-out the upload shaper (host-side veth).  Unshaped in the other
     direction this would give ~2x the rate."""
     rate, size = 200, 5_000_000
-    with EmulatedCluster(hosts=3, rate_mbit=rate, prefix=PREFIX) as c:
+
+    def once(c: EmulatedCluster) -> tuple[float, list[dict]]:
         if pattern == "fan-in":     # host1 + host2 -> host0
             sinks = [c.run(0, [PY, "-c", SINK, "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)]
             _wait_ready(sinks[0])
@@ -241,13 +242,21 @@ def test_both_directions_are_limited(pattern: str) -> None:
         recs = [json.loads(_finish(p)[0].strip().splitlines()[-1]) for p in sinks]
         for p in srcs:
             assert p.wait(timeout=30) == 0
-    nbytes = sum(r["bytes"] for r in recs)
-    secs = max(r["t1"] for r in recs) - min(r["t0"] for r in recs)
-    mbit = nbytes * 8 / secs / 1e6
+        assert sum(r["bytes"] for r in recs) == 2 * size
+        secs = max(r["t1"] for r in recs) - min(r["t0"] for r in recs)
+        return 2 * size * 8 / secs / 1e6, recs
+
+    # the shaper caps every attempt; reaching the rate needs the senders to get CPU, which a loaded
+    # machine (a CI run beside other engineers' benches) may not give: the best of up to 3 attempts
+    tries = []
+    with EmulatedCluster(hosts=3, rate_mbit=rate, prefix=PREFIX) as c:
+        while len(tries) < 3 and (not tries or max(m for m, _ in tries) < 0.85 * rate):
+            tries.append(once(c))
+    mbit, recs = max(tries, key=lambda t: t[0])
     print(f"\n[cluster] {pattern}: 2 flows x {size / 1e6:.0f} MB through one {rate} Mbit/s "
-          f"link: aggregate {mbit:.1f} Mbit/s ({mbit / rate - 1:+.1%})")
-    assert nbytes == 2 * size
-    assert abs(mbit - rate) <= 0.15 * rate, (mbit, recs)
+          f"link: aggregate {mbit:.1f} Mbit/s ({mbit / rate - 1:+.1%}; {len(tries)} attempt(s))")
+    assert all(m <= 1.15 * rate for m, _ in tries), tries    # unshaped, two flows would give ~2x
+    assert mbit >= 0.85 * rate, tries
 
 
 @needs_netns
