@@ -21,6 +21,11 @@ All statistics are medians over rounds.
     python bench/horovod_accuracy.py --json rows.json --keep traces/
     python bench/horovod_accuracy.py --repredict rows.json --keep traces/   # same measurements, this code's predictions
     python bench/horovod_accuracy.py --repredict rows.json --keep traces/ --recorded-quota   # ... with the CFS quota model
+    python bench/horovod_accuracy.py --pin 0,1            # host0 on CPU 0, host1 on CPU 1, no CFS quota
+
+``--pin`` gives each host its cores (``dpro_kit.jobs.CpuBudget`` ``cpusets``, no quota) instead of
+a 1-CPU CFS quota: the same CPU per host, without the kernel's stops of a throttled group for the
+rest of a 100 ms period (docs/horovod.md, "pinned"); the profiled and the measured runs alike.
 """
 from __future__ import annotations
 
@@ -51,12 +56,13 @@ def run(args, work: Path, model: str, rate: float | None, *, profile: Path | Non
     times = work / f"times-{tag}.json"
     iters = args.iters if profile is None else args.prof_start + args.prof_steps + 3 - args.warmup
     argv = [PY, "-m", "dpro_torch.hvd_launch", "--", PY, str(TRAIN), "--model", model, "--quiet",
-            "--threads", str(max(1, int(args.cpus_per_host))),
+            "--threads", str(threads_per_host(args)),
             "--warmup", str(args.warmup), "--iters", str(iters), "--json-out", str(times)]
     env = {"PYTHONPATH": f"{ROOT}:{ROOT / 'collectors' / 'torch'}", **(knobs or {})}
     with open(work / "jobs.log", "a") as log:
         r = run_job(argv, hosts=2, ranks_per_host=None, rate_mbit=rate, cluster=True, env=env,
-                    cpus_per_host=args.cpus_per_host, cpu_period_us=int(args.cpu_period_ms * 1000), profile=profile,
+                    cpus_per_host=None if args.pin else args.cpus_per_host, cpusets=args.pin,
+                    cpu_period_us=int(args.cpu_period_ms * 1000), profile=profile,
                     steps=f"{args.prof_start}:{args.prof_start + args.prof_steps}", log=log,
                     timeout=args.job_timeout, prefix=args.prefix)
     if not times.exists():
@@ -64,6 +70,14 @@ def run(args, work: Path, model: str, rate: float | None, *, profile: Path | Non
         return None
     CPU_SHARE[tag] = cpu_share(times)
     return job_iteration_ms(times)
+
+
+def threads_per_host(args) -> int:
+    """torch threads of a rank: the host's CPUs (its pinned cores, or its quota), at least 1."""
+    if args.pin:
+        from dpro_kit.jobs import parse_cpu_list
+        return max(1, min(len(parse_cpu_list(cs)) for cs in args.pin))
+    return max(1, int(args.cpus_per_host))
 
 
 #: tag -> the job's CPU time / wall time per iteration (median over iterations, busiest rank)
@@ -106,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-period-ms", type=float, default=100.0,
                     help="CFS period of the per-host CPU budget (dpro_kit.jobs.CpuBudget; the kernel's 100 ms by "
                          "default; 10 ms spreads a quota's stops over an iteration instead of one long stop)")
+    ap.add_argument("--pin", default="", metavar="LAYOUT",
+                    help="pin the 2 hosts to cores instead of a CPU quota: one kernel cpu list per host, "
+                         "comma-separated (0,1: host0 on CPU 0, host1 on CPU 1); no CFS quota then "
+                         "(--cpus-per-host and --cpu-period-ms are ignored)")
     ap.add_argument("--whatif-on", default="mlp-200",
                     help="MODEL-RATE configurations that also get the what-if rows ('' = none)")
     ap.add_argument("--job-timeout", type=float, default=300)
@@ -117,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recorded-quota", action="store_true",
                     help="predict with `dpro replay --recorded-quota` (docs/whatif.md, 'CPU quota')")
     args = ap.parse_args(argv)
+    args.pin = [x.strip() for x in args.pin.split(",")] if args.pin else None
+    if args.pin is not None and len(args.pin) != 2:
+        ap.error(f"--pin: {len(args.pin)} cpu lists for 2 hosts (one per host, e.g. 0,1)")
     global RECORDED_QUOTA
     RECORDED_QUOTA = args.recorded_quota
     if args.repredict:

@@ -16,7 +16,9 @@ The one harness every bench (and the demo, and the tests) uses to launch real di
 * ``cpus_per_host=C``: every host's processes run in their own cgroup (v1 ``cpu`` controller,
   ``cpu.cfs_quota_us = C * cpu.cfs_period_us``) under a parent group unique to the call,
   removed afterwards (also on errors).  Without the controller, :class:`~dpro_kit.errors.DproError`
-  says so.  ``cpusets=["0", "0", "1"]`` also pins each host to its cores (v1 ``cpuset``).
+  says so.  ``cpusets=["0", "0", "1"]`` also pins each host to its cores (v1 ``cpuset``);
+  ``cpusets`` without ``cpus_per_host`` pins the hosts and sets no quota (a host has its cores,
+  no CFS bandwidth control stops it).
 * :func:`alternate` runs variants A/B/A/B... (or a seeded shuffle per round) and collects
   their numbers; :func:`paired_table` prints medians and ratios taken within each round.
 
@@ -150,7 +152,12 @@ class CpuBudget:
         Number of groups (``host0`` .. ``host<hosts-1>``).
     cpus:
         CPUs each group may use: ``cpu.cfs_quota_us = cpus * cpu.cfs_period_us``;
-        a sequence gives each host its own budget (a slowed host: stragglers).
+        a sequence gives each host its own budget (a slowed host: stragglers).  ``None`` (only
+        with ``cpusets``): no quota at all (``cpu.cfs_quota_us`` stays -1); each host's budget is
+        its cores, so the kernel never throttles it (:attr:`cpus_per_host` = the number of CPUs
+        in its list, :attr:`quotas_us` None).  A host pinned alone to one core uses at most one
+        CPU, like a 1-CPU quota, without the quota's stops of the rest of a period when its
+        threads together ran more than one CPU-period's worth (docs/horovod.md, "pinned").
     period_us:
         ``cpu.cfs_period_us`` (default 100 ms, the kernel's).  A throttled group runs its quota and
         then stalls for the rest of the period: with 100 ms, a cut budget shows in a ~30 ms
@@ -183,7 +190,7 @@ class CpuBudget:
 
     PERIOD_US = 100_000
 
-    def __init__(self, hosts: int, cpus: "float | Sequence[float]", *, prefix: str = "dpro",
+    def __init__(self, hosts: int, cpus: "float | Sequence[float] | None", *, prefix: str = "dpro",
                  period_us: int = PERIOD_US, shares: int | None = None,
                  cpusets: "Sequence[str] | None" = None) -> None:
         root = cgroup_cpu_root()
@@ -192,7 +199,14 @@ class CpuBudget:
                             "cgroup v1 `cpu` hierarchy mounted)",
                             hint="run without a CPU budget (cpus_per_host=None), or as root on a machine "
                                  "with /sys/fs/cgroup/cpu")
-        per_host = [float(c) for c in cpus] if isinstance(cpus, (list, tuple)) else [float(cpus)] * hosts
+        if cpus is None and cpusets is None:
+            raise DproError("a CPU budget needs cpus (a quota per host) or cpusets (cores per host)",
+                            hint="e.g. cpus=1.0, or cpusets=['0', '1'] for one core per host without a quota")
+        self.cpusets = self._check_cpusets(hosts, cpusets) if cpusets is not None else None
+        if cpus is None:
+            per_host = [float(len(cs)) for cs in self.cpusets or []]
+        else:
+            per_host = [float(c) for c in cpus] if isinstance(cpus, (list, tuple)) else [float(cpus)] * hosts
         if len(per_host) != hosts or min(per_host) <= 0:
             raise DproError(f"cpus_per_host must be > 0 for each of the {hosts} hosts, got {cpus}")
         with _LOCK:
@@ -202,23 +216,24 @@ class CpuBudget:
         self.period_us = int(period_us)
         if not 1000 <= self.period_us <= 1_000_000:
             raise DproError(f"cpu period must be 1000..1000000 us, got {period_us}")
-        self.quotas_us = [int(round(c * self.period_us)) for c in per_host]
-        self.quota_us = self.quotas_us[0]
-        if min(self.quotas_us) < 1000:
+        #: per host ``cpu.cfs_quota_us`` written, or None: no quota (``cpus=None``, pinned only)
+        self.quotas_us: "list[int] | None" = None if cpus is None else [int(round(c * self.period_us)) for c in per_host]
+        self.quota_us = self.quotas_us[0] if self.quotas_us else None
+        if self.quotas_us and min(self.quotas_us) < 1000:
             raise DproError(f"a CPU budget of {min(per_host):g} CPU is a quota under 1 ms in a {self.period_us} us "
                             "period, which the kernel refuses", hint="use a longer period or a larger budget")
         self.cpus_per_host = per_host
-        self.cpusets = self._check_cpusets(hosts, cpusets) if cpusets is not None else None
         self.cpuset_parent = CGROUP_CPUSET_ROOT / self.parent.name if self.cpusets is not None else None
         self.cpuset_groups = [self.cpuset_parent / f"host{i}" for i in range(hosts)] if self.cpuset_parent else []
         self.parent.mkdir()
         try:
             if shares is not None:
                 (self.parent / "cpu.shares").write_text(str(int(shares)))
-            for g, q in zip(self.groups, self.quotas_us):
+            for i, g in enumerate(self.groups):
                 g.mkdir()
-                (g / "cpu.cfs_period_us").write_text(str(self.period_us))
-                (g / "cpu.cfs_quota_us").write_text(str(q))
+                if self.quotas_us is not None:
+                    (g / "cpu.cfs_period_us").write_text(str(self.period_us))
+                    (g / "cpu.cfs_quota_us").write_text(str(self.quotas_us[i]))
             if self.cpuset_parent is not None:
                 # a new cpuset group starts with no CPUs and no memory nodes: the parent needs both before
                 # a child can have any (a child's are a subset of its parent's)
@@ -385,7 +400,8 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
         :class:`CpuBudget` ``shares`` (the job's weight against other load on this machine).
     cpusets:
         :class:`CpuBudget` ``cpusets``: one kernel cpu list per host (the cores its processes may
-        run on; cgroup v1 ``cpuset``), or None; needs ``cpus_per_host``.
+        run on; cgroup v1 ``cpuset``), or None.  Without ``cpus_per_host`` the hosts are pinned
+        and get no CFS quota (:class:`CpuBudget` ``cpus=None``).
     profile:
         Folder for ``dpro profile --out``; every host's launcher is ``dpro profile --host host<i>``.
     steps:
@@ -420,11 +436,8 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
         raise DproError("a second link (second_rate_mbit) needs an emulated cluster",
                         hint="give rate_mbit, or cluster=True")
     out = subprocess.DEVNULL if log is None else log
-    if cpusets is not None and cpus_per_host is None:
-        raise DproError("a core layout (cpusets) needs a CPU budget (cpus_per_host)",
-                        hint="give cpus_per_host, e.g. 1.0 per host")
     budget = CpuBudget(hosts, cpus_per_host, prefix=prefix, period_us=cpu_period_us, shares=cpu_shares,
-                       cpusets=cpusets) if cpus_per_host is not None else None
+                       cpusets=cpusets) if cpus_per_host is not None or cpusets is not None else None
     emu = None
     procs: list[subprocess.Popen] = []
     t0 = time.time()

@@ -27,6 +27,7 @@ from conftest import TRAIN, netns_unusable_reason  # noqa: E402
 
 PREFIX = "dpjt"
 PY = sys.executable
+ROOT = Path(__file__).resolve().parents[1]
 _NETNS = netns_unusable_reason(PREFIX)
 needs_netns = pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
 needs_cgroup = pytest.mark.skipif(jobs.cgroup_cpu_root() is None,
@@ -224,6 +225,31 @@ def test_cpuset_layout_bad_input() -> None:
         with pytest.raises(DproError, match=msg.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
                            .replace(")", r"\)")):
             jobs.CpuBudget(2, 0.5, prefix=PREFIX, cpusets=layout)
-    with pytest.raises(DproError, match="needs a CPU budget"):
-        run_job([PY, "-c", "pass"], hosts=1, cpusets=["0"], prefix=PREFIX)
+    with pytest.raises(DproError, match="needs cpus .a quota per host. or cpusets"):
+        jobs.CpuBudget(1, None, prefix=PREFIX)
+    assert _ours_left()[0] == [] and not list(jobs.CGROUP_CPUSET_ROOT.glob(f"{PREFIX}-*"))
+
+
+@needs_cpuset
+def test_cpuset_layout_without_quota(tmp_path: Path) -> None:
+    """cpusets without cpus_per_host: each host pinned to its core, its cpu group has no CFS quota
+    (cfs_quota_us -1: the kernel never throttles it), and the collector's reader of the quota says
+    "unlimited" (None); the budget counts the host's cores as its CPUs."""
+    have = jobs.parse_cpu_list((jobs.CGROUP_CPUSET_ROOT / "cpuset.effective_cpus").read_text())
+    layout = [str(have[-1]), str(have[0])]
+    probe = PIN_PROBE.replace("json.dump({", "sys.path.insert(0, sys.argv[2]); from dpro_torch.recorder import "
+                              "cgroup_cpu_limit\nq = open('/sys/fs/cgroup/cpu' + cg['cpu'] + '/cpu.cfs_quota_us')"
+                              ".read().strip()\njson.dump({'quota': q, 'limit': cgroup_cpu_limit(), ")
+    r = run_job([PY, "-c", probe, str(tmp_path / "h{i}.json"), str(ROOT / "collectors" / "torch")], hosts=2,
+                cpusets=layout, prefix=PREFIX, timeout=60)
+    assert r.ok, r
+    for i in range(2):
+        doc = json.loads((tmp_path / f"h{i}.json").read_text())
+        assert doc["affinity"] == [int(layout[i])] and doc["thread_affinity"] == [int(layout[i])], doc
+        assert doc["quota"] == "-1" and doc["limit"] is None, doc
+        assert doc["cpu"] == "/" + str(r.cgroups[i].relative_to(jobs.CGROUP_CPU_ROOT)), doc
+    with jobs.CpuBudget(2, None, prefix=PREFIX, cpusets=layout) as b:
+        assert b.quotas_us is None and b.quota_us is None and b.cpus_per_host == [1.0, 1.0]
+        assert (b.groups[0] / "cpu.cfs_quota_us").read_text().strip() == "-1"
+        assert b.core_load == {have[0]: 1.0, have[-1]: 1.0} if len(have) > 1 else {have[0]: 2.0}
     assert _ours_left()[0] == [] and not list(jobs.CGROUP_CPUSET_ROOT.glob(f"{PREFIX}-*"))
