@@ -23,6 +23,10 @@ The autotuner's sampling (``HOROVOD_AUTOTUNE_WARMUP_SAMPLES``, ``..._STEPS_PER_S
     python bench/horovod_ab.py                                  # mlp,cnn x 100,300 Mbit/s, 3 rounds
     python bench/horovod_ab.py --models mlp --rates 200 --rounds 2
     python bench/horovod_ab.py --configs cnn-100,cnn-300,mlp-300 --json ab.json --keep ab/
+    python bench/horovod_ab.py --configs cnn-300 --pin 0,1      # one core per host, no CFS quota
+
+``--pin`` as in bench/horovod_accuracy.py: each host pinned to its cores (``dpro_kit.jobs.CpuBudget``
+``cpusets``) with no CFS quota, for the profile and every measured run.
 """
 from __future__ import annotations
 
@@ -51,19 +55,27 @@ def job(args, work: Path, model: str, rate: float, tag: str, *, iters: int, plan
     times.unlink(missing_ok=True)
     launch = [PY, "-m", "dpro_torch.hvd_launch"] + (["--plan", str(plan)] if plan else [])
     argv = launch + ["--", PY, str(TRAIN), "--model", model, "--quiet", "--threads",
-                     str(max(1, int(args.cpus_per_host))), "--warmup", str(args.warmup), "--iters", str(iters),
+                     str(threads_per_host(args)), "--warmup", str(args.warmup), "--iters", str(iters),
                      "--json-out", str(times)]
     with open(work / "jobs.log", "a") as log:
         log.write(f"\n=== {tag} {' '.join(argv)}\n")
         log.flush()
         run_job(argv, hosts=2, ranks_per_host=None, rate_mbit=rate, cluster=True,
                 env={"PYTHONPATH": f"{ROOT}:{ROOT / 'collectors' / 'torch'}", **(env or {})},
-                cpus_per_host=args.cpus_per_host, profile=profile, steps=args.prof_steps, log=log,
+                cpus_per_host=None if args.pin else args.cpus_per_host, cpusets=args.pin, profile=profile, steps=args.prof_steps, log=log,
                 timeout=args.job_timeout, prefix=args.prefix)
     if not times.exists():
         print(f"  job failed ({tag}); see {work / 'jobs.log'}", flush=True)
         return None
     return times
+
+
+def threads_per_host(args) -> int:
+    """torch threads of a rank: the host's CPUs (its pinned cores, or its quota), at least 1."""
+    if args.pin:
+        from dpro_kit.jobs import parse_cpu_list
+        return max(1, min(len(parse_cpu_list(cs)) for cs in args.pin))
+    return max(1, int(args.cpus_per_host))
 
 
 def converged_ms(times: Path, log: Path, min_iters: int) -> tuple[float | None, dict]:
@@ -107,12 +119,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--autotune-env", default="", help="extra HOROVOD_AUTOTUNE_* settings, KEY=VALUE,...")
     ap.add_argument("--prof-steps", default="12:17")
     ap.add_argument("--cpus-per-host", type=float, default=1.0)
+    ap.add_argument("--pin", default="", metavar="LAYOUT",
+                    help="pin the 2 hosts to cores instead of a CPU quota: one kernel cpu list per host, "
+                         "comma-separated (0,1); no CFS quota then (--cpus-per-host is ignored)")
     ap.add_argument("--budget", type=float, default=60.0, help="dpro optimize search budget (s)")
     ap.add_argument("--job-timeout", type=float, default=900)
     ap.add_argument("--prefix", default="hvp", help="name prefix of the namespaces and cgroups")
     ap.add_argument("--json", default="", help="write every measurement here")
     ap.add_argument("--keep", default="", help="keep traces and plans under this folder")
     args = ap.parse_args(argv)
+    args.pin = [x.strip() for x in args.pin.split(",")] if args.pin else None
+    if args.pin is not None and len(args.pin) != 2:
+        ap.error(f"--pin: {len(args.pin)} cpu lists for 2 hosts (one per host, e.g. 0,1)")
+    cpu_desc = f"pinned to CPUs {args.pin} (no quota)" if args.pin else f"{args.cpus_per_host:g} CPU per host"
     from dpro_kit.optimize.driver import OptimizeOptions, optimize
     from dpro_kit.session import Session
     tune_env = dict(kv.split("=", 1) for kv in args.autotune_env.split(",") if kv)
@@ -125,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             if True:
                 rate = float(rate_s)
                 cfg = f"{model}-{rate_s}"
-                print(f"\n## {model}, 2 hosts x 1 rank, {rate_s} Mbit/s, {args.cpus_per_host:g} CPU per host",
+                print(f"\n## {model}, 2 hosts x 1 rank, {rate_s} Mbit/s, {cpu_desc}",
                       flush=True)
                 trace = work / f"T-{cfg}"
                 prof_iters = int(args.prof_steps.split(":")[1]) + 3 - args.warmup
