@@ -86,7 +86,7 @@ def compile_trace(ts: TraceSet) -> Any:
 
 
 def _compile_trace(ts: TraceSet) -> Any:
-    from ..replay.engine import OpKeys, compile_arrays, index_dtype
+    from ..replay.engine import OpKeys, compile_arrays, csr_from_edges, index_dtype
 
     if any(c.algorithm != "nccl" for c in ts.collectives):
         return None
@@ -122,6 +122,9 @@ def _compile_trace(ts: TraceSet) -> Any:
         return None                     # the builder's validate() words it
     gnode, gop, gkind = nc[r0], oc[r0], kc[r0]            # (int32 / int16 codes)
     gstream, stream_u = _encode(ev["stream"], r0)  # stream only at each op's first row
+    # arrays are dropped once used: memory freed during the call is reused by later arrays, and a first
+    # call pays ~2 ms of system time per MB of fresh memory here (docs/scale.md "Sixth pass")
+    del nc, oc, kc, r0
     node_idx: dict[str, int] = {n: i for i, n in enumerate(node_u)}
     op_idx: dict[str, int] = {o: i for i, o in enumerate(op_u)}
     names = list(node_u)
@@ -267,6 +270,7 @@ def _compile_trace(ts: TraceSet) -> Any:
         s_all[:n_dep] = ends[0::2]
         d_all[:n_dep] = ends[1::2]
         del ends
+    table = None                        # (find is not called after this)
     del variants, vcodes
     s_all[n_dep:n_dep + n_c] = c_src
     d_all[n_dep:n_dep + n_c] = c_dst
@@ -291,6 +295,7 @@ def _compile_trace(ts: TraceSet) -> Any:
     node_by_rank = np.empty(n_nodes, dtype=np.int64)
     used_nodes = rank_of >= 0
     node_by_rank[rank_of[used_nodes]] = np.flatnonzero(used_nodes)
+    del owner, has_succ, has_pred, not_first, valid, sinks, sources, used_nodes
     # (networkx's adjacency order - sources in insertion order, each one's successors in order of
     # addition - is what compile_arrays' stable counting sort by source makes of this order)
     # devices: node:stream of each traced op (numbered by compile_arrays in topological order)
@@ -308,21 +313,34 @@ def _compile_trace(ts: TraceSet) -> Any:
                                           f"{stream_u[int(x) % max(len(stream_u), 1)]}", len(dev_names))
                      for x in np.asarray(dpairs)], dtype=np.int64)
     nv = len(v_left) + n_nodes
-    dev0 = np.concatenate([dmap[dcode] if dmap.size else np.zeros(0, dtype=dt), np.full(nv, -1, dtype=dt)]).astype(dt, copy=False)
-    dur = np.concatenate([mean, np.zeros(nv)])
-    prio = np.concatenate([np.zeros(ng), np.asarray(v_prio, dtype=np.float64), np.zeros(n_nodes)])
+    ntot = ng + nv
+    dev0 = np.empty(ntot, dtype=dt)                 # (filled in place: no int64 temporaries)
+    if dmap.size:
+        np.take(dmap.astype(dt), dcode, out=dev0[:ng])
+    dev0[ng:] = -1
+    del dcode, gstream
+    dur = np.zeros(ntot)
+    dur[:ng] = mean
+    del mean
+    prio = np.zeros(ntot)
+    prio[ng:ng + len(v_left)] = v_prio
     # keys "node|op" (SYNC: "|SYNC t") as codes into two name tables (OpKeys: strings on demand)
     v_l = np.asarray(v_left, dtype=np.int64)
-    keys = OpKeys(names + [""], ["|" + o for o in op_u + rnames + ["STEP_END"]],
-                  _small(np.concatenate([gnode, np.where(v_l < 0, len(names), v_l), node_by_rank]), len(names) + 1),
-                  _small(np.concatenate([gop, np.asarray(v_right, dtype=np.int64),
-                                  np.full(n_nodes, len(op_u) + len(rnames), dtype=np.int64)]), len(op_u) + len(rnames) + 1))
-    return compile_arrays(keys, dur, prio, dev0, list(dev_names), s_arr, d_arr, it_pairs, dedupe=True)
-
-
-def _small(codes: np.ndarray, n: int) -> np.ndarray:
-    """``codes`` (values ``< n``) as int32 when they fit (half the memory), else int64."""
-    return codes.astype(np.int32 if n < 2 ** 31 else np.int64, copy=False)
+    kl = np.empty(ntot, dtype=np.int32 if len(names) + 1 < 2 ** 31 else np.int64)
+    kl[:ng] = gnode
+    kl[ng:ng + v_l.size] = np.where(v_l < 0, len(names), v_l)
+    kl[ng + v_l.size:] = node_by_rank
+    nright = len(op_u) + len(rnames) + 1
+    kr = np.empty(ntot, dtype=np.int32 if nright < 2 ** 31 else np.int64)
+    kr[:ng] = gop
+    kr[ng:ng + v_l.size] = v_right
+    kr[ng + v_l.size:] = nright - 1
+    del gnode, gop, gkind
+    keys = OpKeys(names + [""], ["|" + o for o in op_u + rnames + ["STEP_END"]], kl, kr)
+    # the CSR here (repeated edges dropped), so that the edge arrays are freed before compile_arrays' work
+    csr = csr_from_edges(ntot, s_arr, d_arr, dedupe=True)
+    del s_arr, d_arr, s_all, d_all
+    return compile_arrays(keys, dur, prio, dev0, list(dev_names), None, None, it_pairs, csr=csr)
 
 
 @njit(cache=True)

@@ -282,8 +282,8 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
     m_all = max(qoff[ndev], 1)
     q_p = np.empty(m_all, dtype=np.float64)
     q_r = np.empty(m_all, dtype=np.float64)
-    q_i = np.empty(m_all, dtype=np.int64)
-    q_t = np.empty(m_all, dtype=np.int64)    # tie-break rank of the queued op (see docstring)
+    q_i = np.empty(m_all, dtype=indptr.dtype)     # (int32 on the array path: less fresh memory)
+    q_t = np.empty(m_all, dtype=tiebreak.dtype)   # tie-break rank of the queued op (see docstring)
 
     for i in range(n):
         if I[i, 1] == 0:

@@ -332,8 +332,8 @@ def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGr
 
 
 def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray, dev_names: list[str],
-                   src0: np.ndarray, dst0: np.ndarray, iter_pairs: np.ndarray, dedupe: bool = False
-                   ) -> CompiledGraph | None:
+                   src0: np.ndarray | None, dst0: np.ndarray | None, iter_pairs: np.ndarray, dedupe: bool = False,
+                   csr: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> CompiledGraph | None:
     """The :class:`CompiledGraph` of ops given as arrays in insertion order (what :func:`compile_graph` reads
     from a networkx graph; :mod:`dpro_kit.graph.arrays` builds them from the trace tables directly).
 
@@ -354,6 +354,9 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
         ``(k, 2)`` iteration edges (op indices).
     dedupe : bool, default False
         Drop repeated edges, each kept at its first position (as networkx's ``add_edge`` does).
+    csr : (indptr, succ, indeg) or None
+        Instead of ``src0``/``dst0`` (then None): their :func:`csr_from_edges` (``dedupe`` applied), made
+        by the caller so that it can free the edge arrays first (less fresh memory at the peak).
 
     Returns None when the edges have a cycle (the caller names it).
 
@@ -367,7 +370,8 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
     """
     n = int(np.asarray(dur0).size)
     dur0 = np.asarray(dur0, dtype=np.float64)
-    ip0, s0, deg0 = csr_from_edges(n, src0, dst0, dedupe)
+    ip0, s0, deg0 = csr_from_edges(n, src0, dst0, dedupe) if csr is None else csr
+    del csr
     dev0 = np.asarray(dev0, dtype=s0.dtype)         # (int32 where the edges came as int32 and fit)
     order, est, remap, by_first = _generations_and_starts(ip0, s0, deg0, dur0, dev0, max(len(dev_names), 1))
     if order.size < n:
@@ -380,7 +384,9 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
         k = _keys_at(keys0, np.array([o], dtype=np.int64))[0]
         raise GraphError(f"op {k!r} has duration {float(dur0[o])!r}; durations must be finite and >= 0")
     # locality_order of the generation-ordered graph: earliest starts, stable by generation index
-    loc = stable_argsort_nonneg(est, s0.dtype)
+    est += 0.0                                      # (-0.0 -> +0.0; est is this call's own array)
+    loc = _radix_argsort(est, np.zeros(0, dtype=s0.dtype))      # = stable_argsort_nonneg, sorting est in place
+    del est
     final, inv, dur, prio, device, indptr, succ, indeg = _renumbered(
         order, loc, ip0, s0, deg0, dur0, np.asarray(prio0, dtype=np.float64), dev0, remap)
     devices = [dev_names[int(i)] for i in by_first]
