@@ -271,16 +271,20 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
     sc = np.zeros(1, dtype=np.float64)
     scb = sc.view(np.uint64)
     ne = 0
-    # per-device queues: a heap per device in its own segment of three shared arrays
-    qoff = np.zeros(ndev + 1, dtype=np.int64)
+    # per-device queues: a heap per device in its own block of four shared pool arrays.  A device's block
+    # starts at 4 entries on its first push and moves to one twice as large (at most its op count) when
+    # full, so only the entries queues reach are touched (blocks of each device's op count, laid end to
+    # end, touched a page for nearly every device: ~24 B per op of fresh memory on a first call)
+    qcnt = np.zeros(ndev, dtype=np.int64)
     for i in range(n):
         if device[i] >= 0:
-            qoff[device[i] + 1] += 1
-    for d in range(ndev):
-        qoff[d + 1] += qoff[d]
+            qcnt[device[i]] += 1
+    qbase = np.zeros(ndev, dtype=np.int64)
+    qcap = np.zeros(ndev, dtype=np.int64)
     qlen = np.zeros(ndev, dtype=np.int64)
-    m_all = max(qoff[ndev], 1)
-    q_p = np.empty(m_all, dtype=np.float64)
+    qtop = 0
+    m_all = 3 * n + 4 * ndev + 16                    # >= the blocks' sum: 4 + 8 + ... + count <= 3 * count + 4
+    q_p = np.empty(m_all, dtype=np.float64)         # (np.empty: pages touched only as far as used)
     q_r = np.empty(m_all, dtype=np.float64)
     q_i = np.empty(m_all, dtype=indptr.dtype)     # (int32 on the array path: less fresh memory)
     q_t = np.empty(m_all, dtype=tiebreak.dtype)   # tie-break rank of the queued op (see docstring)
@@ -362,7 +366,20 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
         if x < W1:                                   # release of op x
             d = I[x, 0]
             if d >= 0:
-                base = qoff[d]
+                m = qlen[d]
+                if m == qcap[d]:                     # the device's block is full (or none yet): a larger one
+                    c = min(max(4, 2 * m), qcnt[d])
+                    base = qtop
+                    qtop += c
+                    ob = qbase[d]
+                    for j in range(m):
+                        q_p[base + j] = q_p[ob + j]
+                        q_r[base + j] = q_r[ob + j]
+                        q_i[base + j] = q_i[ob + j]
+                        q_t[base + j] = q_t[ob + j]
+                    qbase[d] = base
+                    qcap[d] = c
+                base = qbase[d]
                 p = F[x, 1]
                 tbx = tiebreak[x]
                 _q_push(q_p, q_r, q_i, q_t, base, qlen[d], p, t, x, tbx)
@@ -418,7 +435,7 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
             if m == 0:
                 waiting[d] = False
                 continue
-            base = qoff[d]
+            base = qbase[d]
             o = q_i[base]
             if flag == 1 and F[o, 0] > 0.0:
                 deferred[d] = t
