@@ -228,13 +228,12 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
     """
     n = dur.shape[0]
     # hot per-op state packed by op: one or two cache lines per op instead of one per array
-    F = np.empty((n, 4), dtype=np.float64)        # dur, priority, ready, (unused)
+    F = np.empty((n, 2), dtype=np.float64)        # dur, ready (priority: read once per op, from its array)
     I = np.empty((n + 1, 4), dtype=indptr.dtype)  # device, indeg, ready_pred, first successor (int32 on the
     #                                                array path: 16 instead of 32 bytes per op)
     for i in range(n):
         F[i, 0] = dur[i]
-        F[i, 1] = priority[i]
-        F[i, 2] = ready0[i]
+        F[i, 1] = ready0[i]
         I[i, 0] = device[i]
         I[i, 1] = indeg0[i]
         I[i, 2] = -1
@@ -291,15 +290,15 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
 
     for i in range(n):
         if I[i, 1] == 0:
-            if free >= 0:                               # radix push (F[i, 2], i)
+            if free >= 0:                               # radix push (F[i, 1], i)
                 e_ = free
                 free = pnext[e_]
             else:
                 e_ = top
                 top += 1
-            pt[e_] = F[i, 2]
+            pt[e_] = F[i, 1]
             pk[e_] = i
-            sc[0] = F[i, 2] + 0.0
+            sc[0] = F[i, 1] + 0.0
             b_ = scb[0]
             b_ ^= (np.uint64(0) - (b_ >> np.uint64(63))) | np.uint64(0x8000000000000000)
             pkey[e_] = b_
@@ -380,7 +379,7 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
                     qbase[d] = base
                     qcap[d] = c
                 base = qbase[d]
-                p = F[x, 1]
+                p = priority[x]
                 tbx = tiebreak[x]
                 _q_push(q_p, q_r, q_i, q_t, base, qlen[d], p, t, x, tbx)
                 qlen[d] += 1
@@ -487,24 +486,24 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
         n_done += 1
         for kk in range(I[o, 3], I[o + 1, 3]):       # release successors
             v = succ[kk]
-            if e >= F[v, 2]:
-                F[v, 2] = e
+            if e >= F[v, 1]:
+                F[v, 1] = e
                 I[v, 2] = o
             I[v, 1] -= 1
             if I[v, 1] == 0:
-                if F[v, 2] == t:
+                if F[v, 1] == t:
                     _k_push(hk, ns, v)
                     ns += 1
                 else:
-                    if free >= 0:                               # radix push (F[v, 2], v)
+                    if free >= 0:                               # radix push (F[v, 1], v)
                         e_ = free
                         free = pnext[e_]
                     else:
                         e_ = top
                         top += 1
-                    pt[e_] = F[v, 2]
+                    pt[e_] = F[v, 1]
                     pk[e_] = v
-                    sc[0] = F[v, 2] + 0.0
+                    sc[0] = F[v, 1] + 0.0
                     b_ = scb[0]
                     b_ ^= (np.uint64(0) - (b_ >> np.uint64(63))) | np.uint64(0x8000000000000000)
                     pkey[e_] = b_
