@@ -158,6 +158,12 @@ def test_compile_arrays_is_generation_order_then_locality():
     loc = np.lexsort((np.arange(n), _earliest_starts(cg1.dur, cg1.indptr, cg1.succ)))   # by time, then index
     assert np.array_equal(loc, locality_order(cg1))
     assert_same_compiled(got, renumber(cg1, loc))
+    # the CSR made by the caller (compile_trace does, to free its edge arrays first) gives the same arrays,
+    # repeated edges dropped as with dedupe=True
+    src2, dst2 = np.concatenate([src, src[:500]]), np.concatenate([dst, dst[:500]])
+    want = compile_arrays(keys, dur, prio, dev, names, src2, dst2, it, dedupe=True)
+    csr = csr_from_edges(n, src2.astype(np.int32), dst2.astype(np.int32), dedupe=True)
+    assert_same_compiled(compile_arrays(keys, dur, prio, dev, names, None, None, it, csr=csr), want)
 
 
 def test_csr_drops_repeated_edges_at_first_occurrence():

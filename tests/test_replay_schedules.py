@@ -543,3 +543,29 @@ def test_kernel_equals_one_heap_event_loop(seed):
         assert got[4] == want[4] == n
         for g, w in zip(got[:4], want[:4]):
             assert g.tolist() == list(w)
+
+
+def test_kernel_deep_device_queues_equal_one_heap_event_loop():
+    """Device queues live in blocks that grow on demand (4, 8, ... entries, moved when full): many ops
+    ready at once on few devices, pushed interleaved across devices, replay as the one-heap loop does."""
+    import numpy as np
+    from dpro_kit.replay._kernel import simulate
+    from dpro_kit.replay.engine import csr_from_edges
+    rng = np.random.default_rng(11)
+    for it in range(6):
+        n, ndev = 2000, [1, 3, 40][it % 3]
+        src = np.concatenate([np.zeros(n // 2 - 1, dtype=np.int64),          # a fan-out: half the ops ready at once
+                              rng.integers(0, n // 2, n // 2)])
+        dst = np.concatenate([np.arange(1, n // 2), np.arange(n // 2, n)])
+        dur = np.round(rng.exponential(3.0, n), 1)
+        dev = rng.integers(-1, ndev, n)
+        prio = rng.integers(0, 4, n).astype(float) if it % 2 else np.zeros(n)
+        tb = rng.permutation(n)
+        ip, sc, deg = csr_from_edges(n, src, dst)
+        want = heapq_replay(dur, dev, prio, ip, sc, deg, np.zeros(n), ndev, tb)
+        dt = np.int32 if it % 2 else np.int64
+        got = simulate(dur, dev.astype(dt), prio, ip.astype(dt), sc.astype(dt), deg.astype(dt), np.zeros(n), ndev,
+                       tb.astype(dt))
+        assert got[4] == want[4] == n
+        for g, w in zip(got[:4], want[:4]):
+            assert g.tolist() == list(w)
