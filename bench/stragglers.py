@@ -26,6 +26,15 @@ that compute at the same moments from queueing for a core; pinned so that no cor
 to more than 1 CPU, each host runs at its quota's speed (docs/stragglers.md, "Eighth run").  The
 busy-loop calibration then runs on the slowed host's cores.
 
+``--slow-by shares`` (with ``--pin``) slows host S without a quota: no host has one, and on host
+S's core a busy loop runs in a ``cpu`` group of its own whose ``cpu.shares`` gives the host 1/F
+of the core while both are runnable (``dpro_kit.jobs.CpuBudget`` ``neighbours``,
+``neighbour_weight``: host 1024, neighbour 1024 (F - 1); ``--neighbour-base W``: a neighbour of
+weight W already in the balanced job, e.g. 1024 for 3 hosts on 2 cores so the host alone on a core
+gets the half core the two sharing the other get).  The scheduler's weight sharing never stops the
+host, it only slows it (docs/stragglers.md, "Ninth run").  The cut is predicted with ``--slow-rank
+S=f`` (f: the busy loop's measured factor beside the neighbour) and ``--slow-rank S=F`` (nominal).
+
 The CFS period is 10 ms (``--period-us``): with the kernel's 100 ms, a cut budget stalls a
 ~30 ms iteration between ops and in communication waits instead of slowing the computation
 (docs/stragglers.md).  The job's parent cgroup gets ``cpu.shares`` ``--shares`` so other load on
@@ -155,7 +164,8 @@ class Bench:
         self.n = 0
         self.jobs: list[dict[str, Any]] = []
 
-    def job(self, model: str, rates: list[float], cpus: list[float], profile: bool) -> dict[str, Any]:
+    def job(self, model: str, rates: list[float], cpus: list[float | None], profile: bool,
+            neighbours: dict[int, int] | None = None) -> dict[str, Any]:
         """One real job; the slowest rank's median iteration (ms), and its trace when profiled."""
         a = self.a
         self.n += 1
@@ -177,9 +187,10 @@ class Bench:
         if poll:
             poll.__enter__()
         try:
-            res = run_job(argv, hosts=len(cpus), ranks_per_host=1, rate_mbit=rates, cpus_per_host=cpus,
+            res = run_job(argv, hosts=len(cpus), ranks_per_host=1, rate_mbit=rates,
+                      cpus_per_host=None if all(c is None for c in cpus) else cpus,   # None: pinned, no quota
                       cpu_period_us=a.period_us, cpu_shares=a.shares, cpusets=a.pin_layout,
-                      profile=trace if profile else None,
+                      neighbours=neighbours, profile=trace if profile else None,
                       steps=f"{a.prof_start}:{a.prof_start + a.prof_steps}", env=env, log=self.log,
                       timeout=a.job_timeout, prefix=a.prefix)
         finally:
@@ -200,7 +211,8 @@ class Bench:
             print(f"    {tag} wait for a core (fraction of training): " + ", ".join(
                 f"{h} {v['core_wait_frac']} (throttled {v['throttled_ms']:.0f} ms of {v['window_ms']:.0f})"
                 for h, v in sorted(row["sched"].items())), flush=True)
-        self.jobs.append(dict(row, rates=rates, cpus=[round(c, 4) for c in cpus], cpusets=a.pin_layout))
+        self.jobs.append(dict(row, rates=rates, cpus=[None if c is None else round(c, 4) for c in cpus],
+                              cpusets=a.pin_layout, neighbours=neighbours))
         (self.out / "jobs.json").write_text(json.dumps(self.jobs, indent=1))
         return row
 
@@ -217,13 +229,15 @@ BUSY_LOOP = ("import time\nend = time.perf_counter() + {secs}\nn = 0\n"
              "while time.perf_counter() < end:\n    for _ in range(2000):\n        pass\n    n += 1\nprint(n)")
 
 
-def busy_speed(cpus: float, period_us: int, shares: int, secs: float = 1.5, prefix: str = "strg",
-               cpuset: str | None = None) -> float:
+def busy_speed(cpus: float | None, period_us: int, shares: int, secs: float = 1.5, prefix: str = "strg",
+               cpuset: str | None = None, neighbour: int | None = None) -> float:
     """Work a single busy thread gets done per second in a cgroup with a quota of ``cpus`` CPUs
-    (on the cores of ``cpuset`` when given)."""
+    (None: no quota; on the cores of ``cpuset`` when given, beside a busy neighbour of that
+    ``cpu.shares`` when given)."""
     from dpro_kit.jobs import CpuBudget
-    with CpuBudget(1, [cpus], prefix=prefix + "cal", period_us=period_us, shares=shares,
-                   cpusets=[cpuset] if cpuset is not None else None) as cb:
+    with CpuBudget(1, None if cpus is None else [cpus], prefix=prefix + "cal", period_us=period_us, shares=shares,
+                   cpusets=[cpuset] if cpuset is not None else None,
+                   neighbours={0: neighbour} if neighbour else None) as cb:
         p = subprocess.run([PY, "-c", BUSY_LOOP.format(secs=secs)], capture_output=True, text=True,
                            preexec_fn=cb.preexec(0), timeout=60)
     return int(p.stdout) / secs
@@ -244,6 +258,23 @@ def effective_cuts(cuts: list[float], cpus: float, period_us: int, shares: int, 
             b1 = busy_speed(cpus, period_us, shares, prefix=prefix, cpuset=cpuset)
             c = busy_speed(cpus / F, period_us, shares, prefix=prefix, cpuset=cpuset)
             b2 = busy_speed(cpus, period_us, shares, prefix=prefix, cpuset=cpuset)
+            out[F].append(round(0.5 * (b1 + b2) / c, 4))
+    return out
+
+
+def effective_shares_cuts(cuts: list[float], base: int, period_us: int, shares: int, reps: int, prefix: str,
+                          cpuset: str, secs: float = 3.0) -> dict[float, list[float]]:
+    """``--slow-by shares``: the compute factor each neighbour weight really gives a busy thread on
+    the slowed host's core: its speed beside the balanced job's neighbour (``base``; 0: alone) over
+    its speed beside the cut's (``neighbour_weight(F, base)``), in alternation like
+    :func:`effective_cuts`."""
+    from dpro_kit.jobs import neighbour_weight
+    out: dict[float, list[float]] = {F: [] for F in cuts}
+    for _ in range(reps):
+        for F in cuts:
+            b1 = busy_speed(None, period_us, shares, secs, prefix, cpuset, base or None)
+            c = busy_speed(None, period_us, shares, secs, prefix, cpuset, neighbour_weight(F, base))
+            b2 = busy_speed(None, period_us, shares, secs, prefix, cpuset, base or None)
             out[F].append(round(0.5 * (b1 + b2) / c, 4))
     return out
 
@@ -274,7 +305,7 @@ def repredict(rows_file: Path, only: str | None = None) -> int:
         note = ""
         if r["direction"] == "slow":
             # every model the run predicted the row with (CFS what-if, busy-loop factor, link), else its one
-            for key in [k for k in ("replay_args_cfs", "replay_args_factor", "replay_args_link") if r.get(k)] or ["replay_args"]:
+            for key in [k for k in ("replay_args_cfs", "replay_args_factor", "replay_args_nominal", "replay_args_link") if r.get(k)] or ["replay_args"]:
                 args = r[key]
                 ratios, all_its = [], []
                 for t_ in traces:
@@ -322,17 +353,17 @@ def sched_summary(jobs_file: Path) -> int:
     groups: dict[tuple, list[dict]] = {}
     for j in json.loads(jobs_file.read_text()):
         if j["tag"].endswith("-plain") and j.get("sched"):
-            groups.setdefault((tuple(j["cpus"]), tuple(j["rates"])), []).append(j)
-    print("| CPUs per host | Mbit/s per host | jobs | median ms | per host: core wait / CPU / stopped (fractions of training) |")
+            groups.setdefault((tuple(j["cpus"]), tuple(j["rates"]), json.dumps(j.get("neighbours"))), []).append(j)
+    print("| CPUs per host (busy neighbour: host: cpu.shares) | Mbit/s per host | jobs | median ms | per host: core wait / CPU / stopped (fractions of training) |")
     print("|---|---|---|---|---|")
-    for (cpus, rates), js in groups.items():
+    for (cpus, rates, nb), js in groups.items():
         cells = []
         for h in sorted({h for j in js for h in j["sched"]}):
             v = [j["sched"][h] for j in js if h in j["sched"] and j["sched"][h]["window_ms"]]
             cells.append(f"{h} {statistics.median(x['core_wait_frac'] for x in v):.3f} / "
                          f"{statistics.median(x['main_cpu_ms'] / x['window_ms'] for x in v):.3f} / "
                          f"{statistics.median(x['throttled_ms'] / x['window_ms'] for x in v):.3f}")
-        print(f"| {', '.join(f'{c:g}' for c in cpus)} | {', '.join(f'{r:g}' for r in rates)} | {len(js)} | "
+        print(f"| {', '.join('-' if c is None else f'{c:g}' for c in cpus)}{'' if nb == 'null' else ' (' + nb + ')'} | {', '.join(f'{r:g}' for r in rates)} | {len(js)} | "
               f"{statistics.median(j['ms'] for j in js):.1f} | " + "; ".join(cells) + " |")
     return 0
 
@@ -392,6 +423,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="pin the hosts to cores (cgroup v1 cpuset): one cpu list per host, comma-separated, "
                          "ranges with '-' (0,0,1: host0 and host1 on CPU 0, host2 alone on CPU 1; 0-1,0,1 gives host0 "
                          "both); keep each core's quota sum <= 1 CPU")
+    ap.add_argument("--slow-by", choices=("quota", "shares"), default="quota",
+                    help="how a CPU cut F slows host S: quota (its CFS quota cut to cpus/F) or shares (needs --pin: no "
+                         "quotas; a busy loop on host S's core whose cpu.shares gives the host 1/F of it; --cpus ignored)")
+    ap.add_argument("--neighbour-base", type=int, default=0, metavar="W",
+                    help="--slow-by shares: cpu.shares of a busy neighbour on host S's core already in the balanced job "
+                         "(0: none; 1024 with 3 hosts on 2 cores, --pin 0,0,1, gives host2 the half core the others get)")
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--job-timeout", type=float, default=400)
     ap.add_argument("--prefix", default="strg", help="name prefix of the emulated hosts' network namespaces and cgroups "
@@ -417,6 +454,10 @@ def main(argv: list[str] | None = None) -> int:
         a.pin_layout = [x.strip() for x in a.pin.split(",")]
         if len(a.pin_layout) != H:
             ap.error(f"--pin {a.pin}: {len(a.pin_layout)} cpu lists for {H} hosts (one per host, e.g. 0,0,1)")
+    if a.slow_by == "shares" and not a.pin_layout:
+        ap.error("--slow-by shares needs --pin (the neighbour shares the slowed host's core)")
+    from dpro_kit.jobs import neighbour_weight
+    shares_mode = a.slow_by == "shares"
     cuts = [float(x) for x in a.cuts.split(",") if x]
     lcuts = [float(x) for x in a.link_cuts.split(",") if x]
     b = Bench(a)
@@ -432,31 +473,46 @@ def main(argv: list[str] | None = None) -> int:
     for model in a.models.split(","):
         for rate in [float(r) for r in a.rates.split(",")]:
             rates = [rate] * H
-            base_cpus = [a.cpus] * H
-            # variant -> (link rates, CPU budgets, {prediction model: replay arguments})
-            variants: dict[str, tuple[list[float], list[float], dict[str, list[str]]]] = {"balanced": (rates, base_cpus, {})}
+            base_cpus: list[float | None] = [None] * H if shares_mode else [a.cpus] * H
+            base_nb = {S: a.neighbour_base} if shares_mode and a.neighbour_base else None
+            # variant -> (link rates, CPU budgets, busy neighbours, {prediction model: replay arguments})
+            variants: dict[str, tuple[list[float], list[float | None], dict[int, int] | None, dict[str, list[str]]]] = {
+                "balanced": (rates, base_cpus, base_nb, {})}
             for F in cuts:
-                variants[f"cpu host{S} x1/{F:g}"] = (
-                    rates, [a.cpus / F if i == S else a.cpus for i in range(H)],
-                    {"cfs": ["--cpu-limit", f"host{S}={a.cpus / F:.4g}", "--cpu-period-ms", period_ms],
-                     "factor": ["--slow-rank", f"{S}={F:g}"]})
+                if shares_mode:
+                    variants[f"cpu host{S} x1/{F:g}"] = (
+                        rates, base_cpus, {S: neighbour_weight(F, a.neighbour_base)},
+                        {"factor": ["--slow-rank", f"{S}={F:g}"], "nominal": ["--slow-rank", f"{S}={F:g}"]})
+                else:
+                    variants[f"cpu host{S} x1/{F:g}"] = (
+                        rates, [a.cpus / F if i == S else a.cpus for i in range(H)], None,
+                        {"cfs": ["--cpu-limit", f"host{S}={a.cpus / F:.4g}", "--cpu-period-ms", period_ms],
+                         "factor": ["--slow-rank", f"{S}={F:g}"]})
             for f in lcuts:
-                variants[f"link host{S} x{f:g}"] = ([rate * f if i == S else rate for i in range(H)], base_cpus,
+                variants[f"link host{S} x{f:g}"] = ([rate * f if i == S else rate for i in range(H)], base_cpus, base_nb,
                                                     {"link": ["--slow-link", f"host{S}={f:g}"]})
-            print(f"== {model} {rate:g} Mbit/s, {H} hosts at {a.cpus:g} CPU (period {a.period_us} us)"
+            print(f"== {model} {rate:g} Mbit/s, {H} hosts "
+                  + (f"without quotas, slowed by a busy neighbour on host{S}'s core (cpu.shares "
+                     f"{', '.join(f'1/{F:g}: {neighbour_weight(F, a.neighbour_base)}' for F in cuts)}; balanced: "
+                     f"{a.neighbour_base or 'none'})" if shares_mode else f"at {a.cpus:g} CPU (period {a.period_us} us)")
                   + (f", pinned {a.pin_layout} (host{S}, the slowed one, on CPU {a.pin_layout[S]}; balanced quota per "
                      f"core {core_load(a.pin_layout, base_cpus)})" if a.pin_layout else ""), flush=True)
-            eff = effective_cuts(cuts, a.cpus, a.period_us, a.shares, a.calib_reps, a.prefix,
-                                 cpuset=a.pin_layout[S] if a.pin_layout else None) if a.calib_reps else {}
+            if shares_mode:
+                eff = effective_shares_cuts(cuts, a.neighbour_base, a.period_us, a.shares, a.calib_reps, a.prefix,
+                                            a.pin_layout[S]) if a.calib_reps else {}
+            else:
+                eff = effective_cuts(cuts, a.cpus, a.period_us, a.shares, a.calib_reps, a.prefix,
+                                     cpuset=a.pin_layout[S] if a.pin_layout else None) if a.calib_reps else {}
             feff = {F: statistics.median(v) for F, v in eff.items()}
             for F in cuts:
                 if F in feff:
-                    print(f"  budget 1/{F:g}: a busy thread runs x1/{feff[F]:.3f} as fast ({eff[F]})", flush=True)
-                    variants[f"cpu host{S} x1/{F:g}"][2]["factor"] = ["--slow-rank", f"{S}={feff[F]:.4g}"]
+                    print(f"  {'neighbour' if shares_mode else 'budget'} 1/{F:g}: a busy thread runs x1/{feff[F]:.3f} "
+                          f"as fast ({eff[F]})", flush=True)
+                    variants[f"cpu host{S} x1/{F:g}"][3]["factor"] = ["--slow-rank", f"{S}={feff[F]:.4g}"]
             profs: list[dict[str, Any]] = []
 
             def profile_balanced() -> None:
-                prof = b.job(model, rates, base_cpus, profile=True)
+                prof = b.job(model, rates, base_cpus, profile=True, neighbours=base_nb)
                 base_pred = b.replay(prof["trace"], [])["iteration_time_ms"]
                 prof.update(base_pred=base_pred, cpu_use=cpu_use(prof["trace"]))
                 if not profs:
@@ -467,9 +523,12 @@ def main(argv: list[str] | None = None) -> int:
 
             slowed_profs: list[dict[str, Any]] = []
             slow_cpus = [a.cpus / a.reverse if i == S else a.cpus for i in range(H)] if a.reverse else None
+            slow_nb = None
+            if a.reverse and shares_mode:
+                slow_cpus, slow_nb = base_cpus, {S: neighbour_weight(a.reverse, a.neighbour_base)}
 
             def profile_slowed() -> None:
-                sp = b.job(model, rates, slow_cpus, profile=True)
+                sp = b.job(model, rates, slow_cpus, profile=True, neighbours=slow_nb)
                 slowed_profs.append(sp)
                 print(f"  slowed profile {sp['tag']} (host{S} at 1/{a.reverse:g}; measured without the profiler "
                       f"in that job: {sp['ms']:.3f} ms)", flush=True)
@@ -481,8 +540,8 @@ def main(argv: list[str] | None = None) -> int:
             for rnd in range(a.rounds):
                 order = list(variants) if rnd % 2 == 0 else list(reversed(variants))
                 for k in order:
-                    r_, c_, _ = variants[k]
-                    j = b.job(model, r_, c_, profile=False)
+                    r_, c_, nb_, _ = variants[k]
+                    j = b.job(model, r_, c_, profile=False, neighbours=nb_)
                     meas[k].append(j["ms"])
                     print(f"  round {rnd + 1} {k:<22} {j['ms']:8.3f} ms", flush=True)
                 if rnd in prof_after:
@@ -492,13 +551,14 @@ def main(argv: list[str] | None = None) -> int:
             if a.reverse and KR == 1:
                 profile_slowed()          # one slowed profile: after the rounds (the bench's rule before --reverse-profiles)
             mb = statistics.median(meas["balanced"])
-            for k, (_, _, how) in variants.items():
+            for k, (_, _, _, how) in variants.items():
                 if k == "balanced":
                     continue
                 m = statistics.median(meas[k])
                 ms = m / mb
                 pairs = [x / y for x, y in zip(meas[k], meas["balanced"])]
                 row: dict[str, Any] = {"model": model, "rate": rate, "injected": k, "direction": "slow", "pin": a.pin_layout,
+                                       "slow_by": a.slow_by, "neighbours": variants[k][2],
                                        "measured_ms": round(m, 3), "measured_balanced_ms": round(mb, 3),
                                        "measured_slowdown": round(ms, 4), "round_ratios": [round(x, 4) for x in pairs],
                                        "traces": [p_["trace"] for p_ in profs],
@@ -518,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"replay_args_{name}"] = " ".join(extra)
                     if stop:
                         row["predicted_stopped_ms"] = [round(x, 3) for x in stop]
-                prim = "cfs" if "cfs" in how else "link"
+                prim = "cfs" if "cfs" in how else "factor" if "factor" in how else "link"
                 row.update(predicted_slowdown=row[f"predicted_slowdown_{prim}"], error_pct=row[f"error_pct_{prim}"],
                            replay_args=row[f"replay_args_{prim}"], prediction=prim)
                 rows.append(row)
@@ -547,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                 pred = statistics.median(per_sp)
                 slow_pred = statistics.median(slow_preds)
                 rows.append({"model": model, "rate": rate, "injected": k, "direction": "fix", "pin": a.pin_layout,
+                             "slow_by": a.slow_by, "neighbours": slow_nb,
                              "predicted_ms": round(slow_pred / pred, 3), "predicted_slowed_ms": round(slow_pred, 3),
                              "predicted_speedup": round(pred, 4),
                              "per_profile_speedup": [round(x, 4) for x in per_sp],
@@ -571,12 +632,14 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["direction"] == "slow":
-            other = "factor" if r["prediction"] == "cfs" else None
+            other = {"cfs": "factor", "factor": "nominal"}.get(r["prediction"])
+            if other and f"replay_args_{other}" not in r:
+                other = None
             print(f"| {r['model']} | {r['rate']:g} | {r['injected']} (`{r['replay_args']}`) | "
                   f"{r['predicted_slowdown']:.3f} | {r['measured_slowdown']:.3f} "
                   f"({', '.join(f'{x:.3f}' for x in r['round_ratios'])}) | {r['error_pct']:+.1f} % | "
-                  + (f"`{r['replay_args_factor']}`: {r['predicted_slowdown_factor']:.3f}, {r['error_pct_factor']:+.1f} % | "
-                     if other else "- | ")
+                  + (f"`{r[f'replay_args_{other}']}`: {r[f'predicted_slowdown_{other}']:.3f}, "
+                     f"{r[f'error_pct_{other}']:+.1f} % | " if other else "- | ")
                   + ", ".join(f"{x:.3f}" for x in r[f"per_profile_{r['prediction']}"]) + " |")
         elif r["direction"] == "fix":
             ms = f"{r['measured_speedup']:.3f}" if r["measured_speedup"] else "-"
@@ -587,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['model']} | {r['rate']:g} | balanced: predicted {r['predicted_ms']:.3f} ms vs measured "
                   f"{r['measured_ms']:.3f} ms | | | {r['error_pct']:+.1f} % | | "
                   + ", ".join(f"{x:.3f}" for x in r["per_profile_ms"]) + " |")
-    for name in ("cfs", "factor", "link"):
+    for name in ("cfs", "factor", "nominal", "link"):
         e = [abs(r[f"error_pct_{name}"]) for r in rows if r["direction"] == "slow" and f"error_pct_{name}" in r]
         if e:
             print(f"|error| {name}: median {statistics.median(e):.1f} %, max {max(e):.1f} % ({len(e)} rows)")

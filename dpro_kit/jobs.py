@@ -61,6 +61,7 @@ __all__ = [
     "cgroup_cpuset_root",
     "core_load",
     "parse_cpu_list",
+    "neighbour_weight",
     "CGROUP_CPU_ROOT",
     "CGROUP_CPUSET_ROOT",
 ]
@@ -129,6 +130,20 @@ def core_load(cpusets: Sequence[str], cpus: Sequence[float]) -> dict[int, float]
     return dict(sorted(load.items()))
 
 
+def neighbour_weight(factor: float, base_weight: int = 0, host_weight: int = 1024) -> int:
+    """``cpu.shares`` of a busy neighbour that slows a host alone on its core by ``factor``.
+
+    A host of weight ``h`` beside a busy neighbour of weight ``w`` gets ``h / (h + w)`` of the core
+    while both are runnable.  With a neighbour ``base_weight`` already there in the balanced job
+    (0: none; e.g. 1024 puts a host alone on a core at the half core that two hosts sharing the
+    other core get), the host runs ``factor`` times slower when ``h / (h + w) = h / (h + base) /
+    factor``, i.e. ``w = factor * (h + base) - h`` (factor 1.5, no base: 512; base 1024: 2048).
+    """
+    if factor < 1.0:
+        raise DproError(f"a neighbour can only slow a host (factor >= 1), got {factor:g}")
+    return max(2, int(round(factor * (host_weight + base_weight) - host_weight)))
+
+
 def parse_cpu_list(text: str) -> list[int]:
     """The CPUs of a kernel cpu list (``"0"``, ``"0-3"``, ``"0,2-3"``), sorted; ValueError on anything else."""
     cpus: set[int] = set()
@@ -181,6 +196,15 @@ class CpuBudget:
         more than 1 CPU (:attr:`core_load`), a host runs at its quota's speed whichever of the
         other hosts are busy (docs/stragglers.md, "Eighth run").  Needs the ``cpuset`` hierarchy
         (:func:`cgroup_cpuset_root`); every CPU must be one this machine's root cpuset has.
+    neighbours:
+        Optional ``{host: weight}`` (needs ``cpusets``): a busy neighbour for each listed host, one
+        process spinning ``while True: pass`` on that host's cores (its cpuset group) in a ``cpu``
+        group of its own, ``nb<host>``, whose ``cpu.shares`` is ``weight`` (the hosts' groups have the
+        kernel's 1024).  A host alone on one core with such a neighbour gets ``1024 / (1024 +
+        weight)`` of the core while both are runnable (the scheduler's weight sharing: no quota, so
+        never *stopped*, only slowed), all of it while the neighbour is the only one there:
+        a straggler slowed by weight instead of by a quota (docs/stragglers.md, "Ninth run";
+        :func:`neighbour_weight`).  Started here, killed and its group removed by :meth:`close`.
 
     Use as a context manager; :meth:`close` kills what is left in the groups (our own processes)
     and removes them.  :meth:`preexec` returns a function for ``Popen(preexec_fn=...)`` that
@@ -192,7 +216,7 @@ class CpuBudget:
 
     def __init__(self, hosts: int, cpus: "float | Sequence[float] | None", *, prefix: str = "dpro",
                  period_us: int = PERIOD_US, shares: int | None = None,
-                 cpusets: "Sequence[str] | None" = None) -> None:
+                 cpusets: "Sequence[str] | None" = None, neighbours: "Mapping[int, int] | None" = None) -> None:
         root = cgroup_cpu_root()
         if root is None:
             raise DproError(f"no usable cgroup v1 cpu controller at {CGROUP_CPU_ROOT} (needs root and the "
@@ -225,6 +249,9 @@ class CpuBudget:
         self.cpus_per_host = per_host
         self.cpuset_parent = CGROUP_CPUSET_ROOT / self.parent.name if self.cpusets is not None else None
         self.cpuset_groups = [self.cpuset_parent / f"host{i}" for i in range(hosts)] if self.cpuset_parent else []
+        self.neighbours = self._check_neighbours(hosts, neighbours) if neighbours else {}
+        self.neighbour_groups = [self.parent / f"nb{h}" for h in self.neighbours]
+        self.neighbour_procs: list[subprocess.Popen] = []
         self.parent.mkdir()
         try:
             if shares is not None:
@@ -246,9 +273,29 @@ class CpuBudget:
                     g.mkdir()
                     (g / "cpuset.cpus").write_text(",".join(map(str, cs)))
                     (g / "cpuset.mems").write_text(mems)
+            for (h, w), g in zip(self.neighbours.items(), self.neighbour_groups):
+                g.mkdir()
+                (g / "cpu.shares").write_text(str(w))
+                self.neighbour_procs.append(subprocess.Popen(
+                    [sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, preexec_fn=self._enter([g, self.cpuset_groups[h]])))
         except BaseException:
             self.close()
             raise
+
+    def _check_neighbours(self, hosts: int, neighbours: Mapping[int, int]) -> dict[int, int]:
+        if self.cpusets is None:
+            raise DproError("busy neighbours need a core layout (cpusets): a neighbour shares its host's cores",
+                            hint="give cpusets, e.g. ['0', '1'] for 2 hosts")
+        out = {}
+        for h, w in neighbours.items():
+            if not (isinstance(h, int) and 0 <= h < hosts):
+                raise DproError(f"busy neighbour of host {h!r}: no such host (0..{hosts - 1})")
+            if not (isinstance(w, int) and 2 <= w <= 262144):
+                raise DproError(f"busy neighbour of host{h}: cpu.shares {w!r} is not an integer in 2..262144",
+                                hint="e.g. 512 (the host, 1024, gets 2/3 of its core)")
+            out[h] = w
+        return out
 
     @staticmethod
     def _check_cpusets(hosts: int, cpusets: Sequence[str]) -> list[list[int]]:
@@ -278,9 +325,11 @@ class CpuBudget:
 
     def preexec(self, host: int) -> Callable[[], None]:
         """A ``preexec_fn`` that puts the starting child into host ``host``'s group(s)."""
-        procs = [str(self.groups[host] / "cgroup.procs")]
-        if self.cpuset_groups:
-            procs.append(str(self.cpuset_groups[host] / "cgroup.procs"))
+        return self._enter([self.groups[host], *([self.cpuset_groups[host]] if self.cpuset_groups else [])])
+
+    @staticmethod
+    def _enter(groups: Sequence[Path]) -> Callable[[], None]:
+        procs = [str(g / "cgroup.procs") for g in groups]
 
         def _enter() -> None:
             for path in procs:
@@ -289,8 +338,12 @@ class CpuBudget:
         return _enter
 
     def close(self) -> None:
-        """Kill processes still in the groups and remove them (idempotent)."""
-        for g in [*self.groups, self.parent, *self.cpuset_groups,
+        """Kill processes still in the groups (the busy neighbours too) and remove them (idempotent)."""
+        for p in getattr(self, "neighbour_procs", []):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for g in [*getattr(self, "neighbour_groups", []), *self.groups, self.parent, *self.cpuset_groups,
                   *([self.cpuset_parent] if self.cpuset_parent is not None else [])]:
             if not g.exists():
                 continue
@@ -364,6 +417,7 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
             second_rate_mbit: "float | Sequence[float | None] | None" = None,
             cpus_per_host: "float | Sequence[float] | None" = None, cpu_period_us: int = CpuBudget.PERIOD_US,
             cpu_shares: int | None = None, cpusets: "Sequence[str] | None" = None,
+            neighbours: "Mapping[int, int] | None" = None,
             profile: str | os.PathLike | None = None, steps: str = "10:15", profile_flags: Sequence[str] = (),
             env: Mapping[str, str] | None = None, host_env: Callable[[int], Mapping[str, str]] | None = None,
             log: IO | None = None, timeout: float = 600.0, fail_fast: bool = False,
@@ -402,6 +456,9 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
         :class:`CpuBudget` ``cpusets``: one kernel cpu list per host (the cores its processes may
         run on; cgroup v1 ``cpuset``), or None.  Without ``cpus_per_host`` the hosts are pinned
         and get no CFS quota (:class:`CpuBudget` ``cpus=None``).
+    neighbours:
+        :class:`CpuBudget` ``neighbours``: ``{host: cpu.shares}`` of a busy loop on that host's cores
+        (slows it by weight, not by a quota); needs ``cpusets``.
     profile:
         Folder for ``dpro profile --out``; every host's launcher is ``dpro profile --host host<i>``.
     steps:
@@ -437,7 +494,7 @@ def run_job(argv: Sequence[str], *, hosts: int = 1, ranks_per_host: int | None =
                         hint="give rate_mbit, or cluster=True")
     out = subprocess.DEVNULL if log is None else log
     budget = CpuBudget(hosts, cpus_per_host, prefix=prefix, period_us=cpu_period_us, shares=cpu_shares,
-                       cpusets=cpusets) if cpus_per_host is not None or cpusets is not None else None
+                       cpusets=cpusets, neighbours=neighbours) if cpus_per_host is not None or cpusets is not None else None
     emu = None
     procs: list[subprocess.Popen] = []
     t0 = time.time()

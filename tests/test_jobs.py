@@ -214,6 +214,67 @@ def test_cpuset_layout_pins_each_host(tmp_path: Path) -> None:
 
 
 @needs_cpuset
+def test_busy_neighbour_shares_the_hosts_core(tmp_path: Path) -> None:
+    """neighbours={1: 512}: a real busy loop spins on host1's core, in a cpu group of its own with
+    cpu.shares 512, beside host1 (no quota: cpus None); it really runs (its CPU time grows); the
+    neighbour and every group are gone after the job (also the cpuset ones)."""
+    import os
+    have = jobs.parse_cpu_list((jobs.CGROUP_CPUSET_ROOT / "cpuset.effective_cpus").read_text())
+    layout = [str(have[0]), str(have[-1])]
+    seen: dict[str, object] = {}
+
+    def watch() -> None:   # the groups and the neighbour process, read from outside while the job runs
+        deadline = time.time() + 20
+        while time.time() < deadline and "nb_cpu_ms" not in seen:
+            for parent in jobs.CGROUP_CPU_ROOT.glob(f"{PREFIX}-{os.getpid()}-*"):
+                try:
+                    pids = (parent / "nb1" / "cgroup.procs").read_text().split()
+                    if not pids or not (parent / "host1" / "cgroup.procs").read_text().split():
+                        continue
+                    seen["quotas"] = [(parent / f"host{i}" / "cpu.cfs_quota_us").read_text().strip() for i in range(2)]
+                    seen["shares"] = (parent / "nb1" / "cpu.shares").read_text().strip()
+                    seen["groups"] = sorted(g.name for g in parent.iterdir() if g.is_dir())
+                    pid = int(pids[0])
+                    seen["pid"] = pid
+                    seen["affinity"] = sorted(os.sched_getaffinity(pid))
+                    seen["cpuset"] = [ln.split(":", 2)[2].strip() for ln in open(f"/proc/{pid}/cgroup")
+                                      if ln.split(":")[1] == "cpuset"][0]
+                    c0 = int(open(f"/proc/{pid}/schedstat").read().split()[0])
+                    time.sleep(0.3)
+                    seen["nb_cpu_ms"] = (int(open(f"/proc/{pid}/schedstat").read().split()[0]) - c0) / 1e6
+                except (OSError, IndexError):
+                    continue
+            time.sleep(0.02)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    r = run_job([PY, "-c", PIN_PROBE + "\nimport time; time.sleep(2)", str(tmp_path / "h{i}.json")], hosts=2,
+                cpusets=layout, neighbours={1: 512}, prefix=PREFIX, timeout=60)
+    t.join()
+    assert r.ok, r
+    assert seen["quotas"] == ["-1", "-1"] and seen["shares"] == "512", seen
+    assert seen["groups"] == ["host0", "host1", "nb1"], seen
+    assert seen["affinity"] == [int(layout[1])], seen                          # on host1's core ...
+    assert seen["cpuset"] == "/" + str(r.cgroups[1].relative_to(jobs.CGROUP_CPU_ROOT)), seen   # ... in its cpuset group
+    assert seen["nb_cpu_ms"] > 0, seen                                         # and it really spins
+    for i in range(2):
+        doc = json.loads((tmp_path / f"h{i}.json").read_text())
+        assert doc["affinity"] == [int(layout[i])], doc
+    assert not Path(f"/proc/{seen['pid']}").exists()
+    name = r.cgroups[0].parent.name
+    assert not (jobs.CGROUP_CPUSET_ROOT / name).exists() and not (jobs.CGROUP_CPU_ROOT / name).exists()
+
+
+def test_neighbour_weight() -> None:
+    """The neighbour's cpu.shares that slows a 1024-weight host by F: F*(1024+base) - 1024."""
+    assert [jobs.neighbour_weight(f) for f in (1.0, 1.25, 1.5, 2.0)] == [2, 256, 512, 1024]
+    assert [jobs.neighbour_weight(f, 1024) for f in (1.0, 1.5, 2.0)] == [1024, 2048, 3072]
+    from dpro_kit.errors import DproError
+    with pytest.raises(DproError, match="factor >= 1"):
+        jobs.neighbour_weight(0.8)
+
+
+@needs_cpuset
 def test_cpuset_layout_bad_input() -> None:
     """A core layout that does not fit: one line naming the host and what is wrong; nothing is made."""
     from dpro_kit.errors import DproError
@@ -227,6 +288,12 @@ def test_cpuset_layout_bad_input() -> None:
             jobs.CpuBudget(2, 0.5, prefix=PREFIX, cpusets=layout)
     with pytest.raises(DproError, match="needs cpus .a quota per host. or cpusets"):
         jobs.CpuBudget(1, None, prefix=PREFIX)
+    assert _ours_left()[0] == [] and not list(jobs.CGROUP_CPUSET_ROOT.glob(f"{PREFIX}-*"))
+    for kw, msg in [(dict(neighbours={1: 512}), "busy neighbours need a core layout"),
+                    (dict(cpusets=["0", "0"], neighbours={2: 512}), "busy neighbour of host 2: no such host"),
+                    (dict(cpusets=["0", "0"], neighbours={1: 1}), "busy neighbour of host1: cpu.shares 1 is not")]:
+        with pytest.raises(DproError, match=msg):
+            jobs.CpuBudget(2, None if "cpusets" in kw else 1.0, prefix=PREFIX, **kw)
     assert _ours_left()[0] == [] and not list(jobs.CGROUP_CPUSET_ROOT.glob(f"{PREFIX}-*"))
 
 
