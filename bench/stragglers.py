@@ -33,7 +33,10 @@ of the core while both are runnable (``dpro_kit.jobs.CpuBudget`` ``neighbours``,
 weight W already in the balanced job, e.g. 1024 for 3 hosts on 2 cores so the host alone on a core
 gets the half core the two sharing the other get).  The scheduler's weight sharing never stops the
 host, it only slows it (docs/stragglers.md, "Ninth run").  The cut is predicted with ``--slow-rank
-S=f`` (f: the busy loop's measured factor beside the neighbour) and ``--slow-rank S=F`` (nominal).
+S=f'`` with ``f' = 1 + (f - 1) C / W`` (``cpu_share_factor``: f the busy loop's measured factor
+beside the neighbour, C the rank's CPU time per iteration and W its traced computation, both from
+the balanced profile: every thread of the host is slowed, not only the traced ops), and for
+comparison ``--slow-rank S=f`` and ``--slow-rank S=F`` (nominal).
 
 The CFS period is 10 ms (``--period-us``): with the kernel's 100 ms, a cut budget stalls a
 ~30 ms iteration between ops and in communication waits instead of slowing the computation
@@ -279,6 +282,36 @@ def effective_shares_cuts(cuts: list[float], base: int, period_us: int, shares: 
     return out
 
 
+COMPUTE_KINDS = ("FW", "BW", "UPDATE", "OTHER", "IO", "AGG")   # dpro_kit.whatif.COMPUTE_KINDS
+
+
+def cpu_share_factor(trace: str, node: str, f: float) -> tuple[float, dict[str, float]]:
+    """``--slow-by shares``: the factor for ``--slow-rank`` that charges the rank's whole CPU time to
+    its traced computation (docs/stragglers.md, "Ninth run").
+
+    Beside a busy neighbour every thread of the host gets 1/f of its core, not only the traced ops:
+    gloo's threads, the framework between ops and the collector's work share the host's slice on
+    the same core, so the host spends ``(f - 1) C`` more per iteration, C its CPU time per iteration
+    (the collector's ``cpu_use.cpus`` x the node's unprofiled iteration, both in the balanced profile's
+    manifest).  Charged to the traced computation W (median over the profiled iterations of its
+    computation events)::
+
+        f' = 1 + (f - 1) C / W
+    """
+    from dpro_kit.trace import load_trace
+    m = json.loads((Path(trace) / "manifest.json").read_text()).get("extra", {})
+    cpus = (m.get("cpu_use") or {}).get(node, {}).get("cpus")
+    step = (m.get("measured_iteration_ms_per_node") or {}).get(node)
+    ev = load_trace(trace).events
+    ev = ev[(ev["node"].astype(str) == node) & ev["kind"].astype(str).isin(COMPUTE_KINDS)]
+    w = statistics.median(g["dur"].sum() for _, g in ev.groupby("iteration")) / 1e3 if len(ev) else 0.0
+    if not (cpus and step and w > 0):
+        raise RuntimeError(f"{trace}: no CPU record (extra.cpu_use, measured_iteration_ms_per_node) or computation "
+                           f"of {node}; the cpu-share factor needs both")
+    c = cpus * step
+    return 1.0 + (f - 1.0) * max(c, w) / w, {"cpu_ms": round(c, 3), "compute_ms": round(w, 3)}
+
+
 def cpu_use(trace: str) -> dict[str, Any]:
     """The profiled job's per-rank CPU use (manifest extra.cpu_use: CPUs per step, throttled us, limit)."""
     try:
@@ -482,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
                 if shares_mode:
                     variants[f"cpu host{S} x1/{F:g}"] = (
                         rates, base_cpus, {S: neighbour_weight(F, a.neighbour_base)},
-                        {"factor": ["--slow-rank", f"{S}={F:g}"], "nominal": ["--slow-rank", f"{S}={F:g}"]})
+                        {"cpu": F, "factor": ["--slow-rank", f"{S}={F:g}"], "nominal": ["--slow-rank", f"{S}={F:g}"]})
                 else:
                     variants[f"cpu host{S} x1/{F:g}"] = (
                         rates, [a.cpus / F if i == S else a.cpus for i in range(H)], None,
@@ -509,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {'neighbour' if shares_mode else 'budget'} 1/{F:g}: a busy thread runs x1/{feff[F]:.3f} "
                           f"as fast ({eff[F]})", flush=True)
                     variants[f"cpu host{S} x1/{F:g}"][3]["factor"] = ["--slow-rank", f"{S}={feff[F]:.4g}"]
+                    if shares_mode:
+                        variants[f"cpu host{S} x1/{F:g}"][3]["cpu"] = feff[F]
             profs: list[dict[str, Any]] = []
 
             def profile_balanced() -> None:
@@ -566,8 +601,16 @@ def main(argv: list[str] | None = None) -> int:
                 for name, extra in how.items():
                     per = []
                     stop = []
+                    args_per = []
                     for p_ in profs:
-                        rep = b.replay(p_["trace"], extra)
+                        if name == "cpu":      # the busy-loop factor f charged with the rank's whole CPU time
+                            fp, parts = cpu_share_factor(p_["trace"], f"host{S}/{S}", float(extra))
+                            args = ["--slow-rank", f"{S}={fp:.4g}"]
+                            row.setdefault("cpu_share_parts", []).append(dict(parts, factor=round(fp, 4)))
+                        else:
+                            args = extra
+                        args_per.append(" ".join(args))
+                        rep = b.replay(p_["trace"], args)
                         per.append(rep["iteration_time_ms"] / p_["base_pred"])
                         if "cpu_limit" in rep:
                             stop.append(sum(v["stopped_ms"] for v in rep["cpu_limit"].values()))
@@ -575,10 +618,10 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"predicted_slowdown_{name}"] = round(ps, 4)
                     row[f"per_profile_{name}"] = [round(x, 4) for x in per]
                     row[f"error_pct_{name}"] = pct(ps / ms - 1.0)
-                    row[f"replay_args_{name}"] = " ".join(extra)
+                    row[f"replay_args_{name}"] = " | ".join(args_per) if name == "cpu" else args_per[0]
                     if stop:
                         row["predicted_stopped_ms"] = [round(x, 3) for x in stop]
-                prim = "cfs" if "cfs" in how else "factor" if "factor" in how else "link"
+                prim = next(x for x in ("cfs", "cpu", "factor", "link") if x in how)
                 row.update(predicted_slowdown=row[f"predicted_slowdown_{prim}"], error_pct=row[f"error_pct_{prim}"],
                            replay_args=row[f"replay_args_{prim}"], prediction=prim)
                 rows.append(row)
@@ -632,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["direction"] == "slow":
-            other = {"cfs": "factor", "factor": "nominal"}.get(r["prediction"])
+            other = {"cfs": "factor", "cpu": "factor", "factor": "nominal"}.get(r["prediction"])
             if other and f"replay_args_{other}" not in r:
                 other = None
             print(f"| {r['model']} | {r['rate']:g} | {r['injected']} (`{r['replay_args']}`) | "
@@ -650,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['model']} | {r['rate']:g} | balanced: predicted {r['predicted_ms']:.3f} ms vs measured "
                   f"{r['measured_ms']:.3f} ms | | | {r['error_pct']:+.1f} % | | "
                   + ", ".join(f"{x:.3f}" for x in r["per_profile_ms"]) + " |")
-    for name in ("cfs", "factor", "nominal", "link"):
+    for name in ("cfs", "cpu", "factor", "nominal", "link"):
         e = [abs(r[f"error_pct_{name}"]) for r in rows if r["direction"] == "slow" and f"error_pct_{name}" in r]
         if e:
             print(f"|error| {name}: median {statistics.median(e):.1f} %, max {max(e):.1f} % ({len(e)} rows)")
