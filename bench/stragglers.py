@@ -33,9 +33,10 @@ of the core while both are runnable (``dpro_kit.jobs.CpuBudget`` ``neighbours``,
 weight W already in the balanced job, e.g. 1024 for 3 hosts on 2 cores so the host alone on a core
 gets the half core the two sharing the other get).  The scheduler's weight sharing never stops the
 host, it only slows it (docs/stragglers.md, "Ninth run").  The cut is predicted with ``--slow-rank
-S=f'`` with ``f' = 1 + (f - 1) C / W`` (``cpu_share_factor``: f the busy loop's measured factor
-beside the neighbour, C the rank's CPU time per iteration and W its traced computation, both from
-the balanced profile: every thread of the host is slowed, not only the traced ops), and for
+S=f'`` with ``f' = 1 + (f - 1) (C / s) / W`` (``cpu_share_factor``: f the busy loop's measured
+factor beside the neighbour, C the rank's CPU time per iteration and W its traced computation,
+both from the balanced profile, s the part of its core the host gets in the balanced job: every
+thread of the host is slowed, not only the traced ops), and for
 comparison ``--slow-rank S=f`` and ``--slow-rank S=F`` (nominal).
 
 The CFS period is 10 ms (``--period-us``): with the kernel's 100 ms, a cut budget stalls a
@@ -285,18 +286,20 @@ def effective_shares_cuts(cuts: list[float], base: int, period_us: int, shares: 
 COMPUTE_KINDS = ("FW", "BW", "UPDATE", "OTHER", "IO", "AGG")   # dpro_kit.whatif.COMPUTE_KINDS
 
 
-def cpu_share_factor(trace: str, node: str, f: float) -> tuple[float, dict[str, float]]:
+def cpu_share_factor(trace: str, node: str, f: float, share: float = 1.0) -> tuple[float, dict[str, float]]:
     """``--slow-by shares``: the factor for ``--slow-rank`` that charges the rank's whole CPU time to
     its traced computation (docs/stragglers.md, "Ninth run").
 
     Beside a busy neighbour every thread of the host gets 1/f of its core, not only the traced ops:
     gloo's threads, the framework between ops and the collector's work share the host's slice on
-    the same core, so the host spends ``(f - 1) C`` more per iteration, C its CPU time per iteration
-    (the collector's ``cpu_use.cpus`` x the node's unprofiled iteration, both in the balanced profile's
-    manifest).  Charged to the traced computation W (median over the profiled iterations of its
-    computation events)::
+    the same core.  With ``share`` the part of its core the host gets in the balanced job while it
+    runs (1 alone on it; ``1024 / (1024 + base)`` beside ``--neighbour-base``), its CPU time per
+    iteration C (the collector's ``cpu_use.cpus`` x the node's unprofiled iteration, both in the
+    balanced profile's manifest) costs it C / share of wall time, which the cut stretches by f: the
+    host spends ``(f - 1) C / share`` more per iteration.  Charged to the traced computation W
+    (median over the profiled iterations of its computation events, wall time)::
 
-        f' = 1 + (f - 1) C / W
+        f' = 1 + (f - 1) max(C / share, W) / W
     """
     from dpro_kit.trace import load_trace
     m = json.loads((Path(trace) / "manifest.json").read_text()).get("extra", {})
@@ -309,7 +312,7 @@ def cpu_share_factor(trace: str, node: str, f: float) -> tuple[float, dict[str, 
         raise RuntimeError(f"{trace}: no CPU record (extra.cpu_use, measured_iteration_ms_per_node) or computation "
                            f"of {node}; the cpu-share factor needs both")
     c = cpus * step
-    return 1.0 + (f - 1.0) * max(c, w) / w, {"cpu_ms": round(c, 3), "compute_ms": round(w, 3)}
+    return 1.0 + (f - 1.0) * max(c / share, w) / w, {"cpu_ms": round(c, 3), "compute_ms": round(w, 3), "share": share}
 
 
 def cpu_use(trace: str) -> dict[str, Any]:
@@ -528,8 +531,9 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"without quotas, slowed by a busy neighbour on host{S}'s core (cpu.shares "
                      f"{', '.join(f'1/{F:g}: {neighbour_weight(F, a.neighbour_base)}' for F in cuts)}; balanced: "
                      f"{a.neighbour_base or 'none'})" if shares_mode else f"at {a.cpus:g} CPU (period {a.period_us} us)")
-                  + (f", pinned {a.pin_layout} (host{S}, the slowed one, on CPU {a.pin_layout[S]}; balanced quota per "
-                     f"core {core_load(a.pin_layout, base_cpus)})" if a.pin_layout else ""), flush=True)
+                  + (f", pinned {a.pin_layout} (host{S}, the slowed one, on CPU {a.pin_layout[S]}"
+                     + ("" if shares_mode else f"; balanced quota per core {core_load(a.pin_layout, base_cpus)}")
+                     + ")" if a.pin_layout else ""), flush=True)
             if shares_mode:
                 eff = effective_shares_cuts(cuts, a.neighbour_base, a.period_us, a.shares, a.calib_reps, a.prefix,
                                             a.pin_layout[S]) if a.calib_reps else {}
@@ -604,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
                     args_per = []
                     for p_ in profs:
                         if name == "cpu":      # the busy-loop factor f charged with the rank's whole CPU time
-                            fp, parts = cpu_share_factor(p_["trace"], f"host{S}/{S}", float(extra))
+                            fp, parts = cpu_share_factor(p_["trace"], f"host{S}/{S}", float(extra),
+                                                         1024 / (1024 + a.neighbour_base))
                             args = ["--slow-rank", f"{S}={fp:.4g}"]
                             row.setdefault("cpu_share_parts", []).append(dict(parts, factor=round(fp, 4)))
                         else:
