@@ -248,6 +248,9 @@ CASES = {
     "MXNet params out of key order (case 55686: +5.8 % silently)": (
         "mxnet-ps-2w1s-loopback", "host2/worker0/meta.json", lambda d: d["params"].reverse(),
         ["host2/worker0/meta.json [params[0].key]", "the collector lists the parameters in key order"]),
+    "a Kineto CPU event's pid replaced by a long string (case 98988: another thread, +2.1 % silently)": (
+        "ddp-2rank-gloo", "host0/0/kineto_trace.json", lambda d: d["traceEvents"][977].__setitem__("pid", "x" * 100000),
+        ["host0/0/kineto_trace.json [traceEvents[977]]", "is not one of the file's processes", "'xxxx"]),
     "a Kineto event replaced by -1 (case 47722: skipped, +1.74 % silently)": (
         "ddp-2rank-gloo", "host0/1/kineto_trace.json", lambda d: d["traceEvents"].__setitem__(1544, -1),
         ["[traceEvents[1544]]", "an event must be a JSON object, not int"]),

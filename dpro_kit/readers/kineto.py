@@ -627,6 +627,8 @@ def _parse(events: Any, header: dict[str, Any], path: Path) -> KinetoTrace:
     raw_ts: dict[int, float] = {}   # id(event) -> its ts as written (flow ends carry the same value)
     fb_s: dict[Any, tuple[Any, Any, float]] = {}
     fb_f: dict[Any, tuple[Any, Any, float]] = {}
+    procs: set[Any] = set()                 # pids the file names (process_name metadata)
+    cpu_pid_at: dict[Any, int] = {}         # pid of CPU events -> the first such event's index
     for i, e in enumerate(events):
         if not isinstance(e, dict):   # fuzz case 47722: an annotation replaced by -1 was skipped, +1.74 % silently
             raise TraceFormatError(f"an event must be a JSON object, not {type(e).__name__}", path=path,
@@ -634,6 +636,9 @@ def _parse(events: Any, header: dict[str, Any], path: Path) -> KinetoTrace:
         ph = e.get("ph")
         if ph == "M" and e.get("name") == "thread_name":
             names[(e.get("pid"), e.get("tid"))] = str((e.get("args") or {}).get("name", ""))
+            continue
+        if ph == "M" and e.get("name") == "process_name" and not isinstance(e.get("pid"), (list, dict)):
+            procs.add(e.get("pid"))
             continue
         if ph in ("s", "f") and e.get("cat") in ("ac2g", "fwdbwd"):
             ends = ((flow_s if ph == "s" else flow_f) if e.get("cat") == "ac2g" else (fb_s if ph == "s" else fb_f))
@@ -692,6 +697,15 @@ def _parse(events: Any, header: dict[str, Any], path: Path) -> KinetoTrace:
             gpu[stream].append(ev)
         else:
             cpu[(ev.pid, ev.tid)].append(ev)
+            cpu_pid_at.setdefault(ev.pid, i)
+    # Kineto names every process it recorded (process_name metadata); a CPU event of a pid it does not
+    # name has a corrupt pid, and was replayed as another process's thread (fuzz case 98988: +2.1 % silently)
+    stray = [(i, p) for p, i in cpu_pid_at.items() if procs and p not in procs]
+    if stray:
+        i, p = min(stray, key=lambda t: t[0])
+        raise TraceFormatError(f"a CPU event's pid {str(p)[:40]!r}{'...' if len(str(p)) > 40 else ''} is not one of "
+                               "the file's processes (no process_name metadata names it)", path=path,
+                               record=f"traceEvents[{i}]", hint="the event's pid is corrupt; export the trace again")
     # the base time: Kineto writes it after the events (a stream knows it only now)
     base_ns = _base_time_ns(header, path)
     base_us = base_ns / 1e3
