@@ -63,6 +63,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from dpro_kit.jobs import core_load, run_job  # noqa: E402
+from dpro_kit.whatif import COMPUTE_KINDS  # noqa: E402  (the kinds --slow-rank stretches)
 
 TRAIN = ROOT / "examples" / "ddp" / "train.py"
 PY = sys.executable
@@ -281,9 +282,6 @@ def effective_shares_cuts(cuts: list[float], base: int, period_us: int, shares: 
             b2 = busy_speed(None, period_us, shares, secs, prefix, cpuset, base or None)
             out[F].append(round(0.5 * (b1 + b2) / c, 4))
     return out
-
-
-COMPUTE_KINDS = ("FW", "BW", "UPDATE", "OTHER", "IO", "AGG")   # dpro_kit.whatif.COMPUTE_KINDS
 
 
 def cpu_share_factor(trace: str, node: str, f: float, share: float = 1.0) -> tuple[float, dict[str, float]]:

@@ -384,8 +384,7 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
         k = _keys_at(keys0, np.array([o], dtype=np.int64))[0]
         raise GraphError(f"op {k!r} has duration {float(dur0[o])!r}; durations must be finite and >= 0")
     # locality_order of the generation-ordered graph: earliest starts, stable by generation index
-    est += 0.0                                      # (-0.0 -> +0.0; est is this call's own array)
-    loc = _radix_argsort(est, np.zeros(0, dtype=s0.dtype))      # = stable_argsort_nonneg, sorting est in place
+    loc = stable_argsort_nonneg(est, s0.dtype, overwrite=True)      # (est is this call's own array)
     del est
     final, inv, dur, prio, device, indptr, succ, indeg = _renumbered(
         order, loc, ip0, s0, deg0, dur0, np.asarray(prio0, dtype=np.float64), dev0, remap)
@@ -435,12 +434,17 @@ def _renumbered(order, loc, ip0, s0, deg0, dur0, prio0, dev0, remap):  # pragma:
     return final, inv, dur, prio, device, indptr, succ, indeg
 
 
-def stable_argsort_nonneg(x: np.ndarray, dtype: type = np.int64) -> np.ndarray:
+def stable_argsort_nonneg(x: np.ndarray, dtype: type = np.int64, *, overwrite: bool = False) -> np.ndarray:
     """``np.argsort(x, kind="stable")`` for float64 values that are ``>= 0`` or ``-0.0`` (no NaN),
     as an LSD radix sort on the values' bits (which order as the values do): ~4x faster than
-    numpy's timsort on ~1 M earliest-start times.  ``dtype``: of the indices returned."""
-    return _radix_argsort(np.ascontiguousarray(x, dtype=np.float64) + 0.0,       # + 0.0: -0.0 -> +0.0
-                          np.zeros(0, dtype=dtype))
+    numpy's timsort on ~1 M earliest-start times.  ``dtype``: of the indices returned.
+    ``overwrite``: ``x`` (a contiguous float64 array the caller no longer needs) is sorted in place
+    instead of copied (no fresh memory: docs/scale.md "Sixth pass")."""
+    if overwrite and x.dtype == np.float64 and x.flags.c_contiguous:
+        x += 0.0                                                                   # -0.0 -> +0.0
+    else:
+        x = np.ascontiguousarray(x, dtype=np.float64) + 0.0
+    return _radix_argsort(x, np.zeros(0, dtype=dtype))
 
 
 @njit(cache=True)
