@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
@@ -443,6 +444,12 @@ def load_manifest(trace_dir: str | os.PathLike) -> Manifest:
         raise DproError("trace directory does not exist", path=trace_dir,
                         hint="pass the folder written by `dpro profile`")
     if not trace_dir.is_dir():
+        name = trace_dir.name
+        if name.endswith((".json", ".json.gz")):   # e.g. one rank's torch.profiler export
+            job = re.sub(r"([_.-]?rank\d+)?(\.pt\.trace)?\.json(\.gz)?$", "", name) or "job"
+            raise DproError("a file, not a trace folder", path=trace_dir,
+                            hint=f"dpro reads a folder of one job's traces (one torch.profiler file per rank): "
+                                 f"mkdir {job} && ln -s {trace_dir.resolve()} {job}/ && dpro replay {job}")
         raise DproError("not a directory", path=trace_dir, hint="pass the trace folder, not a file in it")
     mpath = trace_dir / "manifest.json"
     if not mpath.exists():

@@ -194,6 +194,25 @@ def test_bad_variants_one_line_exit_2(tmp_path: Path, capsys):
     _bad(tmp_path, capsys, d, "r.json", "JSON")
 
 
+def test_a_single_file_is_refused_with_the_commands_that_read_it(tmp_path: Path, capsys, monkeypatch):
+    """`dpro replay rank0.json.gz` (what a torch.profiler user types first): one line that gives the
+    commands making a job folder of it; run as given, they replay it."""
+    f = tmp_path / "dl" / FILES["r2"][0]
+    f.parent.mkdir()
+    shutil.copy(HTA / FILES["r2"][0], f)
+    _bad(tmp_path, capsys, f, str(f), "a file, not a trace folder", "mkdir nccl_2rank &&")
+    assert main(["replay", str(f), "-q"]) == 2
+    hint = capsys.readouterr().err.strip()
+    cmds = hint[hint.index("mkdir"):].rstrip(")").split(" && ")
+    monkeypatch.chdir(tmp_path)
+    mk, ln, rp = (c.split() for c in cmds)
+    assert mk[0] == "mkdir" and ln[:2] == ["ln", "-s"] and rp[:2] == ["dpro", "replay"]
+    Path(mk[1]).mkdir()
+    (Path(ln[3]) / Path(ln[2]).name).symlink_to(ln[2])
+    assert main(["replay", rp[2], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_time_ms"] > 0
+
+
 def test_discoverer_leaves_dpro_collector_folders_alone(tmp_path: Path):
     """A folder with dpro's meta.json is not claimed as plain Kineto input (dpro's reader keeps it)."""
     ex = Path(__file__).resolve().parents[1] / "examples" / "traces" / "ddp-2rank-gloo"
