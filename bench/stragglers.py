@@ -32,12 +32,13 @@ of the core while both are runnable (``dpro_kit.jobs.CpuBudget`` ``neighbours``,
 ``neighbour_weight``: host 1024, neighbour 1024 (F - 1); ``--neighbour-base W``: a neighbour of
 weight W already in the balanced job, e.g. 1024 for 3 hosts on 2 cores so the host alone on a core
 gets the half core the two sharing the other get).  The scheduler's weight sharing never stops the
-host, it only slows it (docs/stragglers.md, "Ninth run").  The cut is predicted with ``--slow-rank
-S=f'`` with ``f' = 1 + (f - 1) (C / s) / W`` (``cpu_share_factor``: f the busy loop's measured
-factor beside the neighbour, C the rank's CPU time per iteration and W its traced computation,
-both from the balanced profile, s the part of its core the host gets in the balanced job: every
-thread of the host is slowed, not only the traced ops), and for
-comparison ``--slow-rank S=f`` and ``--slow-rank S=F`` (nominal).
+host, it only slows it (docs/stragglers.md, "Ninth run").  The cut is predicted with ``--slow-host
+hostS=f`` (``--cpu-share hostS=s`` with a base neighbour; f the busy loop's measured factor beside the
+neighbour, s the part of its core the host gets in the balanced job): the host's computation and the
+CPU part of its transfers at 1/f, from the collector's CPU record (``dpro_kit.whatif.slow_hosts``,
+docs/stragglers.md "Tenth run"); for comparison ``--slow-rank S=f'`` with ``f' = 1 + (f - 1) max(C / s,
+W) / W`` (``cpu_share_factor``: the whole CPU time C charged to the traced computation W, the ninth
+run's rule), ``--slow-rank S=f`` and ``--slow-rank S=F`` (nominal).
 
 The CFS period is 10 ms (``--period-us``): with the kernel's 100 ms, a cut budget stalls a
 ~30 ms iteration between ops and in communication waits instead of slowing the computation
@@ -339,11 +340,15 @@ def repredict(rows_file: Path, only: str | None = None) -> int:
         note = ""
         if r["direction"] == "slow":
             # every model the run predicted the row with (CFS what-if, busy-loop factor, link), else its one
-            for key in [k for k in ("replay_args_cfs", "replay_args_factor", "replay_args_nominal", "replay_args_link") if r.get(k)] or ["replay_args"]:
+            keys = ("replay_args_cfs", "replay_args_host", "replay_args_cpu", "replay_args_factor", "replay_args_nominal",
+                    "replay_args_link")
+            for key in [k for k in keys if r.get(k)] or ["replay_args"]:
                 args = r[key]
                 ratios, all_its = [], []
-                for t_ in traces:
-                    d = Bench.replay(t_, args.split())
+                # the cpu-share factor differs per profile: "ARGS | ARGS | ..." (one per trace)
+                per_args = args.split(" | ") if " | " in args else [args] * len(traces)
+                for t_, args_ in zip(traces, per_args):
+                    d = Bench.replay(t_, args_.split())
                     ratios.append(d["iteration_time_ms"] / base[t_]["iteration_time_ms"])
                     all_its.append(all_iterations_ratio(base[t_], d))
                 then = r.get("predicted_slowdown_" + key.rsplit("_", 1)[1], r["predicted_slowdown"]) \
@@ -516,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
                 if shares_mode:
                     variants[f"cpu host{S} x1/{F:g}"] = (
                         rates, base_cpus, {S: neighbour_weight(F, a.neighbour_base)},
-                        {"cpu": F, "factor": ["--slow-rank", f"{S}={F:g}"], "nominal": ["--slow-rank", f"{S}={F:g}"]})
+                        {"host": F, "cpu": F, "factor": ["--slow-rank", f"{S}={F:g}"],
+                         "nominal": ["--slow-rank", f"{S}={F:g}"]})
                 else:
                     variants[f"cpu host{S} x1/{F:g}"] = (
                         rates, [a.cpus / F if i == S else a.cpus for i in range(H)], None,
@@ -546,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                     variants[f"cpu host{S} x1/{F:g}"][3]["factor"] = ["--slow-rank", f"{S}={feff[F]:.4g}"]
                     if shares_mode:
                         variants[f"cpu host{S} x1/{F:g}"][3]["cpu"] = feff[F]
+                        variants[f"cpu host{S} x1/{F:g}"][3]["host"] = feff[F]
             profs: list[dict[str, Any]] = []
 
             def profile_balanced() -> None:
@@ -605,7 +612,10 @@ def main(argv: list[str] | None = None) -> int:
                     stop = []
                     args_per = []
                     for p_ in profs:
-                        if name == "cpu":      # the busy-loop factor f charged with the rank's whole CPU time
+                        if name == "host":     # the host at 1/f of its CPU: computation and the CPU part of transfers
+                            args = ["--slow-host", f"host{S}={float(extra):.4g}"] + (
+                                ["--cpu-share", f"host{S}={1024 / (1024 + a.neighbour_base):.4g}"] if a.neighbour_base else [])
+                        elif name == "cpu":    # the busy-loop factor f charged with the rank's whole CPU time
                             fp, parts = cpu_share_factor(p_["trace"], f"host{S}/{S}", float(extra),
                                                          1024 / (1024 + a.neighbour_base))
                             args = ["--slow-rank", f"{S}={fp:.4g}"]
@@ -624,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"replay_args_{name}"] = " | ".join(args_per) if name == "cpu" else args_per[0]
                     if stop:
                         row["predicted_stopped_ms"] = [round(x, 3) for x in stop]
-                prim = next(x for x in ("cfs", "cpu", "factor", "link") if x in how)
+                prim = next(x for x in ("cfs", "host", "cpu", "factor", "link") if x in how)
                 row.update(predicted_slowdown=row[f"predicted_slowdown_{prim}"], error_pct=row[f"error_pct_{prim}"],
                            replay_args=row[f"replay_args_{prim}"], prediction=prim)
                 rows.append(row)
@@ -678,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["direction"] == "slow":
-            other = {"cfs": "factor", "cpu": "factor", "factor": "nominal"}.get(r["prediction"])
+            other = {"cfs": "factor", "host": "cpu", "cpu": "factor", "factor": "nominal"}.get(r["prediction"])
             if other and f"replay_args_{other}" not in r:
                 other = None
             print(f"| {r['model']} | {r['rate']:g} | {r['injected']} (`{r['replay_args']}`) | "
@@ -696,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['model']} | {r['rate']:g} | balanced: predicted {r['predicted_ms']:.3f} ms vs measured "
                   f"{r['measured_ms']:.3f} ms | | | {r['error_pct']:+.1f} % | | "
                   + ", ".join(f"{x:.3f}" for x in r["per_profile_ms"]) + " |")
-    for name in ("cfs", "cpu", "factor", "nominal", "link"):
+    for name in ("cfs", "host", "cpu", "factor", "nominal", "link"):
         e = [abs(r[f"error_pct_{name}"]) for r in rows if r["direction"] == "slow" and f"error_pct_{name}" in r]
         if e:
             print(f"|error| {name}: median {statistics.median(e):.1f} %, max {max(e):.1f} % ({len(e)} rows)")

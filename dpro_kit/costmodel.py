@@ -56,14 +56,21 @@ class CommModel:
     #: host -> factor on the bandwidth of every network link that host's interface carries
     #: (``dpro replay --slow-link HOST=F``; :func:`link_hosts` says which hosts a link touches)
     host_bandwidth_factor: dict[str, float] = field(default_factory=dict)
+    #: host -> factor on the whole time of every transfer on a link that host's interface carries: the
+    #: CPU-bound part of the transfer stretched on a host with less CPU (``dpro replay --slow-host``,
+    #: :func:`dpro_kit.whatif.slow_hosts`); the largest factor of the link's hosts applies
+    host_time_factor: dict[str, float] = field(default_factory=dict)
 
     def transfer_us(self, nbytes: float, link: str = "") -> float:
         lm = self.per_link.get(link, self.default)
+        t = lm.time_us(nbytes)
         if self.host_bandwidth_factor:
             f = min((self.host_bandwidth_factor.get(h, 1.0) for h in link_hosts(link)), default=1.0)
             if f != 1.0:
-                return lm.latency_us + float(nbytes) / (lm.bandwidth_Bps * f) * 1e6
-        return lm.time_us(nbytes)
+                t = lm.latency_us + float(nbytes) / (lm.bandwidth_Bps * f) * 1e6
+        if self.host_time_factor:
+            t *= max((self.host_time_factor.get(h, 1.0) for h in link_hosts(link)), default=1.0)
+        return t
 
     def describe(self) -> dict[str, Any]:
         return {"origin": self.origin, "latency_us": self.default.latency_us,

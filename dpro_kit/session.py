@@ -448,6 +448,10 @@ class Session:
         if "recorded_quota" in self._stages:
             # --recorded-quota: the throttled ranks and their recorded quota ({} : nothing throttled, plain replay)
             info["recorded_quota"] = dict(self._stages["recorded_quota"])
+        if isinstance(ts.manifest.extra, dict) and ts.manifest.extra.get("slow_host"):
+            # --slow-host: per slowed worker its computation, CPU per iteration, CPUs while not computing and
+            # the factor on its transfers (dpro_kit.whatif.slow_hosts)
+            info["slow_host"] = dict(ts.manifest.extra["slow_host"])
         if self._stages.get("cpu_limit"):
             # the CPU-quota what-if on the graph that stands for the job: per limited worker its computation
             # at full speed, as stretched by the quota, and the time stopped per iteration

@@ -487,6 +487,122 @@ def like_median(ts: TraceSet, ranks: list[int]) -> TraceSet:
     return _retimed(ts, ev)
 
 
+def computation_per_iteration_ms(ts: TraceSet, node: str) -> float:
+    """The traced computation of ``node`` per iteration (ms): the median over the profiled iterations
+    of the sum of its computation events (:data:`COMPUTE_KINDS`; wall time, profiler included)."""
+    ev = ts.events
+    ev = ev[(ev["node"].astype(str) == node) & ev["kind"].astype(str).isin(COMPUTE_KINDS)]
+    if ev.empty:
+        return 0.0
+    return float(ev.groupby("iteration", observed=True)["dur"].sum().median()) / 1e3
+
+
+def transfer_time_ms(ts: TraceSet, model: CommModel, node: str) -> float:
+    """The time ``node`` spends in its collectives per iteration by the link model alone (ms, no waiting):
+    a ring AllReduce of S bytes over N ranks is 2(N − 1) steps of S/N bytes, any other collective one
+    transfer of its bytes."""
+    from .graph.schemes import is_allreduce
+    t = 0.0
+    for c in ts.collectives:
+        if node not in c.participants:
+            continue
+        n = len(c.participants)
+        t += 2 * (n - 1) * model.transfer_us(c.bytes / n) if is_allreduce(c) and n > 1 else model.transfer_us(c.bytes)
+    return t / 1e3
+
+
+def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0) -> dict[str, dict[str, Any]]:
+    """Where the CPU of each worker node of ``host`` went per iteration, from the collector's record
+    (:func:`slow_hosts` stretches each part): its computation ``W`` (traced), its CPU time ``C / s``
+    (``extra.cpu_use.cpus`` x the node's unprofiled iteration ``T``, at the part ``s`` of its core it got
+    while runnable: 1 alone on it, 1/2 beside a busy neighbour of equal weight), ``u`` the CPUs it used
+    while not computing (:func:`idle_cpu`: ``(C/s − W) / (T − W)`` clipped to [0, 1]) and the CPU time
+    spent during its transfers, ``u`` x their link-model time (:func:`transfer_time_ms`, at most
+    ``T − W``).  ms per iteration; ``cpu_ms`` None and ``u`` 0 without a CPU record.
+    """
+    seen = cpu_seen(ts.manifest.facts, [n for n, i in ts.manifest.nodes.items() if i.host == host])
+    out: dict[str, dict[str, Any]] = {}
+    for n, (cpus, step, thr, cap) in seen.items():
+        if ts.manifest.nodes[n].role != "worker":
+            continue
+        w = computation_per_iteration_ms(ts, n)
+        c = float(cpus) * float(step) / share if cpus is not None and step else None
+        u = min(1.0, idle_cpu((c / float(step), float(step), thr, cap), w)) if c is not None else 0.0
+        tr = min(transfer_time_ms(ts, model, n), max(0.0, float(step) - w)) if c is not None else 0.0
+        out[n] = {"compute_ms": w, "cpu_ms": c, "step_ms": step, "idle_cpu": u, "transfer_ms": tr,
+                  "transfer_cpu_ms": min(max(0.0, c - w), u * tr) if c is not None else 0.0}
+    return out
+
+
+def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
+               shares: dict[str, float] | None = None) -> tuple[TraceSet, CommModel, dict[str, Any]]:
+    """The job with host ``h`` getting ``1 / factors[h]`` of the CPU it had when profiled, every thread.
+
+    A host slowed by a competitor for its core (a busy neighbour of lower weight, a noisy VM) runs
+    all its CPU work at 1/F of the speed: its computation, the framework between ops, and the CPU
+    part of its communication (gloo's threads copying, reducing, polling sockets); the wire is not
+    slowed.  From the profile of the unslowed job, per worker node of the host
+    (:func:`host_cpu_split`): it spends ``C/s`` of wall time on CPU per iteration, ``W`` of it in
+    its traced computation, and while not computing it uses ``u`` CPUs, so ``R_t = u t`` of the CPU
+    falls in its transfers (link-model time ``t``), ``C/s − W − R_t`` between ops.  At 1/F every
+    part takes F times as long:
+
+    * a transfer on a link of the host: its CPU part ``u`` stretched, the rest (wire, peer) not::
+
+          t' = t (1 − u) + t u F = t (1 + u (F − 1))       (CommModel.host_time_factor)
+
+      (several workers on the host: the largest ``u``);
+    * its computation ops, charged with the CPU between ops too::
+
+          factor = 1 + (F − 1) (C/s − R_t) / W             (at least F)
+
+    The whole CPU time is stretched once: ``(F − 1) C/s`` more per iteration, in computation and
+    transfers.  Without a CPU record ``u = 0`` and the factor is F: ``--slow-rank`` on the host's ranks.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        The profiled job.
+    model : CommModel
+        Its fitted link model.
+    factors : dict
+        Host -> F (2: the host gets half the CPU it had).
+    shares : dict, optional
+        Host -> the part of its core it got while runnable when profiled (default 1).
+
+    Returns
+    -------
+    (TraceSet, CommModel, dict)
+        The job, the link model, and per slowed node what was used (:func:`host_cpu_split`, plus
+        ``factor``, ``compute_factor``, ``transfer_factor``).
+    """
+    check_host_values(ts, factors, "--slow-host", "the factor must be a positive number",
+                      "e.g. --slow-host host1=2 (host1 gets half the CPU it had)")
+    shares = dict(shares or {})
+    check_host_values(ts, shares, "--cpu-share", "the share must be a positive number",
+                      "e.g. --cpu-share host1=0.5 (host1 had half its core when profiled)")
+    ev = ts.events.copy()
+    comp = ev["kind"].astype(str).isin(COMPUTE_KINDS).to_numpy()
+    nodes = ev["node"].astype(str).to_numpy()
+    dur = ev["dur"].to_numpy(float).copy()
+    info: dict[str, Any] = {}
+    time_factor: dict[str, float] = {}
+    for h, f in factors.items():
+        f = float(f)
+        split = host_cpu_split(ts, model, h, float(shares.get(h, 1.0)))
+        if not split:
+            raise DproError(f"--slow-host {h}={f:g}: host {h} runs no worker", path=ts.path)
+        time_factor[h] = 1.0 + max(s["idle_cpu"] for s in split.values()) * (f - 1.0)
+        for n, s in split.items():
+            w, c = s["compute_ms"], s["cpu_ms"]
+            cf = 1.0 + (f - 1.0) * max(c - s["transfer_cpu_ms"], w) / w if c is not None and w > 0 else f
+            dur[comp & (nodes == n)] *= cf
+            info[n] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in s.items()} | {
+                "factor": f, "compute_factor": round(cf, 4), "transfer_factor": round(time_factor[h], 4)}
+    ev["dur"] = dur
+    return _retimed(ts, ev), replace(model, host_time_factor={**model.host_time_factor, **time_factor}), info
+
+
 def _retimed(ts: TraceSet, ev: Any) -> TraceSet:
     """``ts`` with new event durations; the measured iteration times no longer describe it."""
     extra = {k: v for k, v in ts.manifest.extra.items() if not k.startswith("measured_")}
@@ -828,6 +944,10 @@ class WhatIf:
     slow_rank: dict[int, float] = field(default_factory=dict)
     like_median: list[int] = field(default_factory=list)
     slow_link: dict[str, float] = field(default_factory=dict)
+    #: host -> F: the host gets 1/F of the CPU it had, its computation and the CPU part of its transfers
+    #: (:func:`slow_hosts`); host -> the part of its core it had when profiled (default 1)
+    slow_host: dict[str, float] = field(default_factory=dict)
+    cpu_share: dict[str, float] = field(default_factory=dict)
     #: host -> CPUs of its CFS quota (:func:`cpu_limited_graph`; applied to the built graph by the session),
     #: and the quota's period (ms)
     cpu_limit: dict[str, float] = field(default_factory=dict)
@@ -839,12 +959,12 @@ class WhatIf:
     def any(self) -> bool:
         return self.bucket_mb is not None or self.bandwidth_mbps is not None or self.world_size is not None \
             or self.fusion_threshold_mb is not None or self.cycle_time_ms is not None or self.servers is not None \
-            or self.partition_bytes is not None or bool(self.slow_rank or self.like_median or self.slow_link or self.cpu_limit or self.recorded_quota)
+            or self.partition_bytes is not None or bool(self.slow_rank or self.like_median or self.slow_link or self.slow_host or self.cpu_share or self.cpu_limit or self.recorded_quota)
 
     def describe(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None and v != {} and v != [] and
                 (k != "first_bucket_mb" or self.bucket_mb is not None) and (k != "cpu_period_ms" or self.cpu_limit or self.recorded_quota)
-                and (k != "recorded_quota" or self.recorded_quota)}
+                and (k != "recorded_quota" or self.recorded_quota) and (k != "cpu_share" or self.slow_host)}
 
 
 def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommModel]:
@@ -886,6 +1006,12 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
         ts = scale_servers(ts, w.servers)
     if w.partition_bytes is not None:
         ts = byteps_partition_bytes(ts, int(w.partition_bytes))
+    if w.cpu_share and not w.slow_host:
+        raise DproError("--cpu-share needs --slow-host (the share a slowed host had when profiled)", path=ts.path)
+    if w.slow_host:
+        ts, model, info = slow_hosts(ts, model, dict(w.slow_host), dict(w.cpu_share))
+        # what the what-if used, per slowed node (dpro replay --json: slow_host)
+        ts = replace(ts, manifest=replace(ts.manifest, extra={**ts.manifest.extra, "slow_host": info}))
     if w.slow_rank:
         ts = slow_ranks(ts, dict(w.slow_rank))
     if w.like_median:     # after --slow-rank: "what if the slowed rank were fixed"
@@ -1002,6 +1128,6 @@ def cpu_limit_nodes(ts: TraceSet, w: WhatIf) -> dict[str, float]:
 
 
 __all__ = ["CFS_PERIOD_MS", "COMPUTE_KINDS", "cfs_schedule", "cpu_seen", "dethrottle_factors", "full_speed_durations", "idle_cpu", "recorded_limits", "cpu_limit_nodes", "cpu_limit_warnings", "cpu_limited_graph", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
-           "like_median", "slow_links", "slow_ranks",
+           "like_median", "slow_links", "slow_ranks", "slow_hosts", "host_cpu_split", "computation_per_iteration_ms",
            "ddp_bucket_assignment", "horovod_knobs",
            "rebucket", "scale_servers", "scale_world", "WhatIf", "with_bandwidth"]

@@ -11,7 +11,7 @@ import pytest
 from conftest import tiny_traceset
 from dpro_kit.costmodel import CommModel, LinkModel, link_hosts
 from dpro_kit.errors import DproError
-from dpro_kit.whatif import COMPUTE_KINDS, like_median, slow_links, slow_ranks
+from dpro_kit.whatif import COMPUTE_KINDS, host_cpu_split, like_median, slow_hosts, slow_links, slow_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_HOST = ROOT / "examples" / "traces" / "ddp-2host-1000mbit"
@@ -58,6 +58,75 @@ def test_slow_link_hand_computed():
     assert m.transfer_us(1000, "link:h0->h1") == pytest.approx(10 + 1000)   # the original is untouched
     with pytest.raises(DproError, match="no host 'h9'"):
         slow_links(m, ts, {"h9": 0.5})
+
+
+def _with_cpu_record(ts, node="w1", step_ms=9.85, cpu_ms=3.85):
+    """``ts`` whose ``node`` used ``cpu_ms`` of CPU per unprofiled iteration of ``step_ms`` (the collector's record)."""
+    from dataclasses import replace
+    extra = {**ts.manifest.extra, "measured_iteration_ms_per_node": {node: step_ms},
+             "cpu_use": {node: {"cpus": cpu_ms / step_ms}}}
+    return replace(ts, manifest=replace(ts.manifest, extra=extra))
+
+
+def test_slow_host_hand_computed():
+    """--slow-host h1=2 on a hand-built 2-host job whose numbers are worked out by hand.
+
+    Worker w1 (host h1), per iteration: computation W = 1.8 ms of FW/BW (x 0.9, 1.0, 1.1 over the three
+    iterations: median 1.8) + 0.05 ms UPDATE = 1.85 ms; unprofiled iteration T = 9.85 ms with C = 3.85 ms
+    of CPU.  Link model: no latency, 1e9 B/s; bucket0 4 MB, bucket1 2 MB, 2 ranks: a ring step moves half
+    a bucket, 2 ms and 1 ms, two steps each: t = 6 ms of transfers per iteration.
+
+        u = (C - W) / (T - W) = 2 / 8 = 0.25          CPUs while not computing
+        R_t = min(C - W, u t) = min(2, 1.5) = 1.5      CPU during transfers (ms)
+        transfers:   1 + u (F - 1) = 1.25
+        computation: 1 + (F - 1) (C - R_t) / W = 1 + 2.35 / 1.85 = 2.27027
+    """
+    ts = _with_cpu_record(tiny_traceset(workers=2, hosts=2, iterations=3))
+    model = CommModel(default=LinkModel(0.0, 1e9))
+    split = host_cpu_split(ts, model, "h1")["w1"]
+    assert split["compute_ms"] == pytest.approx(1.85)
+    assert split["idle_cpu"] == pytest.approx(0.25)
+    assert split["transfer_ms"] == pytest.approx(6.0)
+    assert split["transfer_cpu_ms"] == pytest.approx(1.5)
+    out, m, info = slow_hosts(ts, model, {"h1": 2.0})
+    assert info["w1"]["compute_factor"] == pytest.approx(1 + 2.35 / 1.85, abs=1e-4)
+    assert _compute(out, "w1") == pytest.approx((1 + 2.35 / 1.85) * _compute(ts, "w1"))
+    assert _compute(out, "w0") == pytest.approx(_compute(ts, "w0"))          # the other host untouched
+    assert m.transfer_us(2e6, "link:h0->h1") == pytest.approx(1.25 * 2000)   # a link of h1
+    assert m.transfer_us(2e6, "link:h0:upload") == pytest.approx(2000)       # h0's own interface
+    assert model.transfer_us(2e6, "link:h0->h1") == pytest.approx(2000)      # the fitted model untouched
+    # in the built graph: every ring step of the 2-host job touches h1 (2 ms / 1 ms steps at 1.25)
+    from dpro_kit.graph import build_global_dfg
+    g = build_global_dfg(out, comm_model=m)
+    sends = sorted({round(d["dur"], 3) for _, d in g.nodes(data=True) if d.get("kind") == "SEND"})
+    assert sends == [1250.0, 2500.0]
+    # the host had half its core when profiled (beside a neighbour of equal weight): C/s = 7.7 ms
+    #   u = 5.85 / 8 = 0.73125, R_t = min(5.85, 0.73125 * 6) = 4.3875, computation 1 + (7.7 - 4.3875) / 1.85
+    _, m2, info2 = slow_hosts(ts, model, {"h1": 2.0}, {"h1": 0.5})
+    assert info2["w1"]["transfer_factor"] == pytest.approx(1.73125, abs=1e-4)
+    assert info2["w1"]["compute_factor"] == pytest.approx(1 + 3.3125 / 1.85, abs=1e-4)
+    # no CPU record: --slow-rank on the host's ranks, transfers as the link model has them
+    plain, m3, _ = slow_hosts(tiny_traceset(workers=2, hosts=2, iterations=3), model, {"h1": 2.0})
+    assert _compute(plain, "w1") == pytest.approx(2 * _compute(ts, "w1"))
+    assert m3.transfer_us(2e6, "link:h0->h1") == pytest.approx(2000)
+    with pytest.raises(DproError, match="no host 'h9'"):
+        slow_hosts(ts, model, {"h9": 2.0})
+    with pytest.raises(DproError, match="positive"):
+        slow_hosts(ts, model, {"h1": 0.0})
+
+
+def test_cli_slow_host():
+    """Through the CLI: the recorded 2-host trace has no CPU record, so --slow-host is --slow-rank of its
+    rank; bad input is one line and exit 2."""
+    host = _replay_json("--slow-host", "host1=1.5")
+    rank = _replay_json("--slow-rank", "1=1.5")
+    assert host["iteration_time_ms"] == pytest.approx(rank["iteration_time_ms"])
+    assert host["slow_host"]["host1/1"]["cpu_ms"] is None and host["whatif"]["slow_host"] == {"host1": 1.5}
+    for args, msg in ((["--slow-host", "host9=2"], "no host 'host9'"),
+                      (["--cpu-share", "host1=0.5"], "--cpu-share needs --slow-host")):
+        bad = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "replay", str(TWO_HOST), *args],
+                             capture_output=True, text=True, cwd=ROOT)
+        assert bad.returncode == 2 and msg in bad.stderr and len(bad.stderr.strip().splitlines()) <= 2, bad.stderr
 
 
 def _replay_json(*args):

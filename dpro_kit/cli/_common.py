@@ -152,7 +152,7 @@ def _pairs(kind: Callable[[str], Any], what: str, value: str = "FACTOR", example
 
 
 def straggler_options() -> Callable[[F], F]:
-    """``--slow-rank``, ``--like-median``, ``--slow-link``, ``--cpu-limit``: stragglers, what if (docs/stragglers.md)."""
+    """``--slow-rank``, ``--like-median``, ``--slow-link``, ``--slow-host``, ``--cpu-limit``: stragglers, what if (docs/stragglers.md)."""
     def deco(f: F) -> F:
         return _apply([
             click.option("--slow-rank", "slow_rank", multiple=True, callback=_pairs(int, "RANK"), metavar="R=F",
@@ -162,6 +162,14 @@ def straggler_options() -> Callable[[F], F]:
                          help="What if worker rank R computed as fast as the median worker (per op). Repeatable."),
             click.option("--slow-link", "slow_link", multiple=True, callback=_pairs(str, "HOST"), metavar="HOST=F",
                          help="What if HOST's network interface had F times its bandwidth (0.5: half). Repeatable, or comma-separated."),
+            click.option("--slow-host", "slow_host", multiple=True, callback=_pairs(str, "HOST", "F", "2"), metavar="HOST=F",
+                         help="What if HOST got 1/F of the CPU it had (2: half; every thread, e.g. beside a busy "
+                              "neighbour): its computation F times as long, and the CPU-bound part of its transfers "
+                              "(the CPUs it used while not computing, from the collector's record) too "
+                              "(docs/stragglers.md). Repeatable, or comma-separated."),
+            click.option("--cpu-share", "cpu_share", multiple=True, callback=_pairs(str, "HOST", "S", "0.5"), metavar="HOST=S",
+                         help="With --slow-host: the part of its core HOST got while runnable when profiled (default "
+                              "1; 0.5 beside a busy neighbour of equal weight)."),
             click.option("--cpu-limit", "cpu_limit", multiple=True, callback=_pairs(str, "HOST", "CPUS", "0.667"), metavar="HOST=CPUS",
                          help="What if HOST's cgroup had a CPU quota of CPUS (0.667: 2/3 of a CPU; split over its "
                               "workers): Linux CFS - full speed until the period's quota is spent, then stopped "
