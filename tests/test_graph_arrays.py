@@ -164,6 +164,18 @@ def test_compile_arrays_is_generation_order_then_locality():
     want = compile_arrays(keys, dur, prio, dev, names, src2, dst2, it, dedupe=True)
     csr = csr_from_edges(n, src2.astype(np.int32), dst2.astype(np.int32), dedupe=True)
     assert_same_compiled(compile_arrays(keys, dur, prio, dev, names, None, None, it, csr=csr), want)
+    # reuse=True (the caller gives up its arrays as buffers; the CSR as a list, emptied): the same arrays,
+    # with list keys and with OpKeys (whose code arrays are reused too), int32 and int64 arrays
+    from dpro_kit.replay.engine import OpKeys
+    okeys = OpKeys([f"op{i}" for i in range(n)], [""], np.arange(n, dtype=np.int32), np.zeros(n, dtype=np.int32))
+    for kk, dt in ((keys, np.int64), (okeys, np.int32), (okeys, np.int64)):
+        kk2 = kk if isinstance(kk, list) else OpKeys(kk.left_names, kk.right_names, kk.left.copy(), kk.right.copy())
+        csr2 = list(csr_from_edges(n, src2.astype(dt), dst2.astype(dt), dedupe=True))
+        got2 = compile_arrays(kk2, dur.copy(), prio.copy(), dev.astype(dt), names, None, None, it, csr=csr2,
+                              reuse=True)
+        assert csr2 == []
+        assert got2.keys == want.keys
+        assert_same_compiled(got2, want)
 
 
 def test_csr_drops_repeated_edges_at_first_occurrence():

@@ -337,10 +337,11 @@ def _compile_trace(ts: TraceSet) -> Any:
     kr[ng + v_l.size:] = nright - 1
     del gnode, gop, gkind
     keys = OpKeys(names + [""], ["|" + o for o in op_u + rnames + ["STEP_END"]], kl, kr)
-    # the CSR here (repeated edges dropped), so that the edge arrays are freed before compile_arrays' work
-    csr = csr_from_edges(ntot, s_arr, d_arr, dedupe=True)
+    # the CSR here (repeated edges dropped), so that the edge arrays are freed before compile_arrays' work;
+    # given up to it (a list it empties, reuse=True): renumbered into the buffers of these arrays
+    csr = list(csr_from_edges(ntot, s_arr, d_arr, dedupe=True))
     del s_arr, d_arr, s_all, d_all
-    return compile_arrays(keys, dur, prio, dev0, list(dev_names), None, None, it_pairs, csr=csr)
+    return compile_arrays(keys, dur, prio, dev0, list(dev_names), None, None, it_pairs, csr=csr, reuse=True)
 
 
 @njit(cache=True)

@@ -224,27 +224,24 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
     (after priority and ready time).  It is separate from the op's index so the
     caller can number ops for memory locality (see ``engine.locality_order``)
     without changing the schedule.  The heaps are flat arrays and the per-op
-    state is packed by op, because at 1 M ops the run is bound by cache misses.
+    state lives in the result arrays: an op's ready time in ``start`` and the predecessor that set it
+    in ``crit_pred`` until the op starts, its in-degree in a copy; durations, devices and the CSR are
+    read from the caller's arrays (no packed copies: at 10 M ops fresh memory costs more than the
+    cache misses the packing saved, docs/scale.md "Seventh pass").
     """
     n = dur.shape[0]
-    # hot per-op state packed by op: one or two cache lines per op instead of one per array
-    F = np.empty((n, 2), dtype=np.float64)        # dur, ready (priority: read once per op, from its array)
-    I = np.empty((n + 1, 4), dtype=indptr.dtype)  # device, indeg, ready_pred, first successor (int32 on the
-    #                                                array path: 16 instead of 32 bytes per op)
-    for i in range(n):
-        F[i, 0] = dur[i]
-        F[i, 1] = ready0[i]
-        I[i, 0] = device[i]
-        I[i, 1] = indeg0[i]
-        I[i, 2] = -1
-        I[i, 3] = indptr[i]
-    I[n, 3] = indptr[n]
     # results in their own arrays (ops run nearly in index order after the locality renumbering, so
-    # these writes stream; no packed copy to split at the end)
+    # these writes stream); until an op starts, start[i] is its ready time and crit_pred[i] the
+    # predecessor that set it (-1: none)
     start = np.empty(n, dtype=np.float64)
     end = np.empty(n, dtype=np.float64)
     crit_pred = np.empty(n, dtype=np.int64)
     dev_prev = np.empty(n, dtype=np.int64)
+    deg = np.empty(n, dtype=indeg0.dtype)          # predecessors not done yet (int32 on the array path)
+    for i in range(n):
+        start[i] = ready0[i]
+        crit_pred[i] = -1
+        deg[i] = indeg0[i]
     clock = np.zeros(ndev, dtype=np.float64)
     last = np.full(ndev, -1, dtype=np.int64)
     waiting = np.zeros(ndev, dtype=np.bool_)
@@ -289,16 +286,16 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
     q_t = np.empty(m_all, dtype=tiebreak.dtype)   # tie-break rank of the queued op (see docstring)
 
     for i in range(n):
-        if I[i, 1] == 0:
-            if free >= 0:                               # radix push (F[i, 1], i)
+        if deg[i] == 0:
+            if free >= 0:                               # radix push (start[i], i)
                 e_ = free
                 free = pnext[e_]
             else:
                 e_ = top
                 top += 1
-            pt[e_] = F[i, 1]
+            pt[e_] = start[i]
             pk[e_] = i
-            sc[0] = F[i, 1] + 0.0
+            sc[0] = start[i] + 0.0
             b_ = scb[0]
             b_ ^= (np.uint64(0) - (b_ >> np.uint64(63))) | np.uint64(0x8000000000000000)
             pkey[e_] = b_
@@ -363,7 +360,7 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
         _k_pop(hk, ns)
         ns -= 1
         if x < W1:                                   # release of op x
-            d = I[x, 0]
+            d = device[x]
             if d >= 0:
                 m = qlen[d]
                 if m == qcap[d]:                     # the device's block is full (or none yet): a larger one
@@ -411,16 +408,15 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
                     else:
                         _k_push(hk, ns, W1 + d)
                         ns += 1
-                elif F[x, 0] == 0.0 and deferred[d] == t and clock[d] <= t:
+                elif dur[x] == 0.0 and deferred[d] == t and clock[d] <= t:
                     _k_push(hk, ns, W1 + d)
                     ns += 1
                 continue
             o = x
-            e = t + F[o, 0]
+            e = t + dur[o]
             start[o] = t
             end[o] = e
-            crit_pred[o] = I[o, 2]
-            dev_prev[o] = -1
+            dev_prev[o] = -1                         # (crit_pred[o]: the predecessor that made it ready)
         else:                                        # device wake-up
             if x < W2:
                 d = x - W1
@@ -436,7 +432,7 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
                 continue
             base = qbase[d]
             o = q_i[base]
-            if flag == 1 and F[o, 0] > 0.0:
+            if flag == 1 and dur[o] > 0.0:
                 deferred[d] = t
                 _k_push(hk, ns, W2 + d)
                 ns += 1
@@ -445,13 +441,11 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
             m -= 1                                   # pop the queue's head
             qlen[d] = m
             _q_pop(q_p, q_r, q_i, q_t, base, m)
-            e = t + F[o, 0]
+            e = t + dur[o]
             start[o] = t
             end[o] = e
             if last[d] >= 0 and clock[d] >= r:
-                crit_pred[o] = last[d]
-            else:
-                crit_pred[o] = I[o, 2]
+                crit_pred[o] = last[d]                 # (else: the predecessor that made it ready)
             dev_prev[o] = last[d]
             last[d] = o
             clock[d] = e
@@ -484,26 +478,26 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
                     occ |= np.uint64(1) << np.uint64(bi_ - 1)
                 ne += 1
         n_done += 1
-        for kk in range(I[o, 3], I[o + 1, 3]):       # release successors
+        for kk in range(indptr[o], indptr[o + 1]):       # release successors
             v = succ[kk]
-            if e >= F[v, 1]:
-                F[v, 1] = e
-                I[v, 2] = o
-            I[v, 1] -= 1
-            if I[v, 1] == 0:
-                if F[v, 1] == t:
+            if e >= start[v]:
+                start[v] = e
+                crit_pred[v] = o
+            deg[v] -= 1
+            if deg[v] == 0:
+                if start[v] == t:
                     _k_push(hk, ns, v)
                     ns += 1
                 else:
-                    if free >= 0:                               # radix push (F[v, 1], v)
+                    if free >= 0:                               # radix push (start[v], v)
                         e_ = free
                         free = pnext[e_]
                     else:
                         e_ = top
                         top += 1
-                    pt[e_] = F[v, 1]
+                    pt[e_] = start[v]
                     pk[e_] = v
-                    sc[0] = F[v, 1] + 0.0
+                    sc[0] = start[v] + 0.0
                     b_ = scb[0]
                     b_ ^= (np.uint64(0) - (b_ >> np.uint64(63))) | np.uint64(0x8000000000000000)
                     pkey[e_] = b_

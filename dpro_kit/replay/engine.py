@@ -333,7 +333,8 @@ def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGr
 
 def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray, dev_names: list[str],
                    src0: np.ndarray | None, dst0: np.ndarray | None, iter_pairs: np.ndarray, dedupe: bool = False,
-                   csr: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> CompiledGraph | None:
+                   csr: tuple[np.ndarray, np.ndarray, np.ndarray] | list[np.ndarray] | None = None,
+                   reuse: bool = False) -> CompiledGraph | None:
     """The :class:`CompiledGraph` of ops given as arrays in insertion order (what :func:`compile_graph` reads
     from a networkx graph; :mod:`dpro_kit.graph.arrays` builds them from the trace tables directly).
 
@@ -356,7 +357,14 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
         Drop repeated edges, each kept at its first position (as networkx's ``add_edge`` does).
     csr : (indptr, succ, indeg) or None
         Instead of ``src0``/``dst0`` (then None): their :func:`csr_from_edges` (``dedupe`` applied), made
-        by the caller so that it can free the edge arrays first (less fresh memory at the peak).
+        by the caller so that it can free the edge arrays first (less fresh memory at the peak).  A
+        ``list`` is emptied here, so that the insertion-order CSR is freed once renumbered when the
+        caller keeps no other reference to it.
+    reuse : bool, default False
+        The caller gives up ``dur0``, ``prio0``, ``dev0``, the CSR's in-degrees and (``OpKeys``) the
+        keys' code arrays: they are used as buffers of the renumbered arrays, their contents undefined
+        afterwards.  The result is the same; the call needs ~28 bytes per op less fresh memory (what a
+        first call pays for, docs/scale.md "Seventh pass").
 
     Returns None when the edges have a cycle (the caller names it).
 
@@ -371,6 +379,8 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
     n = int(np.asarray(dur0).size)
     dur0 = np.asarray(dur0, dtype=np.float64)
     ip0, s0, deg0 = csr_from_edges(n, src0, dst0, dedupe) if csr is None else csr
+    if isinstance(csr, list):
+        csr.clear()
     del csr
     dev0 = np.asarray(dev0, dtype=s0.dtype)         # (int32 where the edges came as int32 and fit)
     order, est, remap, by_first = _generations_and_starts(ip0, s0, deg0, dur0, dev0, max(len(dev_names), 1))
@@ -386,11 +396,48 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
     # locality_order of the generation-ordered graph: earliest starts, stable by generation index
     loc = stable_argsort_nonneg(est, s0.dtype, overwrite=True)      # (est is this call's own array)
     del est
-    final, inv, dur, prio, device, indptr, succ, indeg = _renumbered(
-        order, loc, ip0, s0, deg0, dur0, np.asarray(prio0, dtype=np.float64), dev0, remap)
     devices = [dev_names[int(i)] for i in by_first]
+    if not reuse:
+        final, inv, dur, prio, device, indptr, succ, indeg = _renumbered(
+            order, loc, ip0, s0, deg0, dur0, np.asarray(prio0, dtype=np.float64), dev0, remap)
+        it_arr = inv[np.asarray(iter_pairs, dtype=np.int64).reshape(-1, 2)]
+        return CompiledGraph(keys=_keys_at(keys0, final), dur=dur, device=device, devices=devices,
+                             priority=prio, indptr=indptr, succ=succ, indeg=indeg,
+                             iter_src=it_arr[:, 0].copy(), iter_dst=it_arr[:, 1].copy(), tiebreak=loc)
+    # the same arrays, gathered one at a time, each into the buffer of one already gathered (or of
+    # ``order``): fresh memory only for final/inv, the new CSR and one float array
+    final, inv = _final_inv(order, loc)
+    free = [order]
+    del order
+    indptr, succ = _renumbered_csr(final, inv, ip0, s0)
+    del ip0, s0                         # (freed here when the caller gave them up: csr as a list)
     it_arr = inv[np.asarray(iter_pairs, dtype=np.int64).reshape(-1, 2)]
-    return CompiledGraph(keys=_keys_at(keys0, final), dur=dur, device=device, devices=devices,
+    del inv
+
+    def gather(a: np.ndarray, remap_: np.ndarray | None = None) -> np.ndarray:
+        j = next((j for j, b in enumerate(free) if b.dtype == a.dtype and b.shape == a.shape), -1)
+        out = np.empty_like(a) if j < 0 else free.pop(j)
+        if remap_ is None:
+            _gather_into(a, final, out)
+        else:
+            _gather_remapped(a, final, out, remap_)
+        if a.flags.c_contiguous and a.flags.writeable:
+            free.append(a)
+        return out
+    device = gather(dev0, remap)
+    del dev0
+    indeg = gather(deg0)
+    del deg0
+    if isinstance(keys0, OpKeys) and keys0.left.ndim == 1 and keys0.right.ndim == 1:
+        keys = OpKeys(keys0.left_names, keys0.right_names, gather(keys0.left), gather(keys0.right))
+    else:
+        keys = _keys_at(keys0, final)
+    del keys0
+    dur = gather(dur0)
+    del dur0
+    prio = gather(np.asarray(prio0, dtype=np.float64))
+    del prio0, free
+    return CompiledGraph(keys=keys, dur=dur, device=device, devices=devices,
                          priority=prio, indptr=indptr, succ=succ, indeg=indeg,
                          iter_src=it_arr[:, 0].copy(), iter_dst=it_arr[:, 1].copy(), tiebreak=loc)
 
@@ -432,6 +479,51 @@ def _renumbered(order, loc, ip0, s0, deg0, dur0, prio0, dev0, remap):  # pragma:
             k += 1
         indptr[i + 1] = k
     return final, inv, dur, prio, device, indptr, succ, indeg
+
+
+@njit(cache=True)
+def _final_inv(order, loc):  # pragma: no cover - compiled
+    """``final = order[loc]`` (new index -> op) and its inverse."""
+    n = order.size
+    final = np.empty(n, dtype=order.dtype)
+    inv = np.empty(n, dtype=order.dtype)
+    for i in range(n):
+        o = order[loc[i]]
+        final[i] = o
+        inv[o] = i
+    return final, inv
+
+
+@njit(cache=True)
+def _renumbered_csr(final, inv, ip0, s0):  # pragma: no cover - compiled
+    """:func:`_renumbered`'s CSR alone: new op ``i``'s successors are old op ``final[i]``'s, in their order."""
+    n = final.size
+    indptr = np.empty(n + 1, dtype=s0.dtype)
+    succ = np.empty(s0.size, dtype=s0.dtype)
+    indptr[0] = 0
+    k = 0
+    for i in range(n):
+        o = final[i]
+        for e in range(ip0[o], ip0[o + 1]):
+            succ[k] = inv[s0[e]]
+            k += 1
+        indptr[i + 1] = k
+    return indptr, succ
+
+
+@njit(cache=True)
+def _gather_into(a, idx, out):  # pragma: no cover - compiled
+    """``out[i] = a[idx[i]]``."""
+    for i in range(idx.size):
+        out[i] = a[idx[i]]
+
+
+@njit(cache=True)
+def _gather_remapped(a, idx, out, remap):  # pragma: no cover - compiled
+    """``out[i] = remap[a[idx[i]]]`` (-1 kept)."""
+    for i in range(idx.size):
+        d = a[idx[i]]
+        out[i] = remap[d] if d >= 0 else -1
 
 
 def stable_argsort_nonneg(x: np.ndarray, dtype: type = np.int64, *, overwrite: bool = False) -> np.ndarray:
