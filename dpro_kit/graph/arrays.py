@@ -101,10 +101,13 @@ def _compile_trace(ts: TraceSet) -> Any:
     n_ev_nodes, nop = len(node_u), max(len(op_u), 1)
     ncomb = n_ev_nodes * nop
     table = None
+    sums = None             # (dense path: the means' array, with room for the virtual ops: it becomes `dur`)
     if ncomb <= _DENSE_LIMIT[0] * len(ev) + _DENSE_LIMIT[1]:   # ops numbered through a dense node x op-name table
-        r0, mean, table = _group_dense(nc, oc, kc, comm, dur_ev, nop, ncomb,
-                                       np.zeros(0, dtype=index_dtype(len(ev), ncomb)))
+        nv_max = len(node_u) + sum(1 + 3 * len(c.participants) for c in ts.collectives)   # >= virtual ops
+        r0, sums, table = _group_dense(nc, oc, kc, comm, dur_ev, nop, ncomb,
+                                       np.zeros(0, dtype=index_dtype(len(ev), ncomb)), len(ev) + nv_max)
         ng = r0.size
+        mean = sums[:ng]
     else:                               # many distinct op names per node: hash, then binary search
         rows = np.flatnonzero(~comm[kc])
         gid, ucomb = pd.factorize(nc[rows].astype(np.int64) * nop + oc[rows])
@@ -120,7 +123,7 @@ def _compile_trace(ts: TraceSet) -> Any:
         r0 = rows[first]
     if not bool(np.all(np.isfinite(mean) & (mean >= 0))):
         return None                     # the builder's validate() words it
-    gnode, gop, gkind = nc[r0], oc[r0], kc[r0]            # (int32 / int16 codes)
+    gnode, gop, gkind = _at_rows(nc, r0), _at_rows(oc, r0), _at_rows(kc, r0)     # (int32 / int16 codes)
     gstream, stream_u = _encode(ev["stream"], r0)  # stream only at each op's first row
     # arrays are dropped once used: memory freed during the call is reused by later arrays, and a first
     # call pays ~2 ms of system time per MB of fresh memory here (docs/scale.md "Sixth pass")
@@ -319,9 +322,13 @@ def _compile_trace(ts: TraceSet) -> Any:
         np.take(dmap.astype(dt), dcode, out=dev0[:ng])
     dev0[ng:] = -1
     del dcode, gstream
-    dur = np.zeros(ntot)
-    dur[:ng] = mean
-    del mean
+    if sums is not None and sums.size >= ntot:     # the means in place (no copy)
+        dur = sums[:ntot]
+        dur[ng:] = 0.0
+    else:
+        dur = np.zeros(ntot)
+        dur[:ng] = mean
+    del mean, sums
     prio = np.zeros(ntot)
     prio[ng:ng + len(v_left)] = v_prio
     # keys "node|op" (SYNC: "|SYNC t") as codes into two name tables (OpKeys: strings on demand)
@@ -836,15 +843,17 @@ def _grown(tab, uh, nu):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _group_dense(nc, oc, kc, comm, dur, nop, ncomb, like):  # pragma: no cover - compiled
+def _group_dense(nc, oc, kc, comm, dur, nop, ncomb, like, cap):  # pragma: no cover - compiled
     """Ops of the rows whose kind is not ``comm`` (per kind code): the ``(node, op)`` pairs numbered in
     order of first appearance through the dense table ``node * nop + op``, in one pass over the rows.
-    Returns (each op's first row, its mean duration as :func:`_group_reduce` computes it, the table:
-    op per pair or -1); index arrays in ``like``'s type (int32 where the rows fit).  Arrays are allocated for every row and touched only as far as used."""
+    Returns (each op's first row, the means: op ``g``'s mean duration as :func:`_group_reduce` computes
+    it at ``[g]``, in an array of at least ``cap`` entries, the table: op per pair or -1); index arrays in
+    ``like``'s type (int32 where the rows fit).  Arrays are allocated for every row (the means for
+    ``cap``) and touched only as far as used."""
     table = np.full(ncomb, -1, dtype=like.dtype)        # (int32 where rows and pairs fit)
     n = nc.size
     first = np.empty(n, dtype=like.dtype)
-    sumx = np.empty(n)
+    sumx = np.empty(max(n, cap))
     comp = np.empty(n)
     nobs = np.empty(n, dtype=like.dtype)
     ng = 0
@@ -875,7 +884,24 @@ def _group_dense(nc, oc, kc, comm, dur, nop, ncomb, like):  # pragma: no cover -
             sumx[g] = t
     for g in range(ng):                                 # the means, in place of the sums
         sumx[g] = sumx[g] / nobs[g] if nobs[g] > 0 else np.nan
-    return first[:ng], sumx[:ng], table
+    return first[:ng], sumx, table
+
+
+def _at_rows(codes: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``codes[rows]`` for increasing ``rows`` (each op's first row), in place in ``codes``' own buffer when it is
+    writable (no fresh array; ``codes`` is no longer needed), else a copy."""
+    if codes.flags.writeable and codes.flags.c_contiguous and codes.ndim == 1:
+        _compact(codes, rows)
+        return codes[:rows.size]
+    return codes[rows]
+
+
+@njit(cache=True)
+def _compact(a, rows):  # pragma: no cover - compiled
+    """``a[:rows.size] = a[rows]`` in place, ``rows`` increasing (so ``rows[g] >= g``: nothing is read after
+    it was overwritten)."""
+    for g in range(rows.size):
+        a[g] = a[rows[g]]
 
 
 @njit(cache=True)

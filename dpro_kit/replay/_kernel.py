@@ -235,8 +235,8 @@ def simulate(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak
     # predecessor that set it (-1: none)
     start = np.empty(n, dtype=np.float64)
     end = np.empty(n, dtype=np.float64)
-    crit_pred = np.empty(n, dtype=np.int64)
-    dev_prev = np.empty(n, dtype=np.int64)
+    crit_pred = np.empty(n, dtype=indptr.dtype)    # (op indices: int32 on the array path, 8 bytes less per op)
+    dev_prev = np.empty(n, dtype=indptr.dtype)
     deg = np.empty(n, dtype=indeg0.dtype)          # predecessors not done yet (int32 on the array path)
     for i in range(n):
         start[i] = ready0[i]
