@@ -26,6 +26,11 @@ cpu_period_us=10000)``; links shaped by ``dpro_kit.cluster.EmulatedCluster``):
 5. the single process WITHOUT the profiler at every profiled batch (same host budget): measured vs
    ``dpro replay`` of its profile -- how faithful the op times the simulator starts from are, per batch.
 
+``--pin 0,1`` replaces the CPU quota by cores: host ``i`` runs alone on the ``i``-th cpu list
+(``dpro_kit.jobs.CpuBudget(cpus=None, cpusets=...)``, no CFS quota, so no throttle stops), and the
+single-process runs (profiles and plain) on the first list, the same kind of CPU as a rank.  A
+strategy with more ranks than lists is refused (4 ranks cannot run one per core on 2 cores).
+
 Tables: per row measured vs predicted time and error; per (model, rate) the rank order of the
 strategies measured vs predicted; per model peak memory measured vs predicted, and OOM verdicts
 under a memory cap (``--cap-mib``, default: for each model halfway between the two middle measured
@@ -35,6 +40,7 @@ provoked: the job's allocations are not capped), predicted = ``dpro simulate --m
     python bench/simulate_accuracy.py --models mlp,transformer --strategies ddp-2,fsdp-2,tp-2,gpipe-2,1f1b-2 \\
         --rates 1000,200 --rounds 2 --out bench-simulate
     python bench/simulate_accuracy.py --repredict bench-simulate/rows.json
+    python bench/simulate_accuracy.py --pin 0,1 --rounds 1 --prefix sim7 --out bench-pinned   # one core per host
     python bench/simulate_accuracy.py --reprofile bench-simulate/rows.json --models mlp --out bench-reprofile
 
 Writes ``OUT/rows.json`` (every measurement, kept traces) after every job, so a cut-off run keeps
@@ -166,7 +172,8 @@ class Bench:
         print(f"  job {tag} ...", end="", flush=True)
         self.log.write(f"\n=== {tag}: {' '.join(argv)}\n")
         self.log.flush()
-        res = run_job(argv, hosts=ranks, ranks_per_host=1, rate_mbit=rate, cpus_per_host=a.cpus,
+        res = run_job(argv, hosts=ranks, ranks_per_host=1, rate_mbit=rate, cpus_per_host=None if a.pin else a.cpus,
+                      cpusets=a.pin[:ranks] if a.pin else None,
                       cpu_period_us=a.period_us, cpu_shares=a.shares, profile=trace if profile else None,
                       steps=f"{a.prof_start}:{a.prof_start + a.prof_steps}",
                       profile_flags=["--shapes"] if profile else (), env=ENV, log=self.log,
@@ -312,7 +319,7 @@ def profile_model(a: argparse.Namespace, b: Bench, rows: dict[str, Any], model: 
     """The single process under ``dpro profile --shapes`` at the global batch and (``--profile-batches auto``)
     at every per-rank batch of ``sfiles``: ``rows["profiles"][model]``, ``rows["profiles_at_batch"][model]``."""
     batch = model_batch(model)
-    print(f"== {model}: single-process profile (--shapes) at {a.cpus:g} CPU, batch {batch}", flush=True)
+    print(f"== {model}: single-process profile (--shapes) at {budget(a)}, batch {batch}", flush=True)
     rows["profiles"][model] = b.job(model, None, 1, None, profile=True, batch=batch)
     rows["single"] = [r for r in rows.get("single", []) if r["model"] != model]
     extra = []
@@ -325,6 +332,11 @@ def profile_model(a: argparse.Namespace, b: Bench, rows: dict[str, Any], model: 
             extra.append(b.job(model, None, 1, None, profile=True, batch=int(round(bx))))
     rows.setdefault("profiles_at_batch", {})[model] = extra
     single_rows(a, b, rows, model)
+
+
+def budget(a: argparse.Namespace) -> str:
+    """The hosts' CPU budget in words (for the progress lines)."""
+    return f"pinned to cores {','.join(a.pin)}, no quota" if a.pin else f"{a.cpus:g} CPU (period {a.period_us} us)"
 
 
 def save(a: argparse.Namespace, rows: dict[str, Any]) -> None:
@@ -342,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="1000,200", help="link rates (Mbit/s)")
     ap.add_argument("--cpus", type=float, default=0.5, help="CPU budget of every host (and of the profiled process)")
     ap.add_argument("--period-us", type=int, default=10000)
+    ap.add_argument("--pin", default="", metavar="LAYOUT",
+                    help="pin the hosts to cores instead of a CPU quota: one kernel cpu list per host, comma-separated "
+                         "(0,1: host0 on CPU 0, host1 on CPU 1; the single-process profiles and plain runs on the "
+                         "first list, so they run on the same kind of CPU as a rank); no CFS quota then (--cpus and "
+                         "--period-us are ignored; dpro_kit.jobs.CpuBudget cpusets, docs/simulate.md \"pinned\")")
     ap.add_argument("--shares", type=int, default=8192, help="cpu.shares of the job's cgroup parent")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=12)
@@ -369,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the jobs and stop (no dpro simulate / replay: those need no lock on a shared machine); "
                          "predict later with --repredict OUT/rows.json")
     a = ap.parse_args(argv)
+    a.pin = [x.strip() for x in a.pin.split(",")] if a.pin else None
+    if a.pin and not (a.repredict or a.reprofile):
+        need = max(strategy_ranks(strategy_file(s)) for s in a.strategies.split(",") if s)
+        if len(a.pin) < need:
+            ap.error(f"--pin: {len(a.pin)} cpu lists for {need} hosts (one per host, e.g. 0,1; a strategy of "
+                     f"{need} ranks cannot be pinned one host per list)")
     if a.reprofile:
         rows = json.loads(a.reprofile.read_text())
         rows["measured_in"] = str(a.reprofile)
@@ -415,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         rows["caps"][model] = int(a.cap_mib * 2**20) if a.cap_mib else int((peaks[k - 1] + peaks[min(k, len(peaks) - 1)]) / 2)
         save(a, rows)
         for rate in rates:
-            print(f"== {model} at {rate:g} Mbit/s, {a.cpus:g} CPU per host (period {a.period_us} us)", flush=True)
+            print(f"== {model} at {rate:g} Mbit/s, {budget(a)} per host", flush=True)
             meas: dict[str, list[float]] = {sf.stem: [] for sf in sfiles}
             for rnd in range(a.rounds):
                 for sf in (sfiles if rnd % 2 == 0 else list(reversed(sfiles))):
