@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 from dpro_kit.errors import DproError
@@ -254,6 +255,35 @@ def test_gloo_reduce_scatter_costs_an_allreduce():
     assert p.iteration_ms == pytest.approx(49.75, abs=1e-9)
     sends = [d for _, d in p.compiled.graph.nodes(data=True) if d["kind"] == "SEND" and "reduce_scatter" in d["tensor"]]
     assert len(sends) == 2 * 2 and any("replayed as all-reduces" in n for n in p.notes)
+
+
+def test_fsdp_on_gloo_blocks_the_rank():
+    """torch on CPU (a gloo profile): FSDP2's collectives block the rank (``unshard_async_op`` False, no
+    side streams; measured in docs/simulate.md "pinned"), so nothing overlaps them. test_fsdp_units'
+    two units, the reduce-scatters as all-reduces (2 steps of 1e6 B = 16000 us), FIFO links, in the
+    real job's order (A's backward all-gather prefetched in B's pre-backward hook, before B's backward):
+    AG_fwd(A) 0-8000, F(A) 8000-8500, AG_fwd(B) 8500-16500, F(B) 16500-17000, AG_bwd(B) 17000-25000,
+    AG_bwd(A) 25000-33000, B(B) 33000-34000, RS(B) 34000-50000, B(A) 50000-51000, RS(A) 51000-67000,
+    step 250 us: 67250 us = every collective (64000) + every compute op (3250).
+    Memory: shards 2e6 + optimizer 2e6, both units gathered (2 x 1e6) and B's gradient (2e6) when
+    B(B) starts: peak 8e6 B at 33000 us."""
+    m = ModelGraph(layers=[Layer(name=n, params={f"{n}.w": 2_000_000}, ops=[Op("aten::mul", 1000.0)], bwd_us=2000.0)
+                           for n in ("a", "b")], update_us=500.0, optimizer_state_bytes=4_000_000)
+    m.comm_backend = "gloo"
+    p = run(m, {**DP2, "strategy": {"data_parallel": {"degree": 2, "sharding": "fsdp"}}})
+    assert [c["kind"] for c in p.compiled.collectives].count("all_gather") == 4
+    assert p.iteration_ms == pytest.approx(67.25, abs=1e-9)
+    g = p.compiled.graph
+
+    def coll(nd: str, tag: str) -> list[str]:
+        return [k for k, d in g.nodes(data=True) if k.startswith(nd) and tag in str(d.get("tensor"))]
+    for nd in ("h0/0", "h1/1"):
+        assert nx.has_path(g, f"{nd}|F mb0 a seg0", coll(nd, "all_gather fwd mb0 b")[0])   # after F(A)
+        assert all(nx.has_path(g, k, f"{nd}|B mb0 b seg0") for k in coll(nd, "all_gather bwd mb0 a"))  # prefetch
+        assert all(nx.has_path(g, k, f"{nd}|B mb0 a seg0") for k in coll(nd, "reduce_scatter b"))
+    mem = p.per_rank[0]["memory"]
+    assert (mem["peak"], mem["peak_ms"]) == (8_000_000, pytest.approx(33.0))
+    assert any("block the rank" in n for n in p.notes)
 
 
 def test_fsdp_units():

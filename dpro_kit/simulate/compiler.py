@@ -68,7 +68,7 @@ References
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import networkx as nx
 
@@ -472,6 +472,10 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
     hosts = [f"h{r // per_host}" for r in range(st.ranks)]
     cm = comm_model_for(st, nodes, hosts, bandwidth_Bps=bandwidth_Bps, latency_us=latency_us, intra_Bps=intra_Bps)
     b = _Builder(nodes, hosts, cm, rs_as_allreduce=model.comm_backend == "gloo")
+    # gloo (torch on CPU): FSDP2's collectives block the rank (FSDPParamGroup.unshard_async_op is False by
+    # default and a CPU has no side streams), so each runs between two of the rank's compute ops: chains[node]
+    # is the rank's compute order, _fsdp_units puts the collectives into it
+    chains: dict[str, list[str]] | None = {} if model.comm_backend == "gloo" else None
     settings = [st.settings(lay.name) for lay in model.layers]
 
     def rank(s: int, d: int, t: int) -> int:
@@ -502,6 +506,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                 # a replica's data is its 1/dp of the batch (a pipeline's first stage makes the whole replica's)
                 other = b.compute(node, "other (data, zero_grad)", model.other_time(1.0 / dp), kind=OpKind.OTHER.value)
                 last = other
+                chain = [other]
                 order = schedule_order(s, S, m, st.schedule, st.max_in_flight)
                 # units in schedule order; each unit = list of compute ops (keys), built now, chained
                 for kind_, j in order:
@@ -512,6 +517,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                                                 kind=OpKind.FW.value, tensor=pl.layer.name)
                                 b.g.add_edge(last, key)
                                 last = key
+                                chain.append(key)
                     else:
                         for li in range(L - 1, -1, -1):
                             pl = plans[li]
@@ -521,11 +527,15 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                                                     kind=OpKind.FW.value, tensor=pl.layer.name)
                                     b.g.add_edge(last, key)
                                     last = key
+                                    chain.append(key)
                             for k in range(len(pl.segments) - 1, -1, -1):
                                 key = b.compute(node, f"B mb{j} {pl.layer.name} seg{k}", pl.segments[k].bwd_us,
                                                 kind=OpKind.BW.value, tensor=pl.layer.name)
                                 b.g.add_edge(last, key)
                                 last = key
+                                chain.append(key)
+                if chains is not None:
+                    chains[node] = chain
     # data dependencies: TP all-reduces between segments, pipeline sends; a stage's forward output is
     # ready at fwd_tail (its last segment, or that segment's all-reduce), its input gradient at bwd_tail
     K = lambda node, nm: op_key(node, nm)  # noqa: E731
@@ -587,7 +597,8 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
     notes: list[str] = [batch_note(model, x, tp)] if div > 1 or tp > 1 else []
     if b.rs_as_allreduce and any(pl.settings.sharding in SHARDED_PARAMS for plans in stage_plans for pl in plans):
         notes.append("gloo profile: reduce-scatters replayed as all-reduces (gloo's reduce_scatter_tensor sends "
-                     "an all-reduce's bytes)")
+                     "an all-reduce's bytes); FSDP's collectives block the rank's compute (torch on CPU: no "
+                     "overlap, no prefetch ahead of compute)")
     if tp > 1 and not any(sg.fwd_ar_bytes for plans in stage_plans for pl in plans for sg in pl.segments):
         notes.append(f"tensor_parallel degree {tp}: no Linear pair (column group -> row) in any layer, so nothing "
                      "is split: every TP rank computes the whole model")
@@ -628,7 +639,8 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                     ag_after.append((z1, f"zero1 all_gather params s{s}"))
                 # FSDP units (zero2, zero3, fsdp): all-gather before forward (zero3/fsdp: and before backward),
                 # reduce-scatter after backward
-                _fsdp_units(b, plans, group, m, upd_deps, schedule_order(s, S, m, st.schedule, st.max_in_flight))
+                _fsdp_units(b, plans, group, m, upd_deps, schedule_order(s, S, m, st.schedule, st.max_in_flight),
+                            chains)
             for nd in group:
                 key = b.compute(nd, "optimizer step", upd_us, kind=OpKind.UPDATE.value)
                 for dkey in upd_deps[nd]:
@@ -665,7 +677,8 @@ def batch_note(model: ModelGraph, x: float, tp: int) -> str:
 
 
 def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,
-                upd_deps: dict[str, list[str]], order: list[tuple[str, int]]) -> None:
+                upd_deps: dict[str, list[str]], order: list[tuple[str, int]],
+                chains: dict[str, list[str]] | None = None) -> None:
     """The FSDP units of one stage (layers with sharding zero2/zero3/fsdp) over data-parallel ``group``.
 
     zero3/fsdp (``reshard_after_forward=True``): per micro-batch, an all-gather of the unit's
@@ -674,7 +687,29 @@ def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,
     the backward two layers later).  zero2 (``reshard_after_forward=False``): one all-gather before
     the unit's first forward, the parameters kept until its last backward.  Every unit: a
     reduce-scatter of its gradients after its last backward.
+
+    ``chains`` (gloo profiles: ``{node: the rank's compute op keys in order}``): every collective
+    blocks the rank, as FSDP2 runs them on a CPU (``unshard_async_op`` False by default, no side
+    streams; measured: the calls return after their bytes are sent, docs/simulate.md "pinned"): an
+    all-gather starts after the compute op just before the op it feeds, and the compute op just
+    after a unit's last backward waits for its reduce-scatter -- no compute overlaps them.
     """
+    pos = {nd: {k: i for i, k in enumerate(chains[nd])} for nd in group} if chains is not None else None
+
+    def before(nd: str, key: str) -> list[str]:
+        """Blocking: the rank's compute op right before ``key`` (none for the first)."""
+        if pos is None:
+            return []
+        i = pos[nd][key]
+        return [chains[nd][i - 1]] if i > 0 else []
+
+    def after(nd: str, key: str) -> str | None:
+        """Blocking: the rank's compute op right after ``key`` (None for the last)."""
+        if pos is None:
+            return None
+        i = pos[nd][key]
+        return chains[nd][i + 1] if i + 1 < len(chains[nd]) else None
+
     units = [li for li, pl in enumerate(plans) if pl.settings.sharding in SHARDED_PARAMS]
     if not units:
         return
@@ -683,7 +718,7 @@ def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,
     last: dict[str, str | None] = {nd: None for nd in group}
     for kind_, j in order:
         if kind_ == "B":
-            _fsdp_bwd(b, plans, reshard, group, j, last)
+            _fsdp_bwd(b, plans, reshard, group, j, last, before if chains is not None else None)
             continue
         for li in units:
             pl = plans[li]
@@ -697,7 +732,7 @@ def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,
                     dl.append(op_key(nd, f"F mb{j} {plans[li - 2].layer.name} seg{len(plans[li - 2].segments) - 1}"))
                 elif j > 0:
                     dl.append(op_key(nd, f"F mb{j - 1} {plans[-1].layer.name} seg{len(plans[-1].segments) - 1}"))
-                deps[nd] = dl
+                deps[nd] = dl + before(nd, op_key(nd, f"F mb{j} {pl.layer.name} seg0"))
             outs = b.collective("all_gather", group, pl.params_local, deps, f"fsdp all_gather fwd mb{j} {pl.layer.name}")
             gathered = pl.params_local * (1 - 1 / len(group))
             for nd in group:
@@ -712,28 +747,42 @@ def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,
         outs = b.collective("reduce_scatter", group, pl.params_local, deps, f"fsdp reduce_scatter {pl.layer.name}")
         for nd in group:
             upd_deps[nd].append(outs[nd])
+            nxt = after(nd, deps[nd][0])
+            if nxt is not None:
+                b.g.add_edge(outs[nd], nxt)
             _mem(b.g, outs[nd], free=pl.params_local * (1 - 1 / len(group)))   # only the shard's gradient stays
 
 
 def _fsdp_bwd(b: _Builder, plans: list[LayerPlan], units: list[int], group: list[str], j: int,
-              last: dict[str, str | None]) -> None:
-    """The backward all-gathers of micro-batch ``j`` (units in backward order), chained after ``last``."""
+              last: dict[str, str | None], before: Callable[[str, str], list[str]] | None = None) -> None:
+    """The backward all-gathers of micro-batch ``j`` (units in backward order), chained after ``last``.
+
+    ``before`` (blocking, :func:`_fsdp_units`): the rank's compute op before a given one.  FSDP2 gathers
+    a unit in its own pre-backward hook or, prefetched, in that of the next unit (layer order), so the
+    last unit's all-gather and the one prefetched for the unit before it both run before the last
+    unit's backward, and so on: each all-gather runs between ``before`` and the backward entry of the
+    unit after it (its own for the last unit) and holds that op back."""
     L = len(plans)
-    for li in reversed(units):
+    for idx in range(len(units) - 1, -1, -1):
+        li = units[idx]
         pl = plans[li]
-        deps = {}
+        host = units[idx + 1] if idx + 1 < len(units) else li
+        deps, entry = {}, {}
         for nd in group:
             dl = [last[nd]] if last[nd] else []
             if li + 2 < L:
                 dl.append(_bwd_layer_done_key(nd, j, plans, li + 2))
             else:
                 dl.append(op_key(nd, f"F mb{j} {plans[-1].layer.name} seg{len(plans[-1].segments) - 1}"))
-            deps[nd] = dl
+            entry[nd] = _bwd_entry_key(nd, j, plans, (host, len(plans[host].segments) - 1))
+            deps[nd] = dl + (before(nd, entry[nd]) if before is not None else [])
         outs = b.collective("all_gather", group, pl.params_local, deps, f"fsdp all_gather bwd mb{j} {pl.layer.name}")
         gathered = pl.params_local * (1 - 1 / len(group))
         for nd in group:
             last[nd] = outs[nd]
             b.g.add_edge(outs[nd], _bwd_entry_key(nd, j, plans, (li, len(pl.segments) - 1)))
+            if before is not None:
+                b.g.add_edge(outs[nd], entry[nd])
             _mem(b.g, outs[nd], alloc=gathered)         # resharded after the unit's backward
             _mem(b.g, op_key(nd, f"B mb{j} {pl.layer.name} seg0"), free=gathered)
 
