@@ -11,6 +11,9 @@
 ``linear-probe``         per-call ``nn.Linear`` time without the profiler: one batch per iteration vs micro-batches
                          back to back (a GPipe stage), in a CPU-budget group; ``--threads``, ``--cpus`` variants;
 ``budget-noise``         the single process's iteration times plain vs under ``dpro profile`` (window or not);
+``wire STRATEGY``        the real strategy job without the profiler on emulated hosts: per iteration and rank, the
+                         bytes its interface sent, TCP retransmits, and every torch.distributed collective the job
+                         called (calls, input bytes, wall ms) -- what the compiled graph's collectives should match;
 ``profile-job STRATEGY`` the real strategy job (examples/strategies/train.py) under ``dpro profile`` on emulated
                          hosts (one rank per host, the bench's CPU budget and period), to compare its ops with the
                          single-process profiles.
@@ -18,6 +21,7 @@
     python bench/simulate_diagnostics.py profile-job gpipe-2 --model mlp --rate 1000 --cpus 0.5 --out /tmp/pp
     python bench/simulate_diagnostics.py opcost aten::linear /tmp/pp/trace bench2-mlp/003-mlp-single-prof-b16/trace
     python bench/simulate_diagnostics.py stalls bench2-mlp/001-mlp-single-prof-b64/trace
+    python bench/simulate_diagnostics.py wire fsdp-2 --model mlp --rate 200 --pin 0,1
 """
 from __future__ import annotations
 
@@ -225,7 +229,118 @@ def profile_job(a: argparse.Namespace) -> None:
           f"trace {a.out / 'trace'}")
 
 
+#: torch.distributed functions the ``wire`` probe counts (module attributes: FSDP2, DTensor's c10d fallbacks,
+#: pipelining and DDP's Python side call them there; DDP's bucket all-reduces run in C++ and show only in the bytes)
+WIRE_COLLECTIVES = ("all_reduce", "all_gather_single", "all_gather_into_tensor", "reduce_scatter_single",
+                    "reduce_scatter_tensor", "broadcast", "all_gather", "reduce_scatter", "send", "recv", "isend",
+                    "irecv", "batch_isend_irecv", "all_to_all_single")
+
+
+def _tx_bytes(iface: str) -> int:
+    """Bytes sent by ``iface`` (this network namespace's /proc/net/dev)."""
+    for line in open("/proc/net/dev"):
+        name, _, rest = line.partition(":")
+        if rest and name.strip() == iface:
+            return int(rest.split()[8])
+    return 0
+
+
+def _tcp_retrans() -> int:
+    """TCP segments retransmitted in this network namespace (/proc/net/snmp ``RetransSegs``)."""
+    rows = [line.split() for line in open("/proc/net/snmp") if line.startswith("Tcp:")]
+    return int(rows[1][rows[0].index("RetransSegs")])
+
+
+def wire_rank(train_argv: list[str]) -> int:
+    """One rank of ``wire``: examples/strategies/train.py with every iteration's sent bytes, retransmits and
+    torch.distributed calls recorded; writes ``$DPRO_WIRE_OUT/wire-rank<RANK>.json`` (the measured iterations only;
+    one file per rank: the ranks share one log)."""
+    import importlib.util
+    import time
+    import torch
+    import torch.distributed as dist
+    spec = importlib.util.spec_from_file_location("strategies_train", ROOT / "examples" / "strategies" / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    iface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+    calls: list[tuple[str, int, float]] = []
+    steps: list[dict] = []
+
+    def wrap(name: str):
+        fn = getattr(dist, name)
+
+        def counted(*args, **kw):
+            ts = [x for x in list(args) + list(kw.values()) if isinstance(x, torch.Tensor)]
+            nb = ts[-1].numel() * ts[-1].element_size() if ts else 0   # (output, input): the input
+            t0 = time.perf_counter()
+            out = fn(*args, **kw)
+            calls.append((name, nb, (time.perf_counter() - t0) * 1e3))
+            return out
+        setattr(dist, name, counted)
+    for n in WIRE_COLLECTIVES:
+        if hasattr(dist, n):
+            wrap(n)
+    step = train.Job.step
+
+    def recorded(self) -> None:
+        tx, rt, k, t0 = _tx_bytes(iface), _tcp_retrans(), len(calls), time.perf_counter()
+        step(self)
+        kinds: dict[str, list[float]] = {}
+        for name, nb, ms in calls[k:]:
+            c = kinds.setdefault(name, [0, 0, 0.0])
+            c[0] += 1
+            c[1] += nb
+            c[2] += ms
+        steps.append({"ms": (time.perf_counter() - t0) * 1e3, "tx_bytes": _tx_bytes(iface) - tx,
+                      "retrans": _tcp_retrans() - rt, "calls": kinds})
+    train.Job.step = recorded
+    rc = train.main(train_argv)
+    a = train.parse_args(train_argv)
+    out = Path(os.environ.get("DPRO_WIRE_OUT", ".")) / f"wire-rank{os.environ.get('RANK', '0')}.json"
+    out.write_text(json.dumps({"rank": os.environ.get("RANK"), "steps": steps[a.warmup:]}))
+    return rc
+
+
+def wire(a: argparse.Namespace) -> None:
+    """The strategy job on emulated hosts with :func:`wire_rank` as every rank; a table per rank."""
+    import statistics
+    import yaml
+    from dpro_kit.jobs import run_job
+    sfile = Path(a.strategy) if a.strategy.endswith((".yaml", ".yml", ".json")) else \
+        ROOT / "examples" / "strategies" / f"{a.strategy}.yaml"
+    ranks = int(yaml.safe_load(sfile.read_text())["ranks"])
+    pin = [x.strip() for x in a.pin.split(",")] if a.pin else None
+    if pin and len(pin) < ranks:
+        raise SystemExit(f"wire: --pin has {len(pin)} cpu lists for {ranks} hosts")
+    a.out.mkdir(parents=True, exist_ok=True)
+    for old in a.out.glob("wire-rank*.json"):
+        old.unlink()
+    env = dict(PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join([str(ROOT)]), DPRO_WIRE_OUT=str(a.out.resolve()))
+    log = a.out / "wire.log"
+    argv = [sys.executable, str(Path(__file__).resolve()), "wire-rank", "--model", a.model, "--strategy", str(sfile),
+            "--warmup", "2", "--iters", str(a.iters), "--threads", "1", "--quiet"]
+    with open(log, "w") as f:
+        r = run_job(argv, hosts=ranks, ranks_per_host=1, rate_mbit=a.rate, cpus_per_host=None if pin else a.cpus,
+                    cpusets=pin[:ranks] if pin else None, cpu_period_us=a.period_us, cpu_shares=8192, env=env,
+                    log=f, timeout=300, prefix=a.prefix)
+    docs = [json.loads(f.read_text()) for f in sorted(a.out.glob("wire-rank*.json"))]
+    print(f"{sfile.stem} {a.model} at {a.rate:g} Mbit/s, {'pinned ' + a.pin if pin else f'{a.cpus:g} CPU'}: "
+          f"exit codes {r.codes}; per iteration (median over {a.iters}):")
+    for d in sorted(docs, key=lambda d: str(d["rank"])):
+        st = d["steps"]
+        med = lambda xs: statistics.median(xs) if xs else 0.0   # noqa: E731
+        print(f"  rank {d['rank']}: {med([s['ms'] for s in st]):.2f} ms, sent {med([s['tx_bytes'] for s in st]) / 1e6:.3f} MB, "
+              f"TCP retransmits {sum(s['retrans'] for s in st)} in {len(st)} iterations")
+        for kind in sorted({k for s in st for k in s["calls"]}):
+            c = [s["calls"].get(kind, [0, 0, 0.0]) for s in st]
+            print(f"    {kind}: {med([x[0] for x in c]):g} calls, input {med([x[1] for x in c]) / 1e6:.3f} MB, "
+                  f"{med([x[2] for x in c]):.2f} ms inside")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["wire-rank"]:
+        return wire_rank(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -255,6 +370,16 @@ def main(argv: list[str] | None = None) -> int:
     lp.add_argument("--prof", action="store_true", help="inside torch.profiler (plain, no dpro collector)")
     lp.add_argument("--period-us", type=int, default=10000)
     lp.add_argument("--prefix", default="sd")
+    wi = sub.add_parser("wire", help="bytes on the wire and collectives per iteration of the real job, no profiler")
+    wi.add_argument("strategy")
+    wi.add_argument("--model", default="mlp")
+    wi.add_argument("--rate", type=float, default=1000, help="link rate (Mbit/s)")
+    wi.add_argument("--iters", type=int, default=6)
+    wi.add_argument("--pin", default="", help="one kernel cpu list per host (0,1), no quota; else --cpus")
+    wi.add_argument("--cpus", type=float, default=0.5)
+    wi.add_argument("--period-us", type=int, default=10000)
+    wi.add_argument("--prefix", default="sd")
+    wi.add_argument("--out", type=Path, default=Path("/tmp/sd-wire"))
     bn = sub.add_parser("budget-noise", help="iteration times of the single process: plain vs under dpro profile")
     bn.add_argument("--batch", type=int, default=16)
     bn.add_argument("--cpus", type=lambda v: [float(x) for x in v.split(",")], default=[0.5])
@@ -272,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         linear_probe(a)
     elif a.cmd == "budget-noise":
         budget_noise(a)
+    elif a.cmd == "wire":
+        wire(a)
     else:
         profile_job(a)
     return 0
