@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="pin the 2 hosts to cores instead of a CPU quota: one kernel cpu list per host, "
                          "comma-separated (0,1); no CFS quota then (--cpus-per-host is ignored)")
     ap.add_argument("--budget", type=float, default=60.0, help="dpro optimize search budget (s)")
+    ap.add_argument("--min-gain", type=float, default=None,
+                    help="dpro optimize --min-gain (%%): a setting predicted to save less keeps the traced one "
+                         "(default: dpro optimize's)")
     ap.add_argument("--job-timeout", type=float, default=900)
     ap.add_argument("--prefix", default="hvp", help="name prefix of the namespaces and cgroups")
     ap.add_argument("--json", default="", help="write every measurement here")
@@ -153,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
                     print("  profiling failed; skipped", flush=True)
                     continue
                 t0 = time.perf_counter()
-                done = optimize(Session(trace), OptimizeOptions(budget_s=args.budget))
+                opts = OptimizeOptions(budget_s=args.budget, **({} if args.min_gain is None else
+                                                                 {"min_gain_pct": args.min_gain}))
+                done = optimize(Session(trace), opts)
                 search_s = time.perf_counter() - t0
                 plan = work / f"plan-{cfg}.json"
                 plan.write_text(json.dumps(done.plan, indent=1))

@@ -19,9 +19,11 @@ evidence), then transformed — see :func:`apply`.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .costmodel import CommModel, LinkModel
@@ -296,24 +298,40 @@ def _hvd_batches(colls: list[Collective], threshold: int) -> list[list[int]]:
     return batches
 
 
+#: most replay -> re-group rounds of :func:`horovod_knobs` (it stops earlier once the buffers repeat)
+HVD_ROUNDS = 4
+
+
 def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
-                  cycle_time_ms: float | None = None) -> TraceSet:
+                  cycle_time_ms: float | None = None, model: CommModel | None = None) -> TraceSet:
     """The same Horovod job with another fusion threshold and/or cycle time.
 
-    Model (Horovod 0.28's background loop, :mod:`dpro_kit.readers.horovod` for the ops):
+    Model: Horovod 0.28's background loop, :mod:`dpro_kit.horovod_loop` (the tick every cycle
+    time ``C``, the buffers of the tensors ready at a tick, the next tick at
+    ``max(tick + C, the cycle's work done)``), on the ops :mod:`dpro_kit.readers.horovod`
+    makes.  Which tensors share a tick depends on when the gradients are ready and how long
+    the buffers before run, which is what the replay says, so the grouping is found by
+    iterating (at most :data:`HVD_ROUNDS` rounds, until the buffers repeat):
 
-    * **fusion** - the tensors that ran in one cycle (:func:`_hvd_batches`) are re-packed in
-      order into buffers of at most ``fusion_threshold_bytes`` (a larger tensor alone);
-      cycles are kept as profiled (which tensors are ready at the same tick does not change
-      with the threshold);
-    * **negotiation** - a cycle's first group waits, after its last gradient is ready, for
-      the next cycle tick and the negotiation among the ranks: ``L + C/2`` with ``C`` the
-      cycle time (a tick falls uniformly in the cycle) and ``L`` the node's median
-      profiled wait minus ``C_profiled/2`` (floored at 0).  The other groups of a cycle
-      follow without waiting (Horovod runs them back to back);
-    * **fusion-buffer copies** - ``bytes x`` the node's measured copy time per byte (groups of
-      one tensor are not copied, as in Horovod);
-    * the allreduce itself is the ring scheme's, timed by the comm model.
+    1. round 0: the tensors that ran in one profiled cycle (:func:`_hvd_batches`) re-packed
+       into buffers of the new threshold, a cycle's first buffer waiting ``L + C/2``;
+    2. each profiled iteration of that job is built and replayed: ``r_i`` = when tensor
+       ``i``'s gradient is ready on every rank, ``D(B)`` = a buffer's replayed run time (the
+       last rank's first copy to the last rank's last copy; a buffer the replay did not have:
+       its copies at the measured time per byte plus the ring's ``2(N-1)`` steps of
+       ``bytes/N`` from the comm model);
+    3. :func:`dpro_kit.horovod_loop.cycles` with ``r``, ``D``, the new threshold and ``C``
+       and a tick-to-copy time of ``n + L`` (``n`` the replayed negotiation collective, ``L``
+       the largest over the nodes of their median profiled ``hvd:negotiate`` wait) gives the
+       cycles of each iteration; the job's buffers are those most iterations got (Horovod's
+       order within a cycle), and every iteration's waits come from the loop run with those
+       buffers: a cycle's first buffer waits ``t_j + n + L - max(r_cycle + n, end of the
+       previous buffer)`` (``t_j`` its tick), the other buffers of a cycle none;
+    4. the job is rebuilt with them (a cycle's negotiation collective takes every tensor of
+       the cycle; buffers after the first of a cycle have none: one negotiation per cycle).
+
+    The fusion-buffer copies cost the node's measured time per byte (a buffer of one tensor
+    is not copied, as in Horovod); the allreduce is the ring scheme's, timed by the comm model.
 
     Parameters
     ----------
@@ -323,12 +341,15 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
         ``HOROVOD_FUSION_THRESHOLD``; None keeps the profiled one.
     cycle_time_ms : float or None
         ``HOROVOD_CYCLE_TIME`` in ms; None keeps the profiled one.
+    model : CommModel or None
+        The comm model fitted to ``ts`` (default: :func:`dpro_kit.costmodel.fit_from_trace`).
 
     Raises
     ------
     DproError
         The trace is not a Horovod trace, or a value is not positive.
     """
+    from .horovod_loop import cycles, fuse
     hv = ts.manifest.extra.get("horovod") if isinstance(ts.manifest.extra, dict) else None
     colls = [c for c in ts.collectives if c.tensor.startswith("hvd") and c.inputs and
              all(o.startswith(HVD) for os_ in c.inputs.values() for o in os_)]
@@ -342,65 +363,193 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
     c_new = c_old if cycle_time_ms is None else float(cycle_time_ms)
     if t_new <= 0 or c_new < 0:
         raise DproError(f"fusion threshold must be > 0 bytes and cycle time >= 0 ms, got {t_new} / {c_new}")
-    nodes = colls[0].participants
+    if model is None:
+        from .costmodel import fit_from_trace
+        model = fit_from_trace(ts)
+    nodes = list(colls[0].participants)
     ev = ts.events
     hvd_ops = ev["op"].astype(str).str.startswith(HVD)
-    old = ev[hvd_ops & ev["node"].isin(nodes)]
-    mean = old.groupby(["node", "op"], observed=True)["dur"].mean()
-    # per node: negotiation beyond half a cycle, and the copy time per byte
+    mean = ev[hvd_ops & ev["node"].isin(nodes)].groupby(["node", "op"], observed=True)["dur"].mean()
+    # per node: the profiled wait after every rank is ready (tick to copy), and the copy time per byte
     lat, per_byte = {}, {}
     for n in nodes:
         negs = [mean.get((n, f"{HVD}negotiate:{c.tensor}"), 0.0) for c in colls]
-        lat[n] = max(0.0, float(pd.Series(negs).median()) - c_old * 1e3 / 2)
+        lat[n] = float(pd.Series(negs).median())
         fused = [c for c in colls if len(c.params) > 1]
         copied = sum(mean.get((n, f"{HVD}memcpy_{d}:{c.tensor}"), 0.0) for c in fused for d in ("in", "out"))
         per_byte[n] = copied / (2 * sum(c.bytes for c in fused)) if fused else 0.0
-    # re-pack each profiled cycle's tensors into buffers of the new threshold
     params = [(p, b, {n: c.param_ready[n][i] for n in nodes}) for c in colls
               for i, (p, b) in enumerate(zip(c.params, c.param_bytes))]
+    sizes = [b for _, b, _ in params]
     first_param = {c.tensor: sum(len(x.params) for x in colls[:k]) for k, c in enumerate(colls)}
-    groups: list[tuple[list[int], bool]] = []     # (param indices, first group of its cycle)
-    for batch in _hvd_batches(colls, t_old):
-        idx = [first_param[colls[k].tensor] + i for k in batch for i in range(len(colls[k].params))]
-        cur: list[int] = []
-        for i in idx:
-            if cur and sum(params[j][1] for j in cur) + params[i][1] > t_new:
-                groups.append((cur, not groups or groups[-1][0][-1] not in idx))
-                cur = []
-            cur.append(i)
-        groups.append((cur, not groups or groups[-1][0][-1] not in idx))
-    outputs = {n: list(dict.fromkeys(o for c in colls for o in c.outputs.get(n, []))) for n in nodes}
-    waits = {n: [v for u, v in ts.edges.get(n, []) if u.startswith(f"{HVD}memcpy_out:") and not v.startswith(HVD)]
-             for n in nodes}
+    # round 0: each profiled cycle's tensors re-packed; its first buffer waits L + C/2
+    plan = [fuse([first_param[colls[k].tensor] + i for k in batch for i in range(len(colls[k].params))],
+                 sizes, t_new) for batch in _hvd_batches(colls, t_old)]
+    iters = sorted(int(i) for i in ev["iteration"].unique())
+    c_us, lat_all, n_ranks = c_new * 1e3, max(lat.values()), len(nodes)
+    steps = 2 * (n_ranks - 1)
+
+    def ring_us(nbytes: float) -> float:      # the ring scheme's 2(N-1) steps of nbytes/N, nothing queued
+        return steps * model.transfer_us(nbytes / n_ranks)
+
+    def estimate(buf: list[int]) -> float:   # a buffer the last replay did not have: copies + ring
+        nbytes = sum(sizes[i] for i in buf)
+        return (2 * max(per_byte.values()) * nbytes if len(buf) > 1 else 0.0) + ring_us(nbytes)
+
+    neg = ring_us(negotiations[0].bytes if negotiations else 8)
+    # the wait of a ring step for the core while the backward pass computes beside it
+    from .readers.horovod import shared_core_responses
+    key = str(ts.path or "")
+    if key not in _SHARED_CORE:
+        _SHARED_CORE[key] = shared_core_responses(ts) if ts.manifest.raw_format == "horovod-torch" else []
+    during = _SHARED_CORE[key]
+    step_wait = _shared_core_step_us(during, ring_us, steps)
+
+    def shared(buf: list[int], start: float, backward_end: float) -> float:
+        """The buffer's waits for the core: ``step_wait`` for each ring step that ends before the backward pass."""
+        nbytes = sum(sizes[i] for i in buf)
+        t = start + (per_byte_max * nbytes if len(buf) > 1 else 0.0)
+        extra = 0.0
+        for _ in range(steps):
+            t += ring_us(nbytes) / steps
+            if t < backward_end:
+                t += step_wait
+                extra += step_wait
+        return extra
+    per_byte_max = max(per_byte.values())
+
+    # round 0: each profiled cycle's tensors re-packed; its first buffer waits L + C/2
+    waits = {it: [[(lat_all + c_us / 2, 0.0)] + [(0.0, 0.0)] * (len(cyc) - 1) for cyc in plan] for it in iters}
+    out = _hvd_rebuild(ts, colls, negotiations, nodes, params, per_byte, plan, waits, t_new, c_new)
+    for _ in range(HVD_ROUNDS):
+        seen, sims = {}, {}
+        for it, ts_it in _split(out).items():
+            ready, runs = _hvd_replayed(ts_it, model, nodes, params, plan)
+            end = max(ready)
+
+            def run(b: list[int], start: float, runs=runs, end=end) -> float:
+                return (runs.get(tuple(b)) or estimate(b)) + shared(b, start, end)
+            seen[it] = (ready, run)
+            sims[it] = cycles(ready, sizes, t_new, c_us, run, negotiate_us=neg + lat_all)
+        votes = Counter(repr([c.buffers for c in cs]) for cs in sims.values())   # ties: the first iteration's
+        new_plan = next([c.buffers for c in cs] for cs in sims.values()
+                        if repr([c.buffers for c in cs]) == votes.most_common(1)[0][0])
+        new_waits = {}
+        for it, (ready, run) in seen.items():
+            forced = cycles(ready, sizes, t_new, c_us, run, negotiate_us=neg + lat_all, given=new_plan)
+            new_waits[it], prev_end = [], -math.inf
+            for cyc in forced:
+                r_cyc = max(ready[i] for b in cyc.buffers for i in b)
+                w0 = max(0.0, cyc.start[0] - max(r_cyc + neg, prev_end))
+                new_waits[it].append([(w0 if j == 0 else 0.0, shared(b, st, max(ready)))
+                                      for j, (b, st) in enumerate(zip(cyc.buffers, cyc.start))])
+                prev_end = cyc.done
+        stable = new_plan == plan and all(abs(x[0] - y[0]) < 1.0 and abs(x[1] - y[1]) < 1.0 for it in iters
+                                          for cx, cy in zip(new_waits[it], waits[it]) for x, y in zip(cx, cy))
+        plan, waits = new_plan, new_waits
+        out = _hvd_rebuild(ts, colls, negotiations, nodes, params, per_byte, plan, waits, t_new, c_new)
+        if stable:
+            break
+    return out
+
+
+def _shared_core_step_us(during: list[tuple[int, float]], ring_us: Any, steps: int) -> float:
+    """The wait of one ring step for a core the backward pass computes on, from allreduces that ran beside it.
+
+    ``during``: ``(bytes, us)`` of allreduces that ran entirely during the backward pass
+    (:func:`dpro_kit.readers.horovod.shared_core_responses`).  A least-squares line ``us = a + b * bytes``
+    through them: its intercept ``a`` is an allreduce's fixed cost beside the backward pass (the slope
+    holds the bandwidth, which the comm model fitted to the same responses already has), so each of
+    the ring's ``steps`` waits ``(a - ring_us(0)) / steps`` (>= 0).  One size only: the median excess
+    over ``ring_us``.  None: 0.
+    """
+    if not during:
+        return 0.0
+    xs = np.array([float(b) for b, _ in during])
+    ys = np.array([float(us) for _, us in during])
+    if len(set(xs.tolist())) >= 2:
+        a = float(np.polyfit(xs, ys, 1)[1])
+        return max(0.0, (a - ring_us(0.0)) / steps)
+    return max(0.0, float(np.median(ys - np.array([ring_us(x) for x in xs]))) / steps)
+
+
+#: trace folder -> :func:`dpro_kit.readers.horovod.shared_core_responses` (read once: a knob grid calls
+#: :func:`horovod_knobs` for every setting)
+_SHARED_CORE: dict[str, list[tuple[int, float]]] = {}
+
+
+def _split(ts: TraceSet) -> dict[int, TraceSet]:
+    from .trace import split_iterations
+    return split_iterations(ts)
+
+
+def _hvd_replayed(ts: TraceSet, model: CommModel, nodes: list[str], params: list, plan: list[list[list[int]]]
+                  ) -> tuple[list[float], dict[tuple[int, ...], float]]:
+    """One iteration of a :func:`horovod_knobs` job replayed: per tensor when its gradient is ready on every
+    rank, per buffer of ``plan`` its run time (the last rank's first copy to the last rank's last copy)."""
+    from .graph.build import build
+    from .job import Job, identity
+    from .replay import replay
+    job = Job.from_trace(ts, comm_model=model)
+    res = replay(build(job, identity(job), check=False))
+    row = {k: i for i, k in enumerate(res.graph.keys)}
+
+    def at(times: Any, n: str, op: str) -> float:
+        return float(times[row[f"{n}|{op}"]])
+    ready = [max(at(res.end, n, r[n]) for n in nodes) for _, _, r in params]
+    bufs = [b for cyc in plan for b in cyc]
+    runs = {tuple(b): max(at(res.end, n, f"{HVD}memcpy_out:hvd{k}") for n in nodes) -
+            max(at(res.start, n, f"{HVD}memcpy_in:hvd{k}") for n in nodes) -
+            max(at(res.end, n, f"{HVD}shared_core:hvd{k}") - at(res.start, n, f"{HVD}shared_core:hvd{k}") for n in nodes)
+            for k, b in enumerate(bufs)}
+    return ready, runs
+
+
+def _hvd_rebuild(ts: TraceSet, colls: list[Collective], negotiations: list[Collective], nodes: list[str],
+                 params: list, per_byte: dict[str, float], plan: list[list[list[int]]],
+                 waits: dict[int, list[list[tuple[float, float]]]], t_new: int, c_new: float) -> TraceSet:
+    """The job with Horovod's buffers ``plan`` (cycles of buffers of tensor indices into ``params``) and each
+    iteration's ``waits`` (per cycle, per buffer: its ``hvd:negotiate`` and ``hvd:shared_core`` durations),
+    :func:`horovod_knobs`."""
+    ev = ts.events
+    hvd_ops = ev["op"].astype(str).str.startswith(HVD)
+    hv = ts.manifest.extra["horovod"]
+    waits_on = {n: [v for u, v in ts.edges.get(n, []) if u.startswith(f"{HVD}memcpy_out:") and not v.startswith(HVD)]
+                for n in nodes}
     rows, new_colls = [], []
     edges = {n: [(u, v) for u, v in e if not (u.startswith(HVD) or v.startswith(HVD))] for n, e in ts.edges.items()}
-    iters = sorted(ev["iteration"].unique())
-    for k, (idx, first) in enumerate(groups):
-        g = f"hvd{k}"
-        nbytes = sum(params[i][1] for i in idx)
-        for n in nodes:
-            durs = {"negotiate": lat[n] + c_new * 1e3 / 2 if first else 0.0,
-                    "memcpy_in": per_byte[n] * nbytes if len(idx) > 1 else 0.0}
-            durs["memcpy_out"] = durs["memcpy_in"]
-            for what, d in durs.items():
-                rows += [{"node": n, "host": ts.manifest.nodes[n].host, "op": f"{HVD}{what}:{g}",
-                          "name": f"HOROVOD_{what.upper()}", "kind": "OTHER", "stream": "hvd", "iteration": int(it),
-                          "start": 0.0, "dur": float(d), "tensor": g, "bytes": nbytes} for it in iters]
-            e = edges.setdefault(n, [])
-            e.append((f"{HVD}negotiate:{g}", f"{HVD}memcpy_in:{g}"))
-            e += [(f"{HVD}memcpy_out:{g}", w) for w in dict.fromkeys(waits[n])]
-            if k:
-                e.append((f"{HVD}memcpy_out:hvd{k - 1}", f"{HVD}negotiate:{g}"))
-        new_colls.append(Collective(   # negotiation: all ranks have the group's gradients (readers/horovod.py)
-            tensor=f"{g}-negotiate", op="allreduce", algorithm=colls[0].algorithm,
-            bytes=negotiations[0].bytes if negotiations else 8, participants=list(nodes),
-            inputs={n: list(dict.fromkeys(params[i][2][n] for i in idx)) for n in nodes},
-            outputs={n: [f"{HVD}negotiate:{g}"] for n in nodes}))
-        new_colls.append(Collective(
-            tensor=g, op=colls[0].op, algorithm=colls[0].algorithm, bytes=nbytes, participants=list(nodes),
-            params=[params[i][0] for i in idx], param_bytes=[params[i][1] for i in idx],
-            param_ready={n: [params[i][2][n] for i in idx] for n in nodes},
-            inputs={n: [f"{HVD}memcpy_in:{g}"] for n in nodes}, outputs={n: [f"{HVD}memcpy_out:{g}"] for n in nodes}))
+    k = 0
+    for ci, cyc in enumerate(plan):
+        for j, idx in enumerate(cyc):
+            g = f"hvd{k}"
+            nbytes = sum(params[i][1] for i in idx)
+            for n in nodes:
+                copy = per_byte[n] * nbytes if len(idx) > 1 else 0.0
+                for it, w in waits.items():
+                    for what, d in (("negotiate", w[ci][j][0]), ("memcpy_in", copy), ("shared_core", w[ci][j][1]),
+                                    ("memcpy_out", copy)):
+                        rows.append({"node": n, "host": ts.manifest.nodes[n].host, "op": f"{HVD}{what}:{g}",
+                                     "name": f"HOROVOD_{what.upper()}", "kind": "OTHER", "stream": "hvd",
+                                     "iteration": int(it), "start": 0.0, "dur": float(d), "tensor": g,
+                                     "bytes": nbytes})
+                e = edges.setdefault(n, [])
+                e.append((f"{HVD}negotiate:{g}", f"{HVD}memcpy_in:{g}"))
+                e.append((f"{HVD}shared_core:{g}", f"{HVD}memcpy_out:{g}"))
+                e += [(f"{HVD}memcpy_out:{g}", v) for v in dict.fromkeys(waits_on[n])]
+                if k:
+                    e.append((f"{HVD}memcpy_out:hvd{k - 1}", f"{HVD}negotiate:{g}"))
+            if j == 0:   # one negotiation per cycle: every rank has all the cycle's tensors (readers/horovod.py)
+                new_colls.append(Collective(
+                    tensor=f"{g}-negotiate", op="allreduce", algorithm=colls[0].algorithm,
+                    bytes=negotiations[0].bytes if negotiations else 8, participants=list(nodes),
+                    inputs={n: list(dict.fromkeys(params[i][2][n] for b in cyc for i in b)) for n in nodes},
+                    outputs={n: [f"{HVD}negotiate:{g}"] for n in nodes}))
+            new_colls.append(Collective(
+                tensor=g, op=colls[0].op, algorithm=colls[0].algorithm, bytes=nbytes, participants=list(nodes),
+                params=[params[i][0] for i in idx], param_bytes=[params[i][1] for i in idx],
+                param_ready={n: [params[i][2][n] for i in idx] for n in nodes},
+                inputs={n: [f"{HVD}memcpy_in:{g}"] for n in nodes}, outputs={n: [f"{HVD}shared_core:{g}"] for n in nodes}))
+            k += 1
     keep = ev[~(hvd_ops | ((ev["kind"] == "COMM") & ev["tensor"].isin([c.tensor for c in colls])))]
     events = pd.concat([keep, make_events(rows, path=ts.path)], ignore_index=True)
     for col in ev.columns:
@@ -999,7 +1148,7 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
         if w.fusion_threshold_mb is not None and not w.fusion_threshold_mb > 0:
             raise DproError(f"fusion threshold must be > 0 MB, got {w.fusion_threshold_mb}")
         ts = horovod_knobs(ts, None if w.fusion_threshold_mb is None else int(w.fusion_threshold_mb * 2**20),
-                           w.cycle_time_ms)
+                           w.cycle_time_ms, model)
     if w.world_size is not None:
         ts = scale_world(ts, w.world_size)
     if w.servers is not None:
@@ -1129,5 +1278,5 @@ def cpu_limit_nodes(ts: TraceSet, w: WhatIf) -> dict[str, float]:
 
 __all__ = ["CFS_PERIOD_MS", "COMPUTE_KINDS", "cfs_schedule", "cpu_seen", "dethrottle_factors", "full_speed_durations", "idle_cpu", "recorded_limits", "cpu_limit_nodes", "cpu_limit_warnings", "cpu_limited_graph", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
            "like_median", "slow_links", "slow_ranks", "slow_hosts", "host_cpu_split", "computation_per_iteration_ms",
-           "ddp_bucket_assignment", "horovod_knobs",
+           "ddp_bucket_assignment", "HVD_ROUNDS", "horovod_knobs",
            "rebucket", "scale_servers", "scale_world", "WhatIf", "with_bandwidth"]

@@ -83,7 +83,7 @@ def evaluate(ts: "TraceSet", model: "CommModel", fusion_threshold_bytes: int, cy
     """
     from ..whatif import horovod_knobs
     from .knobs import replay_ms
-    return replay_ms(horovod_knobs(ts, int(fusion_threshold_bytes), float(cycle_time_ms)), model)
+    return replay_ms(horovod_knobs(ts, int(fusion_threshold_bytes), float(cycle_time_ms), model), model)
 
 
 def search(session: "Session", *, thresholds_mb: tuple[float, ...] = THRESHOLDS_MB,
@@ -178,7 +178,7 @@ class HorovodKnobs(GraphPass):
         found = search(session, deadline=time.perf_counter() + options.budget_s)
         done = knob_plan(session, options, pass_name=self.name, framework="horovod", found=found,
                          apply_ts=lambda k: horovod_knobs(session.graph_trace, int(k["HOROVOD_FUSION_THRESHOLD"]),
-                                                          float(k["HOROVOD_CYCLE_TIME"])),
+                                                          float(k["HOROVOD_CYCLE_TIME"]), session.comm_model),
                          apply_hint="run the export lines in the shell that starts the ranks, or "
                                     "`python -m dpro_torch.hvd_launch --plan plan.json -- ...`")
         plan = done.plan

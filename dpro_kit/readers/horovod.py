@@ -57,8 +57,8 @@ from ..trace import Manifest, NodeTrace, OpKind, make_events
 from . import kineto as K
 from . import torch_kineto as TK
 
-__all__ = ["FORMAT", "finish", "read_node", "load_timeline", "responses", "summarize", "TensorRecord", "Response",
-           "unprofiled_comm_events"]
+__all__ = ["FORMAT", "finish", "read_node", "load_timeline", "responses", "shared_core_responses", "summarize",
+           "TensorRecord", "Response", "unprofiled_comm_events"]
 
 FORMAT = HOROVOD_RAW_FORMAT
 TIMELINE_FILE = "horovod_timeline.json"
@@ -281,6 +281,43 @@ def unprofiled_comm_events(ts: Any) -> pd.DataFrame | None:
     if len(rows) < 3:
         return None
     return make_events(rows, path=str(ts.path))
+
+
+def shared_core_responses(ts: Any) -> list[tuple[int, float]]:
+    """Allreduces that ran entirely during the backward pass, outside the profiled window: ``(bytes, us)``.
+
+    On a host whose training thread and Horovod's background thread share a core, an allreduce
+    that runs while the backward pass computes waits for the core at every ring step (measured,
+    cnn at 100 Mbit/s, one core per host: a 5 KB response alone took 1-24 ms, the comm model
+    says 0.5 ms; the 0.5 MB ones that end after the backward are on the model).  Which ran
+    entirely during the backward is exact from the timeline alone: a response followed in its
+    iteration by at least two more started before the last of them, whose gradients were not
+    ready at the tick of the one between (else Horovod had taken them), so it ended before the
+    backward pass did.  Unprofiled iterations (the first two, start-up, left out), every rank.
+    :func:`dpro_kit.whatif.horovod_knobs` fits the per-step wait to them.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        A trace of this format (``ts.path`` must be its directory).
+    """
+    out: list[tuple[int, float]] = []
+    if not ts.path:
+        return out
+    for node in ts.manifest.workers():
+        ndir = Path(ts.path) / ts.manifest.node_dir(node)
+        meta = TK._load_meta(ndir)
+        pinfo = _bytes_of(meta)
+        tl_path = ndir / str((meta.get("horovod") or {}).get("timeline_file") or TIMELINE_FILE)
+        spans = [(float(s["end_time_ns"]) / 1e3 - float(s["dur_us"]), float(s["end_time_ns"]) / 1e3)
+                 for s in meta.get("steps") or [] if not s.get("profiled") and int(s.get("step", 0)) >= 2]
+        resp = responses(load_timeline(tl_path))
+        for a, b in spans:
+            rs = [r for r in resp if a <= r.start <= b]
+            for r in rs[:-2]:
+                if all(t in pinfo for t in r.tensors):
+                    out.append((sum(pinfo[t][1] for t in r.tensors), r.allreduce[1] - r.allreduce[0]))
+    return out
 
 
 def _bytes_of(meta: dict[str, Any]) -> dict[str, tuple[int, int, str]]:
