@@ -45,8 +45,8 @@ from dpro_kit.jobs import job_iteration_ms, run_job  # noqa: E402
 TRAIN = ROOT / "examples" / "horovod" / "train.py"
 PY = sys.executable
 #: knob settings measured and predicted: (label, HOROVOD_FUSION_THRESHOLD MiB or None, HOROVOD_CYCLE_TIME ms or None)
-WHATIFS = [("fusion 0.25 MiB", 0.25, None), ("fusion 4 MiB", 4.0, None), ("cycle 10 ms", None, 10.0),
-           ("fusion 0.25 MiB + cycle 5 ms", 0.25, 5.0)]
+WHATIFS = [("fusion 0.25 MiB", 0.25, None), ("fusion 4 MiB", 4.0, None), ("cycle 3 ms", None, 3.0),
+           ("cycle 10 ms", None, 10.0), ("fusion 0.25 MiB + cycle 5 ms", 0.25, 5.0)]
 WHATIFS_BY_LABEL = {label: (fmb, cms) for label, fmb, cms in WHATIFS}
 
 

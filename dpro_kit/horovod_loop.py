@@ -39,8 +39,9 @@ gradients and the previous buffer are done is ``start(B) - max(max_{i in B} r_i,
 
 What is not modelled: the per-rank phase of the ticks (the negotiation makes the ranks agree
 once per cycle; one common tick is used), the CPU that idle ticks take from the training thread
-on a shared core (and their negotiations: a tick never waits for an idle one), Horovod's look-ahead over tensors of another dtype, and the response cache's
-order (the tensors keep the profiled order).
+on a shared core (and their negotiations: a tick never waits for an idle one), Horovod's
+look-ahead over tensors of another dtype, and the response cache's order (the tensors keep
+the profiled order).
 """
 from __future__ import annotations
 

@@ -317,18 +317,31 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
        into buffers of the new threshold, a cycle's first buffer waiting ``L + C/2``;
     2. each profiled iteration of that job is built and replayed: ``r_i`` = when tensor
        ``i``'s gradient is ready on every rank, ``D(B)`` = a buffer's replayed run time (the
-       last rank's first copy to the last rank's last copy; a buffer the replay did not have:
-       its copies at the measured time per byte plus the ring's ``2(N-1)`` steps of
-       ``bytes/N`` from the comm model);
-    3. :func:`dpro_kit.horovod_loop.cycles` with ``r``, ``D``, the new threshold and ``C``
-       and a tick-to-copy time of ``n + L`` (``n`` the replayed negotiation collective, ``L``
-       the largest over the nodes of their median profiled ``hvd:negotiate`` wait) gives the
+       last rank's first copy to the last rank's last copy, its ``hvd:shared_core`` wait left
+       out; a buffer the replay did not have: its copies at the measured time per byte plus
+       ``ring(bytes)``, the ring's ``2(N-1)`` steps of ``bytes/N`` by the comm model);
+    3. :func:`dpro_kit.horovod_loop.cycles` with ``r``, ``D + S``, the new threshold and
+       ``C`` and a tick-to-copy time of ``n + L`` (``n = ring(8 bytes)``, the negotiation;
+       ``L`` the largest over the nodes of their median profiled ``hvd:negotiate`` wait, which
+       the reader measures after every rank was ready: the late tick's negotiation) gives the
        cycles of each iteration; the job's buffers are those most iterations got (Horovod's
        order within a cycle), and every iteration's waits come from the loop run with those
        buffers: a cycle's first buffer waits ``t_j + n + L - max(r_cycle + n, end of the
        previous buffer)`` (``t_j`` its tick), the other buffers of a cycle none;
     4. the job is rebuilt with them (a cycle's negotiation collective takes every tensor of
        the cycle; buffers after the first of a cycle have none: one negotiation per cycle).
+
+    **The core shared with the backward pass** (``S``): on a host whose training thread and
+    Horovod's background thread share a core, an allreduce that runs beside the backward pass
+    waits for the core at its ring steps (measured, cnn at 100 Mbit/s, one core per host: a
+    5 KB buffer alone took 1-24 ms where the comm model says 0.5 ms).  Each of a buffer's
+    ``2(N-1)`` ring steps that ends before the last gradient is ready waits ``w``
+    (:func:`_shared_core_step_us`, fitted to the allreduces that ran entirely beside the
+    backward pass outside the profiled window,
+    :func:`dpro_kit.readers.horovod.shared_core_responses`); ``S`` is an op
+    ``hvd:shared_core:<g>`` between the allreduce and its copy out.  It is what makes a
+    longer cycle faster there: one buffer for the gradients of the first layers instead of a
+    small one alone beside the backward pass and the large one after it.
 
     The fusion-buffer copies cost the node's measured time per byte (a buffer of one tensor
     is not copied, as in Horovod); the allreduce is the ring scheme's, timed by the comm model.
@@ -382,7 +395,6 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
               for i, (p, b) in enumerate(zip(c.params, c.param_bytes))]
     sizes = [b for _, b, _ in params]
     first_param = {c.tensor: sum(len(x.params) for x in colls[:k]) for k, c in enumerate(colls)}
-    # round 0: each profiled cycle's tensors re-packed; its first buffer waits L + C/2
     plan = [fuse([first_param[colls[k].tensor] + i for k in batch for i in range(len(colls[k].params))],
                  sizes, t_new) for batch in _hvd_batches(colls, t_old)]
     iters = sorted(int(i) for i in ev["iteration"].unique())
@@ -392,9 +404,11 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
     def ring_us(nbytes: float) -> float:      # the ring scheme's 2(N-1) steps of nbytes/N, nothing queued
         return steps * model.transfer_us(nbytes / n_ranks)
 
+    per_byte_max = max(per_byte.values())
+
     def estimate(buf: list[int]) -> float:   # a buffer the last replay did not have: copies + ring
         nbytes = sum(sizes[i] for i in buf)
-        return (2 * max(per_byte.values()) * nbytes if len(buf) > 1 else 0.0) + ring_us(nbytes)
+        return (2 * per_byte_max * nbytes if len(buf) > 1 else 0.0) + ring_us(nbytes)
 
     neg = ring_us(negotiations[0].bytes if negotiations else 8)
     # the wait of a ring step for the core while the backward pass computes beside it
@@ -416,7 +430,6 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
                 t += step_wait
                 extra += step_wait
         return extra
-    per_byte_max = max(per_byte.values())
 
     # round 0: each profiled cycle's tensors re-packed; its first buffer waits L + C/2
     waits = {it: [[(lat_all + c_us / 2, 0.0)] + [(0.0, 0.0)] * (len(cyc) - 1) for cyc in plan] for it in iters}
@@ -498,9 +511,10 @@ def _hvd_replayed(ts: TraceSet, model: CommModel, nodes: list[str], params: list
         return float(times[row[f"{n}|{op}"]])
     ready = [max(at(res.end, n, r[n]) for n in nodes) for _, _, r in params]
     bufs = [b for cyc in plan for b in cyc]
+    def waited(n: str, k: int) -> float:
+        return at(res.end, n, f"{HVD}shared_core:hvd{k}") - at(res.start, n, f"{HVD}shared_core:hvd{k}")
     runs = {tuple(b): max(at(res.end, n, f"{HVD}memcpy_out:hvd{k}") for n in nodes) -
-            max(at(res.start, n, f"{HVD}memcpy_in:hvd{k}") for n in nodes) -
-            max(at(res.end, n, f"{HVD}shared_core:hvd{k}") - at(res.start, n, f"{HVD}shared_core:hvd{k}") for n in nodes)
+            max(at(res.start, n, f"{HVD}memcpy_in:hvd{k}") for n in nodes) - max(waited(n, k) for n in nodes)
             for k, b in enumerate(bufs)}
     return ready, runs
 
@@ -548,7 +562,8 @@ def _hvd_rebuild(ts: TraceSet, colls: list[Collective], negotiations: list[Colle
                 tensor=g, op=colls[0].op, algorithm=colls[0].algorithm, bytes=nbytes, participants=list(nodes),
                 params=[params[i][0] for i in idx], param_bytes=[params[i][1] for i in idx],
                 param_ready={n: [params[i][2][n] for i in idx] for n in nodes},
-                inputs={n: [f"{HVD}memcpy_in:{g}"] for n in nodes}, outputs={n: [f"{HVD}shared_core:{g}"] for n in nodes}))
+                inputs={n: [f"{HVD}memcpy_in:{g}"] for n in nodes},
+                outputs={n: [f"{HVD}shared_core:{g}"] for n in nodes}))
             k += 1
     keep = ev[~(hvd_ops | ((ev["kind"] == "COMM") & ev["tensor"].isin([c.tensor for c in colls])))]
     events = pd.concat([keep, make_events(rows, path=ts.path)], ignore_index=True)
