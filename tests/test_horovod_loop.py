@@ -82,3 +82,32 @@ def test_every_tensor_once_and_ticks_in_order(cycle_us):
     assert sorted(taken) == list(range(len(ready)))
     assert all(ready[i] <= c.tick for c in cs for b in c.buffers for i in b)
     assert all(b.tick >= max(a.tick + cycle_us, a.done) for a, b in zip(cs, cs[1:]))
+
+
+def test_every_rank_takes_the_coordinators_fusion_groups():
+    """Ranks that counted their own iterations could choose different groups (a loaded machine: the
+    job was refused); with the coordinator's meta and timeline every rank takes its unprofiled
+    grouping, and a rank's own profiled window decides only when the coordinator has none.
+    Hand-made Response lists (the reader's own data structure, not a third-party format)."""
+    from dpro_kit.readers.horovod import Response, _job_grouping
+
+    def resp(*groups_at):
+        return [Response(tensors=g, start=t, memcpy_in=None, allreduce=(t, t + 1.0), memcpy_out=None, end=t + 1.0)
+                for g, t in groups_at]
+
+    def meta(*spans):   # unprofiled steps (us): step 2.. (steps 0 and 1 are start-up and left out)
+        return {"steps": [{"step": 2 + i, "profiled": False, "end_time_ns": b * 1e3, "dur_us": b - a}
+                          for i, (a, b) in enumerate(spans)]}
+
+    # this rank's clock put the boundary between 'a' and 'b': its own unprofiled iterations say (a) (b, c)
+    own_meta = meta((100_000, 200_000), (200_000, 300_000))
+    own = resp((("a",), 110_000), (("b", "c"), 150_000), (("a",), 210_000), (("b", "c"), 250_000))
+    per_it = {7: resp((("a", "b"), 1e6), (("c",), 1.1e6))}          # the profiled window: (a, b) (c)
+    assert _job_grouping(own_meta, own, per_it) == [("a",), ("b", "c")]
+    coord_meta = meta((100_000, 200_000), (200_000, 300_000), (300_000, 400_000))
+    coord = resp((("a", "b"), 120_000), (("c",), 150_000), (("a", "b"), 220_000), (("c",), 250_000),
+                 (("a",), 310_000), (("b", "c"), 350_000))
+    assert _job_grouping(own_meta, own, per_it, (coord_meta, coord)) == [("a", "b"), ("c",)]
+    # a coordinator without an unprofiled iteration of every tensor: the window's groups
+    assert _job_grouping(own_meta, own, per_it, ({"steps": []}, coord)) == [("a", "b"), ("c",)]
+    assert _job_grouping({"steps": []}, own, per_it) == [("a", "b"), ("c",)]

@@ -213,27 +213,69 @@ def responses(records: list[TensorRecord]) -> list[Response]:
     return out
 
 
-def _job_grouping(meta: dict[str, Any], resp: list[Response], per_it: dict[int, list[Response]]
-                  ) -> tuple[list[tuple[str, ...]], set[int]]:
-    """The job's fusion groups and the profiled iterations that ran exactly them.
+def _unprofiled_spans(meta: dict[str, Any]) -> list[tuple[float, float]]:
+    """Wall-clock spans (us) of a rank's unprofiled iterations from its ``meta.json``, the first two
+    (start-up) left out."""
+    return [(float(s["end_time_ns"]) / 1e3 - float(s["dur_us"]), float(s["end_time_ns"]) / 1e3)
+            for s in meta.get("steps") or [] if not s.get("profiled") and int(s.get("step", 0)) >= 2]
+
+
+def _unprofiled_grouping(meta: dict[str, Any], resp: list[Response], everything: set[str]
+                         ) -> list[tuple[str, ...]] | None:
+    """The fusion groups of most unprofiled iterations that allreduced every tensor of ``everything``
+    (None when no such iteration is in the timeline)."""
+    sigs: dict[tuple[float, float], list[tuple[str, ...]]] = defaultdict(list)
+    spans = _unprofiled_spans(meta)
+    for r in resp:
+        sp = next((sp for sp in spans if sp[0] <= r.start <= sp[1]), None)
+        if sp is not None:
+            sigs[sp].append(r.tensors)
+    unprof = Counter(tuple(v) for v in sigs.values() if set(t for g in v for t in g) == everything)
+    return list(unprof.most_common(1)[0][0]) if unprof else None
+
+
+def _job_grouping(meta: dict[str, Any], resp: list[Response], per_it: dict[int, list[Response]],
+                  coordinator: tuple[dict[str, Any], list[Response]] | None = None) -> list[tuple[str, ...]]:
+    """The job's fusion groups.
 
     Horovod fuses what is ready in the same cycle, so the profiler - which slows the
     iterations it records - can change the groups.  The timeline covers the whole run, and
     ``meta.json`` has every iteration's wall-clock end and duration: the groups are those of
     most *unprofiled* iterations (the first two, start-up, left out), else of most profiled ones.
+
+    The responses are the coordinator's (rank 0 decides what every rank runs), so every rank's
+    timeline holds the same ones, but which iteration a response falls in is each rank's own
+    clock: ranks that counted their own iterations chose different groups on a loaded machine
+    and the job was refused ("node ... says allreduce of X bytes, another node says ...").  With
+    ``coordinator`` (its ``meta.json`` and timeline responses) every rank takes the
+    coordinator's unprofiled grouping; a rank's own profiled window decides only when the
+    coordinator has no unprofiled iteration with every tensor.
     """
-    spans = [(float(s["end_time_ns"]) / 1e3 - float(s["dur_us"]), float(s["end_time_ns"]) / 1e3)
-             for s in meta.get("steps") or [] if not s.get("profiled") and int(s.get("step", 0)) >= 2]
-    sigs: dict[tuple[float, float], list[tuple[str, ...]]] = defaultdict(list)
-    for r in resp:
-        sp = next((sp for sp in spans if sp[0] <= r.start <= sp[1]), None)
-        if sp is not None:
-            sigs[sp].append(r.tensors)
-    window = Counter(tuple(r.tensors for r in rs) for rs in per_it.values())
     everything = set(t for rs in per_it.values() for r in rs for t in r.tensors)
-    unprof = Counter(tuple(v) for v in sigs.values() if set(t for g in v for t in g) == everything)
-    groups = list((unprof or window).most_common(1)[0][0])
-    return groups, {it for it, rs in per_it.items() if tuple(r.tensors for r in rs) == tuple(groups)} or set(per_it)
+    groups = _unprofiled_grouping(*(coordinator or (meta, resp)), everything)
+    if groups is None:
+        groups = list(Counter(tuple(r.tensors for r in rs) for rs in per_it.values()).most_common(1)[0][0])
+    return groups
+
+
+def _coordinator_node(manifest: Manifest) -> str:
+    """Horovod's coordinator: the lowest-rank worker."""
+    return min(manifest.workers(), key=lambda n: (manifest.nodes[n].rank is None, manifest.nodes[n].rank or 0, n))
+
+
+def _coordinator(manifest: Manifest, node: str, node_dir: Path) -> tuple[dict[str, Any], list[Response]]:
+    """The coordinator's ``meta.json`` and timeline responses; ``node_dir`` is ``node``'s folder, so
+    the job's folder is found from it."""
+    coord = _coordinator_node(manifest)
+    root = Path(node_dir)
+    for _ in Path(manifest.node_dir(node)).parts:
+        root = root.parent
+    cdir = root / manifest.node_dir(coord)
+    cmeta = TK._load_meta(cdir)
+    hv = cmeta.get("horovod") if isinstance(cmeta.get("horovod"), dict) else {}
+    tl = TK._file_of(cdir, {"timeline_file": hv.get("timeline_file") or TIMELINE_FILE}, "timeline_file",
+                     "horovod.timeline_file", "the file was damaged; profile again")
+    return cmeta, responses(load_timeline(tl))
 
 
 def unprofiled_comm_events(ts: Any) -> pd.DataFrame | None:
@@ -365,7 +407,8 @@ def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:
         raise TraceFormatError("no Horovod allreduce inside the profiled iterations", path=tl_path,
                                hint="the timeline and the Kineto trace are not of the same run, or the "
                                     "optimizer is not hvd.DistributedOptimizer")
-    groups, used = _job_grouping(meta, resp, per_it)
+    coordinator = None if node == _coordinator_node(manifest) else _coordinator(manifest, node, node_dir)
+    groups = _job_grouping(meta, resp, per_it, coordinator)
 
     ready: dict[int, list[tuple[int, str, float]]] = extra["grad_ready"]   # param index -> (it, op, us)
     wait_op = extra["wait_op"]
