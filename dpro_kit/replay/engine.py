@@ -374,7 +374,8 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
     queue tie-break), then renumbered by :func:`locality_order`; both permutations are composed
     here (what ``renumber`` of the generation-ordered graph gives, array for array): the
     locality sort is a radix sort (:func:`stable_argsort_nonneg`), and the final arrays and CSR
-    are gathered from the insertion-order CSR in one pass (:func:`_renumbered`), the keys taken once.
+    are gathered from the insertion-order ones (:func:`_final_inv`, :func:`_renumbered_csr`, one
+    gather per array), the keys taken once.
     """
     n = int(np.asarray(dur0).size)
     dur0 = np.asarray(dur0, dtype=np.float64)
@@ -397,15 +398,8 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
     loc = stable_argsort_nonneg(est, s0.dtype, overwrite=True)      # (est is this call's own array)
     del est
     devices = [dev_names[int(i)] for i in by_first]
-    if not reuse:
-        final, inv, dur, prio, device, indptr, succ, indeg = _renumbered(
-            order, loc, ip0, s0, deg0, dur0, np.asarray(prio0, dtype=np.float64), dev0, remap)
-        it_arr = inv[np.asarray(iter_pairs, dtype=np.int64).reshape(-1, 2)]
-        return CompiledGraph(keys=_keys_at(keys0, final), dur=dur, device=device, devices=devices,
-                             priority=prio, indptr=indptr, succ=succ, indeg=indeg,
-                             iter_src=it_arr[:, 0].copy(), iter_dst=it_arr[:, 1].copy(), tiebreak=loc)
-    # the same arrays, gathered one at a time, each into the buffer of one already gathered (or of
-    # ``order``): fresh memory only for final/inv, the new CSR and one float array
+    # the arrays gathered one at a time; with ``reuse`` each into the buffer of one already gathered
+    # (or of ``order``): fresh memory only for final/inv, the new CSR and one float array
     final, inv = _final_inv(order, loc)
     free = [order]
     del order
@@ -421,7 +415,7 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
             _gather_into(a, final, out)
         else:
             _gather_remapped(a, final, out, remap_)
-        if a.flags.c_contiguous and a.flags.writeable:
+        if reuse and a.flags.c_contiguous and a.flags.writeable:
             free.append(a)
         return out
     device = gather(dev0, remap)
@@ -447,41 +441,6 @@ def _keys_at(keys0, idx: np.ndarray) -> list | OpKeys:
 
 
 @njit(cache=True)
-def _renumbered(order, loc, ip0, s0, deg0, dur0, prio0, dev0, remap):  # pragma: no cover - compiled
-    """The arrays of ops renumbered ``final = order[loc]`` (new index -> op), in one pass each:
-    ``final``, its inverse, durations, priorities, devices (renumbered by ``remap``, -1 kept), and the CSR: new op ``i``'s
-    successors are old op ``final[i]``'s in their order (what a stable counting sort of the
-    renumbered edges by source gives), in-degrees carried over."""
-    n = order.size
-    final = np.empty(n, dtype=s0.dtype)
-    inv = np.empty(n, dtype=s0.dtype)
-    for i in range(n):
-        o = order[loc[i]]
-        final[i] = o
-        inv[o] = i
-    dur = np.empty(n, dtype=np.float64)
-    prio = np.empty(n, dtype=np.float64)
-    device = np.empty(n, dtype=s0.dtype)
-    indeg = np.empty(n, dtype=s0.dtype)
-    indptr = np.empty(n + 1, dtype=s0.dtype)
-    succ = np.empty(s0.size, dtype=s0.dtype)
-    indptr[0] = 0
-    k = 0
-    for i in range(n):
-        o = final[i]
-        dur[i] = dur0[o]
-        prio[i] = prio0[o]
-        d = dev0[o]
-        device[i] = remap[d] if d >= 0 else -1
-        indeg[i] = deg0[o]
-        for e in range(ip0[o], ip0[o + 1]):
-            succ[k] = inv[s0[e]]
-            k += 1
-        indptr[i + 1] = k
-    return final, inv, dur, prio, device, indptr, succ, indeg
-
-
-@njit(cache=True)
 def _final_inv(order, loc):  # pragma: no cover - compiled
     """``final = order[loc]`` (new index -> op) and its inverse."""
     n = order.size
@@ -496,7 +455,8 @@ def _final_inv(order, loc):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _renumbered_csr(final, inv, ip0, s0):  # pragma: no cover - compiled
-    """:func:`_renumbered`'s CSR alone: new op ``i``'s successors are old op ``final[i]``'s, in their order."""
+    """The renumbered CSR: new op ``i``'s successors are old op ``final[i]``'s, in their order (what a
+    stable counting sort of the renumbered edges by source gives)."""
     n = final.size
     indptr = np.empty(n + 1, dtype=s0.dtype)
     succ = np.empty(s0.size, dtype=s0.dtype)
