@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Callable, Iterable
 
+from .gaps import fold_gaps
 from .kineto import SYNC_CALLS, KEvent
 
 __all__ = ["WAIT_TOLERANCE_US", "SYNC_CALLS", "sync_calls", "GpuEnds", "awaited", "lane_waits", "piece",
@@ -130,25 +131,17 @@ def lane_waits(names: list[str], lanes: dict[str, list[Any]], launch_ts: dict[in
 
 
 def fold_host_gaps(seq: list[Any], waited: dict[str, float], start: float | None) -> None:
-    """Charge the idle time of one CPU thread that no wait explains to the op after it (host time).
-
-    Between two top-level ops a thread runs Python (the interpreter, the training loop) that
-    Kineto does not record as an op (or, in a sampled trace, work whose events were left
-    out); without this the replay would leave it out.  Gaps are folded from ``start`` (the
-    step's start; None: from the thread's first op); for an op that waited
-    (``waited[op]``: when what it waited for ended) only the time after that end is folded
-    (returning from the wait).  ``seq``: the thread's ops in start order, changed in place.
+    """One CPU thread's idle time that no wait explains, charged to the op after it (host time;
+    the rule: :func:`dpro_kit.readers.gaps.fold_gaps`).  Gaps are folded from ``start`` (the
+    step's start; None: from the thread's first op); for an op that waited (``waited[op]``: when
+    what it waited for ended) only the time after that end.  ``seq``: the thread's ops in start
+    order, changed in place.
     """
-    prev_end = start
-    for o in seq:
-        if o.op in waited:
-            frm = max(waited[o.op], prev_end if prev_end is not None else waited[o.op])
-        else:
-            frm = prev_end
-        if frm is not None and o.start > frm:
-            o.dur += o.start - frm
-            o.start = frm
-        prev_end = o.start + o.dur if prev_end is None else max(prev_end, o.start + o.dur)
+    new = fold_gaps([o.start for o in seq], [o.start + o.dur for o in seq], start,
+                    after=[waited.get(o.op) for o in seq])
+    for o, s in zip(seq, new):
+        o.dur += o.start - s
+        o.start = s
 
 
 def acyclic(edges: list[tuple[str, str]], inferred: set[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -35,6 +35,7 @@ from typing import Any
 from ..errors import TraceFormatError
 from ..schema import MXNET_META_FORMAT, MXNET_META_VERSIONS, MXNET_RAW_FORMAT
 from ..trace import Manifest, NodeTrace, empty_events, make_events, read_json
+from .gaps import fold_gaps
 
 FORMAT = MXNET_RAW_FORMAT
 PUSHPULL = "KVStoreDistDefaultStoragePushPull"
@@ -293,17 +294,15 @@ def _fold_host_gaps(ops: list[dict], pull_ends: list[float]) -> None:
     ops), and, on a host with a CPU quota, the stops that fall between two ops.  Without it every PS
     row was predicted 1-10 % short (docs/ps.md, "Host gaps").  The first op of a step keeps its start.
     """
-    if not ops:
-        return
-    prev_end = ops[0]["start"] + ops[0]["dur"]
-    for r in ops[1:]:
-        end = r["start"] + r["dur"]
-        if r["start"] > prev_end:
-            i = bisect.bisect_right(pull_ends, prev_end)
-            if not (i < len(pull_ends) and pull_ends[i] <= r["start"] + GATE_SLACK_US):
-                r["dur"] += r["start"] - prev_end
-                r["start"] = prev_end
-        prev_end = max(prev_end, end)
+    starts = [r["start"] for r in ops]
+
+    def pulled(i: int, frm: float) -> bool:   # a pull ended between the ops: the op waited for it
+        k = bisect.bisect_right(pull_ends, frm)
+        return k < len(pull_ends) and pull_ends[k] <= starts[i] + GATE_SLACK_US
+
+    for r, s in zip(ops, fold_gaps(starts, [r["start"] + r["dur"] for r in ops], keep=pulled)):
+        r["dur"] += r["start"] - s
+        r["start"] = s
 
 
 def read_node(manifest: Manifest, node: str, node_dir: Path) -> NodeTrace:

@@ -126,6 +126,7 @@ from ..trace import Manifest, NodeTrace, OpKind, make_events, read_json
 from .. import schema as S
 from . import kineto as K
 from . import kineto_gpu as G
+from .gaps import fold_gaps
 
 # the collector's meta.json format and markers: one definition (dpro_kit/schema.py), shared with the collector
 META_FORMAT = S.TORCH_META_FORMAT
@@ -782,22 +783,23 @@ def _bucket_ready(bucket_info: list[dict[str, Any]], ready: dict[int, list[tuple
 
 def _fold_host_gaps(seqs: dict[tuple[int, str], list[_Op]], win: _Window, wait_op: str | None,
                     waits: list[tuple[int, int]] = ()) -> None:
-    """Training thread: the Python time between two top-level ops is charged to the op after it,
-    except from the bucket-wait op to the end of backward (waiting for the allreduces, not work)
-    and for gaps that overlap a ``dpro::comm_wait`` range (``waits``: the framework blocked there
-    for its collectives, e.g. Horovod's ``synchronize``)."""
+    """Training thread: the Python time between two top-level ops is charged to the op after it
+    (:func:`dpro_kit.readers.gaps.fold_gaps`), except from the bucket-wait op to the end of
+    backward (waiting for the allreduces, not work) and for gaps that overlap a ``dpro::comm_wait``
+    range (``waits``: the framework blocked there for its collectives, e.g. Horovod's ``synchronize``)."""
     for (it, thread), seq in seqs.items():
         if thread != "":
             continue
-        prev_end = next(s[0] for s in win.spans if s[2] == it)
-        waiting = False
+        waiting, w = [], False
         for o in seq:
-            waiting = (waiting and o.kind == OpKind.BW.value) or o.op == wait_op
-            blocked = any(a < o.start and b > prev_end for a, b in waits)
-            if not waiting and not blocked and o.start > prev_end:
-                o.dur += o.start - prev_end
-                o.start = prev_end
-            prev_end = max(prev_end, o.ev.end_ns)
+            w = (w and o.kind == OpKind.BW.value) or o.op == wait_op
+            waiting.append(w)
+        starts = [o.start for o in seq]
+        new = fold_gaps(starts, [o.ev.end_ns for o in seq], next(s[0] for s in win.spans if s[2] == it),
+                        keep=lambda i, frm: waiting[i] or any(a < starts[i] and b > frm for a, b in waits))
+        for o, s in zip(seq, new):
+            o.dur += o.start - s
+            o.start = s
 
 
 def _first_op_after_wait(seqs: dict[tuple[int, str], list[_Op]], win: _Window,
