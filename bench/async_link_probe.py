@@ -19,7 +19,7 @@ workers: each worker's push-pull group (start of its push burst to the end of it
 per-worker counters), the offset between the two workers' group starts and ends, and how much of
 the time both groups were active.
 
-    sudo /work/notes/quietrun.sh python bench/async_link_probe.py --rate 500 --workers 1,2,4 --out /tmp/probe
+    sudo bench/quietrun.sh python bench/async_link_probe.py --rate 500 --workers 1,2,4 --out /tmp/probe
 
 Root only (namespaces, tc, cgroups); MXNet 1.9.1 as for bench/ps_accuracy.py.
 """

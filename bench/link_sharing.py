@@ -22,7 +22,7 @@ Experiments, per bandwidth (each repeated ``--reps`` times, the first repetition
 * ``ping``: worker 1 makes a 64-byte request-response every 5 ms while worker 2 moves its bytes in one
   direction: how long a small message (an RPC, a step's dispatch) waits behind bulk data.
 
-    sudo /work/notes/quietrun.sh python bench/link_sharing.py --bandwidths 100,300 --out /tmp/link.json
+    sudo bench/quietrun.sh python bench/link_sharing.py --bandwidths 100,300 --out /tmp/link.json
 
 Prints a table and writes every transfer's times (``--out``).
 """

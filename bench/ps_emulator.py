@@ -9,8 +9,8 @@ of examples/mxnet/train.py's MLP pushed in key order (1.6 MB dense0_weight secon
 all 12 pulls. 40 steps per worker; steps/s = sum over workers of 1 / mean step gap after 5 steps.
 Hosts unconstrained (no CPU budget).
 
-    sudo /work/notes/quietrun.sh python bench/ps_emulator.py 500 1,2,4 20        # RATE_MBIT WORKERS COMPUTE_MS
-    sudo /work/notes/quietrun.sh python bench/ps_emulator.py 500 1,2 20 8        # ... SERVER_MS_PER_MB
+    sudo bench/quietrun.sh python bench/ps_emulator.py 500 1,2,4 20        # RATE_MBIT WORKERS COMPUTE_MS
+    sudo bench/quietrun.sh python bench/ps_emulator.py 500 1,2 20 8        # ... SERVER_MS_PER_MB
 """
 import json, queue, socket, struct, subprocess, sys, threading, time, statistics
 from pathlib import Path
