@@ -38,7 +38,11 @@ neighbour, s the part of its core the host gets in the balanced job): the host's
 CPU part of its transfers at 1/f, from the collector's CPU record (``dpro_kit.whatif.slow_hosts``,
 docs/stragglers.md "Tenth run"); for comparison ``--slow-rank S=f'`` with ``f' = 1 + (f - 1) max(C / s,
 W) / W`` (``cpu_share_factor``: the whole CPU time C charged to the traced computation W, the ninth
-run's rule), ``--slow-rank S=f`` and ``--slow-rank S=F`` (nominal).
+run's rule), ``--slow-rank S=f`` and ``--slow-rank S=F`` (nominal).  With ``--sched`` also model "busy":
+``--slow-host hostS=F --host-busy hostS=B`` (nominal F; "busy_cal": at f), B the part of the iteration host S's
+training thread was runnable in the **balanced** plain rounds (``busy_fraction``), which at 1000 Mbit/s is the
+whole iteration while the profiled job's process CPU says less (docs/stragglers.md, "Eleventh run").
+``--predictors busy,host,link`` limits the models (fewer replays inside the bench lock).
 
 The CFS period is 10 ms (``--period-us``): with the kernel's 100 ms, a cut budget stalls a
 ~30 ms iteration between ops and in communication waits instead of slowing the computation
@@ -106,7 +110,11 @@ class SchedPoll:
         while not self._stop.is_set():
             now = time.perf_counter()
             snap: dict[str, dict] = {}
-            for g in root.glob(self.glob):
+            try:
+                groups = list(root.glob(self.glob))
+            except OSError:         # a job's group removed while listed (the job ended)
+                groups = []
+            for g in groups:
                 th: dict[int, tuple[int, int]] = {}
                 try:
                     tids = [int(x) for x in (g / "tasks").read_text().split()]
@@ -314,6 +322,27 @@ def cpu_share_factor(trace: str, node: str, f: float, share: float = 1.0) -> tup
     return 1.0 + (f - 1.0) * max(c / share, w) / w, {"cpu_ms": round(c, 3), "compute_ms": round(w, 3), "share": share}
 
 
+def busy_fraction(scheds: list[dict[str, dict]], host: str) -> float | None:
+    """The part of its iteration ``host``'s training thread was runnable (running, or ready and waiting
+    for its core or stopped by its quota) in the balanced jobs without the profiler: median over their
+    ``--sched`` records of ``(CPU + run-queue wait) / training window``, at most 1.  ``dpro replay
+    --slow-host H=F --host-busy H=B`` takes it instead of the collector's CPU record (docs/stragglers.md,
+    "Eleventh run"); None without records."""
+    v = [min(1.0, (x["main_cpu_ms"] + x["main_wait_ms"]) / x["window_ms"])
+         for sc in scheds if sc and (x := sc.get(host)) and x.get("window_ms")]
+    return round(statistics.median(v), 4) if v else None
+
+
+def balanced_scheds(jobs: list[dict], rate: float) -> list[dict]:
+    """The ``--sched`` records of a run's balanced plain jobs at ``rate`` (``--out/jobs.json``): every host at
+    that rate, no quota, and the lightest neighbour the run's plain jobs had (none, or ``--neighbour-base``)."""
+    plain = [j for j in jobs if j["tag"].endswith("-plain") and all(r == rate for r in j["rates"])
+             and all(c is None for c in j["cpus"]) and j.get("sched")]
+    weight = lambda j: sum((j.get("neighbours") or {}).values())     # noqa: E731
+    least = min((weight(j) for j in plain), default=0)
+    return [j["sched"] for j in plain if weight(j) == least]
+
+
 def cpu_use(trace: str) -> dict[str, Any]:
     """The profiled job's per-rank CPU use (manifest extra.cpu_use: CPUs per step, throttled us, limit)."""
     try:
@@ -322,9 +351,11 @@ def cpu_use(trace: str) -> dict[str, Any]:
         return {}
 
 
-def repredict(rows_file: Path, only: str | None = None) -> int:
+def repredict(rows_file: Path, only: str | None = None, predictors: str | None = None) -> int:
     """Predictions of an earlier run's rows (its kept traces, its replay arguments) with this code."""
     rows = json.loads(rows_file.read_text())
+    jobs_file = rows_file.parent / "jobs.json"
+    jobs = json.loads(jobs_file.read_text()) if jobs_file.exists() else []
     base: dict[str, dict] = {}
     errs = []
     print("| Mbit/s | injected | predicted then | predicted now | measured | error now |")
@@ -342,8 +373,21 @@ def repredict(rows_file: Path, only: str | None = None) -> int:
             # every model the run predicted the row with (CFS what-if, busy-loop factor, link), else its one
             keys = ("replay_args_cfs", "replay_args_host", "replay_args_cpu", "replay_args_factor", "replay_args_nominal",
                     "replay_args_link")
-            for key in [k for k in keys if r.get(k)] or ["replay_args"]:
-                args = r[key]
+            extra_args = {}
+            if r.get("slow_by") == "shares" and r["injected"].startswith("cpu host"):
+                # the "busy" model on a run that predates it: --host-busy from the run's balanced plain jobs
+                s_ = int(r["injected"].split("host", 1)[1].split()[0])
+                F_ = float(r["injected"].rsplit("/", 1)[1])
+                b_ = busy_fraction(balanced_scheds(jobs, r["rate"]), f"host{s_}")
+                if b_ is not None and not r.get("replay_args_busy"):
+                    extra_args["replay_args_busy"] = f"--slow-host host{s_}={F_:g} --host-busy host{s_}={b_:.4g}"
+                    if r.get("effective_factor"):
+                        f_ = statistics.median(r["effective_factor"])
+                        extra_args["replay_args_busy_cal"] = f"--slow-host host{s_}={f_:.4g} --host-busy host{s_}={b_:.4g}"
+            for key in [k for k in keys if r.get(k)] + list(extra_args) or ["replay_args"]:
+                if predictors and key != "replay_args" and key[len("replay_args_"):] not in predictors.split(","):
+                    continue
+                args = r.get(key) or extra_args[key]
                 ratios, all_its = [], []
                 # the cpu-share factor differs per profile: "ARGS | ARGS | ..." (one per trace)
                 per_args = args.split(" | ") if " | " in args else [args] * len(traces)
@@ -351,7 +395,7 @@ def repredict(rows_file: Path, only: str | None = None) -> int:
                     d = Bench.replay(t_, args_.split())
                     ratios.append(d["iteration_time_ms"] / base[t_]["iteration_time_ms"])
                     all_its.append(all_iterations_ratio(base[t_], d))
-                then = r.get("predicted_slowdown_" + key.rsplit("_", 1)[1], r["predicted_slowdown"]) \
+                then = r.get("predicted_slowdown_" + key[len("replay_args_"):], float("nan")) \
                     if key != "replay_args" else r["predicted_slowdown"]
                 now, m = statistics.median(ratios), r["measured_slowdown"]
                 if None not in all_its:
@@ -474,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(unique per concurrent user)")
     ap.add_argument("--calib-reps", type=int, default=3,
                     help="busy-loop measurements of each cut's real compute factor per (model, rate) (0: use nominal F)")
+    ap.add_argument("--predictors", default=None, metavar="NAMES",
+                    help="only these prediction models (comma-separated, e.g. busy,busy_cal,host,link; default: all), "
+                         "fewer replays inside the bench lock")
     ap.add_argument("--out", type=Path, default=Path("bench-stragglers"))
     ap.add_argument("--repredict", type=Path, default=None,
                     help="no jobs: re-predict the rows of an earlier run's rows.json from its kept traces with this code")
@@ -485,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.sched_summary is not None:
         return sched_summary(a.sched_summary)
     if a.repredict is not None:
-        return repredict(a.repredict, a.only)
+        return repredict(a.repredict, a.only, a.predictors)
     H = a.hosts
     S = H - 1 if a.slow_host is None else a.slow_host
     a.pin_layout = None
@@ -521,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
                 if shares_mode:
                     variants[f"cpu host{S} x1/{F:g}"] = (
                         rates, base_cpus, {S: neighbour_weight(F, a.neighbour_base)},
-                        {"host": F, "cpu": F, "factor": ["--slow-rank", f"{S}={F:g}"],
+                        {"busy": F, "busy_cal": F, "host": F, "cpu": F, "factor": ["--slow-rank", f"{S}={F:g}"],
                          "nominal": ["--slow-rank", f"{S}={F:g}"]})
                 else:
                     variants[f"cpu host{S} x1/{F:g}"] = (
@@ -553,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
                     if shares_mode:
                         variants[f"cpu host{S} x1/{F:g}"][3]["cpu"] = feff[F]
                         variants[f"cpu host{S} x1/{F:g}"][3]["host"] = feff[F]
+                        variants[f"cpu host{S} x1/{F:g}"][3]["busy_cal"] = feff[F]
             profs: list[dict[str, Any]] = []
 
             def profile_balanced() -> None:
@@ -581,12 +629,14 @@ def main(argv: list[str] | None = None) -> int:
             if a.reverse and KR > 1:
                 profile_slowed()
             meas: dict[str, list[float]] = {k: [] for k in variants}
+            scheds: dict[str, list[dict]] = {k: [] for k in variants}
             for rnd in range(a.rounds):
                 order = list(variants) if rnd % 2 == 0 else list(reversed(variants))
                 for k in order:
                     r_, c_, nb_, _ = variants[k]
                     j = b.job(model, r_, c_, profile=False, neighbours=nb_)
                     meas[k].append(j["ms"])
+                    scheds[k].append(j.get("sched") or {})
                     print(f"  round {rnd + 1} {k:<22} {j['ms']:8.3f} ms", flush=True)
                 if rnd in prof_after:
                     profile_balanced()
@@ -595,6 +645,11 @@ def main(argv: list[str] | None = None) -> int:
             if a.reverse and KR == 1:
                 profile_slowed()          # one slowed profile: after the rounds (the bench's rule before --reverse-profiles)
             mb = statistics.median(meas["balanced"])
+            # how busy host S was in the balanced plain jobs (--sched): the "busy" model's --host-busy
+            busy = busy_fraction(scheds["balanced"], f"host{S}") if shares_mode else None
+            if shares_mode:
+                print(f"  host{S} runnable {busy} of its iteration in the balanced plain jobs (--sched; median of "
+                      f"{len([x for x in scheds['balanced'] if x])} rounds)", flush=True)
             for k, (_, _, _, how) in variants.items():
                 if k == "balanced":
                     continue
@@ -606,13 +661,18 @@ def main(argv: list[str] | None = None) -> int:
                                        "measured_ms": round(m, 3), "measured_balanced_ms": round(mb, 3),
                                        "measured_slowdown": round(ms, 4), "round_ratios": [round(x, 4) for x in pairs],
                                        "traces": [p_["trace"] for p_ in profs],
-                                       "effective_factor": eff.get(float(k.rsplit("/", 1)[1])) if k.startswith("cpu ") else None}
+                                       "effective_factor": eff.get(float(k.rsplit("/", 1)[1])) if k.startswith("cpu ") else None,
+                                       "host_busy": busy}
                 for name, extra in how.items():
+                    if (name.startswith("busy") and busy is None) or (a.predictors and name not in a.predictors.split(",")):
+                        continue
                     per = []
                     stop = []
                     args_per = []
                     for p_ in profs:
-                        if name == "host":     # the host at 1/f of its CPU: computation and the CPU part of transfers
+                        if name.startswith("busy"):   # the same, with how busy the host was from --sched
+                            args = ["--slow-host", f"host{S}={float(extra):.4g}", "--host-busy", f"host{S}={busy:.4g}"]
+                        elif name == "host":     # the host at 1/f of its CPU: computation and the CPU part of transfers
                             args = ["--slow-host", f"host{S}={float(extra):.4g}"] + (
                                 ["--cpu-share", f"host{S}={1024 / (1024 + a.neighbour_base):.4g}"] if a.neighbour_base else [])
                         elif name == "cpu":    # the busy-loop factor f charged with the rank's whole CPU time
@@ -634,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"replay_args_{name}"] = " | ".join(args_per) if name == "cpu" else args_per[0]
                     if stop:
                         row["predicted_stopped_ms"] = [round(x, 3) for x in stop]
-                prim = next(x for x in ("cfs", "host", "cpu", "factor", "link") if x in how)
+                prim = next(x for x in ("cfs", "busy", "host", "cpu", "factor", "link") if f"predicted_slowdown_{x}" in row)
                 row.update(predicted_slowdown=row[f"predicted_slowdown_{prim}"], error_pct=row[f"error_pct_{prim}"],
                            replay_args=row[f"replay_args_{prim}"], prediction=prim)
                 rows.append(row)
@@ -688,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["direction"] == "slow":
-            other = {"cfs": "factor", "host": "cpu", "cpu": "factor", "factor": "nominal"}.get(r["prediction"])
+            other = {"cfs": "factor", "busy": "host", "host": "cpu", "cpu": "factor", "factor": "nominal"}.get(r["prediction"])
             if other and f"replay_args_{other}" not in r:
                 other = None
             print(f"| {r['model']} | {r['rate']:g} | {r['injected']} (`{r['replay_args']}`) | "
@@ -706,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['model']} | {r['rate']:g} | balanced: predicted {r['predicted_ms']:.3f} ms vs measured "
                   f"{r['measured_ms']:.3f} ms | | | {r['error_pct']:+.1f} % | | "
                   + ", ".join(f"{x:.3f}" for x in r["per_profile_ms"]) + " |")
-    for name in ("cfs", "host", "cpu", "factor", "nominal", "link"):
+    for name in ("cfs", "busy", "busy_cal", "host", "cpu", "factor", "nominal", "link"):
         e = [abs(r[f"error_pct_{name}"]) for r in rows if r["direction"] == "slow" and f"error_pct_{name}" in r]
         if e:
             print(f"|error| {name}: median {statistics.median(e):.1f} %, max {max(e):.1f} % ({len(e)} rows)")

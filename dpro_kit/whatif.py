@@ -675,7 +675,8 @@ def transfer_time_ms(ts: TraceSet, model: CommModel, node: str) -> float:
     return t / 1e3
 
 
-def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0) -> dict[str, dict[str, Any]]:
+def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0,
+                   busy: float | None = None) -> dict[str, dict[str, Any]]:
     """Where the CPU of each worker node of ``host`` went per iteration, from the collector's record
     (:func:`slow_hosts` stretches each part): its computation ``W`` (traced), its CPU time ``C / s``
     (``extra.cpu_use.cpus`` x the node's unprofiled iteration ``T``, at the part ``s`` of its core it got
@@ -683,6 +684,12 @@ def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0
     while not computing (:func:`idle_cpu`: ``(C/s − W) / (T − W)`` clipped to [0, 1]) and the CPU time
     spent during its transfers, ``u`` x their link-model time (:func:`transfer_time_ms`, at most
     ``T − W``).  ms per iteration; ``cpu_ms`` None and ``u`` 0 without a CPU record.
+
+    ``busy``: the part ``B`` of its iteration the host's training thread was runnable (running, or
+    ready and waiting for its core) in the job without the profiler, measured outside dpro (e.g.
+    ``/proc/TID/schedstat``: ``bench/stragglers.py --sched``); it replaces the collector's record,
+    ``C / s = B T`` (a rank that polls while it waits for a transfer is runnable through it, and
+    beside a busy neighbour that whole time is slowed; docs/stragglers.md, "Eleventh run").
     """
     seen = cpu_seen(ts.manifest.facts, [n for n, i in ts.manifest.nodes.items() if i.host == host])
     out: dict[str, dict[str, Any]] = {}
@@ -690,6 +697,8 @@ def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0
         if ts.manifest.nodes[n].role != "worker":
             continue
         w = computation_per_iteration_ms(ts, n)
+        if busy is not None and step:
+            cpus, share = float(busy), 1.0
         c = float(cpus) * float(step) / share if cpus is not None and step else None
         u = min(1.0, idle_cpu((c / float(step), float(step), thr, cap), w)) if c is not None else 0.0
         tr = min(transfer_time_ms(ts, model, n), max(0.0, float(step) - w)) if c is not None else 0.0
@@ -699,7 +708,8 @@ def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0
 
 
 def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
-               shares: dict[str, float] | None = None) -> tuple[TraceSet, CommModel, dict[str, Any]]:
+               shares: dict[str, float] | None = None,
+               busy: dict[str, float] | None = None) -> tuple[TraceSet, CommModel, dict[str, Any]]:
     """The job with host ``h`` getting ``1 / factors[h]`` of the CPU it had when profiled, every thread.
 
     A host slowed by a competitor for its core (a busy neighbour of lower weight, a noisy VM) runs
@@ -733,6 +743,9 @@ def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
         Host -> F (2: the host gets half the CPU it had).
     shares : dict, optional
         Host -> the part of its core it got while runnable when profiled (default 1).
+    busy : dict, optional
+        Host -> the part of its iteration its training thread was runnable without the profiler
+        (:func:`host_cpu_split`; replaces the collector's CPU record and ``shares`` for that host).
 
     Returns
     -------
@@ -745,6 +758,18 @@ def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
     shares = dict(shares or {})
     check_host_values(ts, shares, "--cpu-share", "the share must be a positive number",
                       "e.g. --cpu-share host1=0.5 (host1 had half its core when profiled)")
+    busy = dict(busy or {})
+    check_host_values(ts, busy, "--host-busy", "the busy part must be a number in (0, 1]",
+                      "e.g. --host-busy host1=0.95 (host1's training thread runnable 95 % of its iteration)")
+    for h, b in busy.items():
+        if b > 1:
+            raise DproError(f"--host-busy {h}={b:g}: the busy part must be a number in (0, 1]", path=ts.path,
+                            hint="the part of the iteration the host's training thread was runnable, e.g. 0.95")
+        if h in shares:
+            raise DproError(f"--host-busy and --cpu-share both describe what {h} had when profiled; give one",
+                            path=ts.path, hint="--host-busy already counts the time it waited for its core")
+        if h not in factors:
+            raise DproError(f"--host-busy {h}: needs --slow-host {h}=F", path=ts.path)
     ev = ts.events.copy()
     comp = ev["kind"].astype(str).isin(COMPUTE_KINDS).to_numpy()
     nodes = ev["node"].astype(str).to_numpy()
@@ -753,7 +778,7 @@ def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
     time_factor: dict[str, float] = {}
     for h, f in factors.items():
         f = float(f)
-        split = host_cpu_split(ts, model, h, float(shares.get(h, 1.0)))
+        split = host_cpu_split(ts, model, h, float(shares.get(h, 1.0)), busy.get(h))
         if not split:
             raise DproError(f"--slow-host {h}={f:g}: host {h} runs no worker", path=ts.path)
         time_factor[h] = 1.0 + max(s["idle_cpu"] for s in split.values()) * (f - 1.0)
@@ -1112,6 +1137,9 @@ class WhatIf:
     #: (:func:`slow_hosts`); host -> the part of its core it had when profiled (default 1)
     slow_host: dict[str, float] = field(default_factory=dict)
     cpu_share: dict[str, float] = field(default_factory=dict)
+    #: host -> the part of its iteration its training thread was runnable without the profiler
+    #: (:func:`host_cpu_split`; replaces the collector's CPU record in :func:`slow_hosts`)
+    host_busy: dict[str, float] = field(default_factory=dict)
     #: host -> CPUs of its CFS quota (:func:`cpu_limited_graph`; applied to the built graph by the session),
     #: and the quota's period (ms)
     cpu_limit: dict[str, float] = field(default_factory=dict)
@@ -1123,12 +1151,12 @@ class WhatIf:
     def any(self) -> bool:
         return self.bucket_mb is not None or self.bandwidth_mbps is not None or self.world_size is not None \
             or self.fusion_threshold_mb is not None or self.cycle_time_ms is not None or self.servers is not None \
-            or self.partition_bytes is not None or bool(self.slow_rank or self.like_median or self.slow_link or self.slow_host or self.cpu_share or self.cpu_limit or self.recorded_quota)
+            or self.partition_bytes is not None or bool(self.slow_rank or self.like_median or self.slow_link or self.slow_host or self.cpu_share or self.host_busy or self.cpu_limit or self.recorded_quota)
 
     def describe(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None and v != {} and v != [] and
                 (k != "first_bucket_mb" or self.bucket_mb is not None) and (k != "cpu_period_ms" or self.cpu_limit or self.recorded_quota)
-                and (k != "recorded_quota" or self.recorded_quota) and (k != "cpu_share" or self.slow_host)}
+                and (k != "recorded_quota" or self.recorded_quota) and (k not in ("cpu_share", "host_busy") or self.slow_host)}
 
 
 def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommModel]:
@@ -1172,8 +1200,10 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
         ts = byteps_partition_bytes(ts, int(w.partition_bytes))
     if w.cpu_share and not w.slow_host:
         raise DproError("--cpu-share needs --slow-host (the share a slowed host had when profiled)", path=ts.path)
+    if w.host_busy and not w.slow_host:
+        raise DproError("--host-busy needs --slow-host (how busy a slowed host was without the profiler)", path=ts.path)
     if w.slow_host:
-        ts, model, info = slow_hosts(ts, model, dict(w.slow_host), dict(w.cpu_share))
+        ts, model, info = slow_hosts(ts, model, dict(w.slow_host), dict(w.cpu_share), dict(w.host_busy))
         # what the what-if used, per slowed node (dpro replay --json: slow_host)
         ts = replace(ts, manifest=replace(ts.manifest, extra={**ts.manifest.extra, "slow_host": info}))
     if w.slow_rank:

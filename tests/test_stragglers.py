@@ -115,6 +115,70 @@ def test_slow_host_hand_computed():
         slow_hosts(ts, model, {"h1": 0.0})
 
 
+def test_slow_host_busy_hand_computed():
+    """--slow-host h1=2 --host-busy h1=0.9 on the job of test_slow_host_hand_computed: the host's training
+    thread was runnable 0.9 of its unprofiled iteration T = 9.85 ms, which replaces the collector's
+    C = 3.85 ms (and any --cpu-share):
+
+        C/s = B T = 8.865 ms
+        u = (C/s - W) / (T - W) = 7.015 / 8 = 0.876875
+        R_t = min(C/s - W, u t) = min(7.015, 5.26125) = 5.26125
+        transfers:   1 + u (F - 1) = 1.876875
+        computation: 1 + (F - 1) (C/s - R_t) / W = 1 + 3.60375 / 1.85 = 2.947973
+    """
+    ts = _with_cpu_record(tiny_traceset(workers=2, hosts=2, iterations=3))
+    model = CommModel(default=LinkModel(0.0, 1e9))
+    split = host_cpu_split(ts, model, "h1", busy=0.9)["w1"]
+    assert split["cpu_ms"] == pytest.approx(8.865)
+    assert split["idle_cpu"] == pytest.approx(0.876875)
+    assert split["transfer_cpu_ms"] == pytest.approx(5.26125)
+    out, m, info = slow_hosts(ts, model, {"h1": 2.0}, busy={"h1": 0.9})
+    assert info["w1"]["transfer_factor"] == pytest.approx(1.876875, abs=1e-4)
+    assert info["w1"]["compute_factor"] == pytest.approx(1 + 3.60375 / 1.85, abs=1e-4)
+    assert _compute(out, "w1") == pytest.approx((1 + 3.60375 / 1.85) * _compute(ts, "w1"))
+    assert m.transfer_us(2e6, "link:h0->h1") == pytest.approx(1.876875 * 2000)
+    # busy all the time: every transfer of the host CPU-bound (u = 1), R_t = t = 6 ms,
+    # the computation charged with the rest: 1 + (9.85 - 6) / 1.85
+    _, m1, info1 = slow_hosts(ts, model, {"h1": 2.0}, busy={"h1": 1.0})
+    assert info1["w1"]["transfer_factor"] == pytest.approx(2.0)
+    assert info1["w1"]["compute_factor"] == pytest.approx(1 + 3.85 / 1.85, abs=1e-4)
+    # without a collector CPU record the busy part still gives C/s (it needs only the unprofiled step)
+    from dataclasses import replace
+    no_cpu = replace(ts, manifest=replace(ts.manifest, extra={**ts.manifest.extra, "cpu_use": {}}))
+    assert host_cpu_split(no_cpu, model, "h1", busy=0.9)["w1"]["idle_cpu"] == pytest.approx(0.876875)
+    for kw, msg in (({"busy": {"h1": 1.5}}, r"\(0, 1\]"), ({"busy": {"h1": 0.0}}, r"\(0, 1\]"),
+                    ({"busy": {"h1": 0.9}, "shares": {"h1": 0.5}}, "give one"),
+                    ({"busy": {"h0": 0.9}}, "needs --slow-host h0"), ({"busy": {"h9": 0.9}}, "no host 'h9'")):
+        with pytest.raises(DproError, match=msg):
+            slow_hosts(ts, model, {"h1": 2.0}, **kw)
+
+
+def test_bench_busy_fraction_from_sched_records():
+    """bench/stragglers.py: the busy part of the "busy" model, from the balanced plain jobs' --sched records
+    only (the lightest neighbour, every link at the rate, no quota): median of (CPU + wait) / window."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import stragglers as bench
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    rec = lambda cpu, wait, win: {"host2": {"main_cpu_ms": cpu, "main_wait_ms": wait, "window_ms": win}}  # noqa: E731
+    jobs = [
+        {"tag": "003-cnn-plain", "rates": [1000.0] * 3, "cpus": [None] * 3, "neighbours": {"2": 1024}, "sched": rec(450, 450, 1000)},
+        {"tag": "004-cnn-plain", "rates": [1000.0] * 3, "cpus": [None] * 3, "neighbours": {"2": 2048}, "sched": rec(300, 700, 1000)},
+        {"tag": "005-cnn-plain", "rates": [1000.0, 1000.0, 500.0], "cpus": [None] * 3, "neighbours": {"2": 1024},
+         "sched": rec(100, 100, 1000)},                                            # a link cut: not balanced
+        {"tag": "006-cnn-prof", "rates": [1000.0] * 3, "cpus": [None] * 3, "neighbours": {"2": 1024}, "sched": rec(1, 1, 1000)},
+        {"tag": "007-cnn-plain", "rates": [1000.0] * 3, "cpus": [None] * 3, "neighbours": {"2": 1024}, "sched": rec(500, 480, 1000)},
+        {"tag": "008-cnn-plain", "rates": [1000.0] * 3, "cpus": [None] * 3, "neighbours": {"2": 1024}, "sched": rec(520, 520, 1000)},
+    ]
+    sc = bench.balanced_scheds(jobs, 1000.0)
+    assert len(sc) == 3                                   # 003, 007, 008
+    assert bench.busy_fraction(sc, "host2") == pytest.approx(0.98)      # 0.9, 0.98, 1.0 (1.04 clipped)
+    assert bench.busy_fraction(sc, "host0") is None
+    two = [dict(j, neighbours=None, rates=[200.0, 200.0]) for j in jobs[:1]]
+    assert bench.busy_fraction(bench.balanced_scheds(two, 200.0), "host2") == pytest.approx(0.9)
+
+
 def test_cli_slow_host():
     """Through the CLI: the recorded 2-host trace has no CPU record, so --slow-host is --slow-rank of its
     rank; bad input is one line and exit 2."""
@@ -123,7 +187,9 @@ def test_cli_slow_host():
     assert host["iteration_time_ms"] == pytest.approx(rank["iteration_time_ms"])
     assert host["slow_host"]["host1/1"]["cpu_ms"] is None and host["whatif"]["slow_host"] == {"host1": 1.5}
     for args, msg in ((["--slow-host", "host9=2"], "no host 'host9'"),
-                      (["--cpu-share", "host1=0.5"], "--cpu-share needs --slow-host")):
+                      (["--cpu-share", "host1=0.5"], "--cpu-share needs --slow-host"),
+                      (["--host-busy", "host1=0.9"], "--host-busy needs --slow-host"),
+                      (["--slow-host", "host1=2", "--host-busy", "host1=1.2"], "(0, 1]")):
         bad = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "replay", str(TWO_HOST), *args],
                              capture_output=True, text=True, cwd=ROOT)
         assert bad.returncode == 2 and msg in bad.stderr and len(bad.stderr.strip().splitlines()) <= 2, bad.stderr

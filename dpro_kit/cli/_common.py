@@ -170,6 +170,10 @@ def straggler_options() -> Callable[[F], F]:
             click.option("--cpu-share", "cpu_share", multiple=True, callback=_pairs(str, "HOST", "S", "0.5"), metavar="HOST=S",
                          help="With --slow-host: the part of its core HOST got while runnable when profiled (default "
                               "1; 0.5 beside a busy neighbour of equal weight)."),
+            click.option("--host-busy", "host_busy", multiple=True, callback=_pairs(str, "HOST", "B", "0.95"), metavar="HOST=B",
+                         help="With --slow-host: the part B (0-1] of its iteration HOST's training thread was runnable "
+                              "(running or waiting for a core) in the job without the profiler, e.g. from "
+                              "/proc/TID/schedstat; used instead of the collector's CPU record (docs/stragglers.md)."),
             click.option("--cpu-limit", "cpu_limit", multiple=True, callback=_pairs(str, "HOST", "CPUS", "0.667"), metavar="HOST=CPUS",
                          help="What if HOST's cgroup had a CPU quota of CPUS (0.667: 2/3 of a CPU; split over its "
                               "workers): Linux CFS - full speed until the period's quota is spent, then stopped "
