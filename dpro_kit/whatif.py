@@ -688,8 +688,10 @@ def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0
     ``busy``: the part ``B`` of its iteration the host's training thread was runnable (running, or
     ready and waiting for its core) in the job without the profiler, measured outside dpro (e.g.
     ``/proc/TID/schedstat``: ``bench/stragglers.py --sched``); it replaces the collector's record,
-    ``C / s = B T`` (a rank that polls while it waits for a transfer is runnable through it, and
-    beside a busy neighbour that whole time is slowed; docs/stragglers.md, "Eleventh run").
+    ``C / s = B T`` (a rank that polls while it waits for a transfer is runnable through it; where its
+    transfers are paced by its CPU, beside a busy neighbour that whole time is slowed — 1000 Mbit/s in
+    docs/stragglers.md, "Eleventh run"; where the wire paces them the polling is not on the critical
+    path and this over-predicts — 200 Mbit/s there).
     """
     seen = cpu_seen(ts.manifest.facts, [n for n, i in ts.manifest.nodes.items() if i.host == host])
     out: dict[str, dict[str, Any]] = {}
