@@ -106,6 +106,51 @@ def test_group_means_are_pandas_means():
     assert np.array_equal(first, pd.Series(np.arange(n)).groupby(gid).first().to_numpy())
 
 
+@pytest.mark.parametrize("node_runs", [True, False], ids=["node-runs", "interleaved"])
+def test_group_dense_is_group_reduce(node_runs):
+    """_group_dense (one pass through the dense node x op table; per-node scratch when each node's rows are
+    one run) gives _group_reduce's first rows and means, bit for bit, communication rows skipped."""
+    from dpro_kit.graph.arrays import _group_dense, _group_reduce
+    rng = np.random.default_rng(5)
+    n, nodes, nop = 60_000, 7, 300
+    nc = np.sort(rng.integers(0, nodes, n)) if node_runs else rng.integers(0, nodes, n)
+    nc = nc.astype(np.int32)
+    oc = rng.integers(0, nop, n).astype(np.int32)
+    kc = rng.integers(0, 3, n).astype(np.int16)
+    comm = np.array([False, True, False])
+    dur = rng.lognormal(0.0, 4.0, n) * rng.choice([1e-6, 1.0, 1e6], n)
+    dur[rng.integers(0, n, 300)] = np.nan
+    dur[(nc == 3) & (oc == 7)] = np.nan                # a group of NaN only
+    first, sums, table = _group_dense(nc, oc, kc, comm, dur, nop, nodes * nop, np.zeros(0, dtype=np.int32), n + 10)
+    rows = np.flatnonzero(~comm[kc])
+    comb = nc[rows].astype(np.int64) * nop + oc[rows]
+    _, idx, gid = np.unique(comb, return_index=True, return_inverse=True)
+    rank = np.empty(idx.size, dtype=np.int64)
+    rank[np.argsort(idx, kind="stable")] = np.arange(idx.size)     # groups by first appearance
+    f_ref, m_ref = _group_reduce(rank[gid], idx.size, dur[rows])
+    assert np.array_equal(first, rows[f_ref])
+    assert np.array_equal(sums[:first.size], m_ref, equal_nan=True)
+    assert np.isnan(m_ref).any() and sums.size >= n + 10
+
+
+def test_small_pages_restores_numpys_advice(monkeypatch):
+    """compile_trace and replay switch numpy's huge-page advice off inside and restore it; a user's
+    NUMPY_MADVISE_HUGEPAGE is left alone."""
+    from numpy._core.multiarray import _get_madvise_hugepage, _set_madvise_hugepage
+    from dpro_kit.replay.engine import small_pages
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+    was = _set_madvise_hugepage(True)
+    try:
+        with small_pages():
+            assert not _get_madvise_hugepage()
+        assert _get_madvise_hugepage()
+        monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
+        with small_pages():
+            assert _get_madvise_hugepage()
+    finally:
+        _set_madvise_hugepage(was)
+
+
 def _generations_reference(indptr, succ, indeg0):
     """Generation order written out (``nx.topological_sort``'s: generation by generation, children in
     the CSR's order; a duplicated edge counts twice, as in the CSR)."""

@@ -76,10 +76,12 @@ def compile_trace(ts: TraceSet) -> Any:
     (:func:`_group_reduce`); dependency lists and collectives become integer edge arrays
     through those codes; the keys stay codes into two name tables (:class:`~dpro_kit.replay.engine.OpKeys`).
     """
+    from ..replay.engine import small_pages
     gc_was = gc.isenabled()
     gc.disable()        # no reference cycles are made here; collections over a big heap cost ~30 %
     try:
-        return _compile_trace(ts)
+        with small_pages():         # first touches of 4 KB pages cost less here than huge pages
+            return _compile_trace(ts)
     finally:
         if gc_was:
             gc.enable()
@@ -483,7 +485,8 @@ def _encode_buffers(arr: Any, at: np.ndarray | None, runs: bool = False, dtype: 
     st = np.array([0, -1], dtype=np.int64)          # distinct values so far, last code
     limit = n // 4 if at is None and not runs else -1
     owit = np.zeros(0, dtype=np.int64 if pa.types.is_large_string(arr.type) else np.int32)
-    at_a = np.zeros(0, dtype=np.int64) if at is None else np.asarray(at, dtype=np.int64)
+    at_a = (np.zeros(0, dtype=np.int64) if at is None else at if at.dtype in (np.int32, np.int64)
+            else np.asarray(at, dtype=np.int64))      # (int32 rows as they come: no int64 copy)
     status = _encode_all(meta_a, owit, at_a, at is not None, bool(runs), codes, st, uh, pool, poff,
                          int(np.iinfo(dtype).max) + 1, limit)
     del keep
@@ -849,15 +852,34 @@ def _group_dense(nc, oc, kc, comm, dur, nop, ncomb, like, cap):  # pragma: no co
     Returns (each op's first row, the means: op ``g``'s mean duration as :func:`_group_reduce` computes
     it at ``[g]``, in an array of at least ``cap`` entries, the table: op per pair or -1); index arrays in
     ``like``'s type (int32 where the rows fit).  Arrays are allocated for every row (the means for
-    ``cap``) and touched only as far as used."""
+    ``cap``) and touched only as far as used.
+
+    When every node's rows are one run (what ``load_trace``'s concatenation of per-rank tables gives),
+    a node's ops are numbered ``g0 .. g0 + nop - 1`` at most, so the running sums' compensations and
+    counts live in two ``nop``-long scratch arrays, reset per node (12 bytes per row less fresh memory,
+    docs/scale.md "Eighth pass"); otherwise in arrays for every row."""
     table = np.full(ncomb, -1, dtype=like.dtype)        # (int32 where rows and pairs fit)
     n = nc.size
+    runs = True                                         # is each node's rows one run?
+    seen = np.zeros(ncomb // nop + 1 if nop > 0 else 1, dtype=np.bool_)
+    for i in range(n):
+        if i == 0 or nc[i] != nc[i - 1]:
+            if seen[nc[i]]:
+                runs = False
+                break
+            seen[nc[i]] = True
     first = np.empty(n, dtype=like.dtype)
     sumx = np.empty(max(n, cap))
-    comp = np.empty(n)
-    nobs = np.empty(n, dtype=like.dtype)
+    m = nop if runs else n
+    comp = np.empty(m)                                  # (per op: at g - base)
+    nobs = np.empty(m, dtype=like.dtype)
     ng = 0
+    base = 0
     for i in range(n):
+        if runs and i > 0 and nc[i] != nc[i - 1]:      # a node's last row: its ops' means, scratch reused
+            for g in range(base, ng):
+                sumx[g] = sumx[g] / nobs[g - base] if nobs[g - base] > 0 else np.nan
+            base = ng
         if comm[kc[i]]:
             continue
         c = np.int64(nc[i]) * nop + oc[i]
@@ -868,22 +890,23 @@ def _group_dense(nc, oc, kc, comm, dur, nop, ncomb, like, cap):  # pragma: no co
             ng += 1
             first[g] = i
             sumx[g] = 0.0
-            comp[g] = 0.0
-            nobs[g] = 0
+            comp[g - base] = 0.0
+            nobs[g - base] = 0
         val = dur[i]
         # as _group_reduce: pandas' group_mean, bit for bit.  Written out in both loops on purpose: the
         # same step as a shared @njit helper (even inline="always") made the two 2.5x slower (in-process
         # A/B, 2.6 M rows: 0.12-0.17 s vs 0.32-0.38 s CPU for both functions, equal results)
         if val == val:
-            nobs[g] += 1
-            y = val - comp[g]
+            j = g - base
+            nobs[j] += 1
+            y = val - comp[j]
             t = sumx[g] + y
-            comp[g] = t - sumx[g] - y
-            if comp[g] != comp[g]:
-                comp[g] = 0.0
+            comp[j] = t - sumx[g] - y
+            if comp[j] != comp[j]:
+                comp[j] = 0.0
             sumx[g] = t
-    for g in range(ng):                                 # the means, in place of the sums
-        sumx[g] = sumx[g] / nobs[g] if nobs[g] > 0 else np.nan
+    for g in range(base, ng):                           # the means, in place of the sums
+        sumx[g] = sumx[g] / nobs[g - base] if nobs[g - base] > 0 else np.nan
     return first[:ng], sumx, table
 
 
