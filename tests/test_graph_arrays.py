@@ -143,6 +143,9 @@ def test_small_pages_restores_numpys_advice(monkeypatch):
     try:
         with small_pages():
             assert not _get_madvise_hugepage()
+            with small_pages():                 # nested (or another thread's): restored by the outermost only
+                assert not _get_madvise_hugepage()
+            assert not _get_madvise_hugepage()
         assert _get_madvise_hugepage()
         monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
         with small_pages():

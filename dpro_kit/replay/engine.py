@@ -14,6 +14,7 @@ subgraph (``replay(g, ops=[...])``).
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from collections.abc import Sequence
@@ -28,15 +29,19 @@ from . import rules
 from ._kernel import njit, simulate
 
 
+_pages = {"lock": threading.Lock(), "depth": 0, "was": None}
+
+
 @contextmanager
 def small_pages():
-    """numpy's ``madvise(MADV_HUGEPAGE)`` on its large arrays off inside the block (restored after).
+    """numpy's ``madvise(MADV_HUGEPAGE)`` on its large arrays off inside the block (restored when the
+    outermost block of all threads ends).
 
     numpy advises transparent huge pages for every array of 4 MB or more; on this machine (a VM whose
-    ``transparent_hugepage/defrag`` is ``madvise``) a first touch of such memory cost ~2 ms of system time
-    per MB against ~0.3-0.6 ms with 4 KB pages, and the compile and the replay of a big job are mostly first
-    touches (docs/scale.md "Eighth pass").  Left alone when ``NUMPY_MADVISE_HUGEPAGE`` is set (the user's
-    choice) or numpy lacks the switch."""
+    ``transparent_hugepage/defrag`` is ``madvise``) a first touch of such memory cost ~1.3-2.4 ms of system
+    time per MB against ~0.3-0.8 ms with 4 KB pages, and the compile and the replay of a big job are mostly
+    first touches (docs/scale.md "Eighth pass").  Left alone when ``NUMPY_MADVISE_HUGEPAGE`` is set (the
+    user's choice) or numpy lacks the switch."""
     try:
         from numpy._core.multiarray import _set_madvise_hugepage
     except ImportError:                 # pragma: no cover - numpy < 2
@@ -47,11 +52,17 @@ def small_pages():
     if _set_madvise_hugepage is None or "NUMPY_MADVISE_HUGEPAGE" in os.environ:
         yield
         return
-    was = _set_madvise_hugepage(False)
+    with _pages["lock"]:                # (a process-wide switch: nested and concurrent blocks counted)
+        if _pages["depth"] == 0:
+            _pages["was"] = _set_madvise_hugepage(False)
+        _pages["depth"] += 1
     try:
         yield
     finally:
-        _set_madvise_hugepage(was)
+        with _pages["lock"]:
+            _pages["depth"] -= 1
+            if _pages["depth"] == 0:
+                _set_madvise_hugepage(_pages["was"])
 
 
 class OpKeys(Sequence):
