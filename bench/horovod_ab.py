@@ -67,6 +67,11 @@ def job(args, work: Path, model: str, rate: float, tag: str, *, iters: int, plan
     if not times.exists():
         print(f"  job failed ({tag}); see {work / 'jobs.log'}", flush=True)
         return None
+    if args.keep:       # every run's per-iteration times (an autotune run's: per sampled setting)
+        dst = Path(args.keep)
+        dst.mkdir(parents=True, exist_ok=True)
+        n = len(list(dst.glob(f"times-{tag}-*.json")))
+        shutil.copy(times, dst / f"times-{tag}-{n}.json")
     return times
 
 

@@ -22,8 +22,9 @@ With ``r_i`` the time tensor ``i`` is ready on every rank (tensors in Horovod's 
 ``C`` the cycle time, ``L`` the negotiation of a cycle (tick to its first copy) and
 ``D(B)`` the run time of a buffer ``B`` (copies and allreduce):
 
-* the first tick ``t_0 = r_min + phase`` (default ``phase = C/2``: the idle loop ticks every
-  ``C``, and the first gradient falls uniformly within a cycle);
+* the first tick ``t_0 = r_min + phase`` (default ``phase = C/2``: the first gradient falls
+  uniformly within a cycle; :func:`next_phase` instead carries the loop's ticks over from the
+  previous iteration, which is what locks a long cycle to the iteration);
 * tick ``t_j`` takes ``T_j = {i not yet taken: r_i <= t_j}``; an empty ``T_j`` is an idle
   tick (next tick ``t_j + C``);
 * ``T_j`` in order is cut into buffers: a buffer takes the next tensor while its bytes stay
@@ -49,7 +50,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-__all__ = ["Cycle", "cycles", "fuse"]
+__all__ = ["Cycle", "cycles", "fuse", "next_phase"]
 
 
 @dataclass
@@ -160,3 +161,30 @@ def cycles(ready: Sequence[float], sizes: Sequence[int], threshold: int, cycle_u
         out.append(Cycle(tick=float(t), buffers=bufs, start=start, end=end))
         t = max(t + cycle_us, at)
     return out
+
+
+def next_phase(last: Cycle, cycle_us: float, first_ready: float, jitter_us: Sequence[float] = (0.0,)) -> float:
+    """The next iteration's tick phase: from its first ready gradient to the loop's first tick after it.
+
+    The loop does not restart with an iteration: after the last cycle that took tensors (``last``)
+    the thread ticks at ``T_0 = max(last.tick + C, last.done)`` and every ``C`` after it (idle
+    ticks), so the next iteration's first tick is the first ``T_0 + k C`` at or after its first
+    ready gradient ``first_ready`` (same clock as ``last``).  A cycle longer than the work after
+    the tick locks to the iteration (the next tick comes ``C`` after the last one: an iteration of
+    ``C``, or of a multiple of it), a short one falls anywhere within ``C``.  ``jitter_us``: offsets
+    of ``first_ready`` (the iteration-to-iteration spread of real runs) over which the phase is
+    averaged; where the spread is larger than ``C`` the mean tends to ``C / 2``.
+
+    >>> c = Cycle(tick=0.0, buffers=[[0]], start=[0.0], end=[30.0])
+    >>> next_phase(c, 50.0, 40.0)       # ticks at 50, 100, ...: the first one after 40
+    10.0
+    >>> next_phase(c, 10.0, 41.0)       # ticks at 30, 40, 50, ...
+    9.0
+    """
+    t0 = max(last.tick + cycle_us, last.done)
+    out = []
+    for d in jitter_us:
+        r = first_ready + d
+        t = t0 if r <= t0 else (t0 + math.ceil((r - t0) / cycle_us) * cycle_us if cycle_us > 0 else r)
+        out.append(t - r)
+    return sum(out) / len(out)

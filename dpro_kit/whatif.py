@@ -300,6 +300,43 @@ def _hvd_batches(colls: list[Collective], threshold: int) -> list[list[int]]:
 
 #: most replay -> re-group rounds of :func:`horovod_knobs` (it stops earlier once the buffers repeat)
 HVD_ROUNDS = 4
+#: laps over the profiled iterations (in order, the last followed by the first) that carry Horovod's
+#: loop from one iteration to the next before its first-tick phases are used (:func:`_hvd_phases`)
+HVD_PHASE_LAPS = 3
+#: where the next iteration's first gradient falls, in units of the job's iteration spread: the
+#: quantiles of a normal distribution at (i + 0.5) / 7, over which the first tick's phase is averaged
+HVD_SPREAD_QUANTILES = (-1.465, -0.792, -0.366, 0.0, 0.366, 0.792, 1.465)
+
+
+def _hvd_phases(seen: dict[int, Any], sizes: list[int], threshold: int, c_us: float, negotiate_us: float,
+                spread_us: float) -> dict[int, float]:
+    """Per profiled iteration, its first tick's phase with Horovod's loop carried over from the iteration before.
+
+    ``seen``: iteration -> ``(ready, run, (start, tail))`` from :func:`_hvd_replayed` (``start`` the
+    iteration's first op, ``tail`` its end after the last buffer's copy out).  The iterations run in
+    order, back to back, the last followed by the first, :data:`HVD_PHASE_LAPS` times from a phase
+    of ``C / 2``; an iteration ends ``tail`` after its last cycle is done, and the next one's first
+    gradient is ready as long after that as in its own replay, give or take the job's iteration
+    spread ``spread_us`` (:data:`HVD_SPREAD_QUANTILES`): the phase is
+    :func:`dpro_kit.horovod_loop.next_phase` averaged over it.  A cycle much longer than the
+    spread locks to the iteration (measured: cycles of 82-100 ms ran iterations of the cycle,
+    50 ms ones iterations of 100 ms, where half a cycle per iteration predicted 1.6-1.7x the
+    default's and 1.36x); a much shorter one falls anywhere (about ``C / 2``).
+    """
+    from .horovod_loop import cycles, next_phase
+    its = list(seen)
+    if c_us <= 0:
+        return {it: 0.0 for it in its}
+    phase = {it: c_us / 2 for it in its}
+    jitter = [q * spread_us for q in HVD_SPREAD_QUANTILES]
+    for _ in range(HVD_PHASE_LAPS):
+        for k, it in enumerate(its):
+            ready, run, (_, tail) = seen[it]
+            last = cycles(ready, sizes, threshold, c_us, run, negotiate_us=negotiate_us, phase_us=phase[it])[-1]
+            nxt = its[(k + 1) % len(its)]
+            r_n, _, (s_n, _) = seen[nxt]
+            phase[nxt] = next_phase(last, c_us, last.done + tail + (min(r_n) - s_n), jitter)
+    return phase
 
 
 def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
@@ -324,7 +361,10 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
        ``C`` and a tick-to-copy time of ``n + L`` (``n = ring(8 bytes)``, the negotiation;
        ``L`` the largest over the nodes of their median profiled ``hvd:negotiate`` wait, which
        the reader measures after every rank was ready: the late tick's negotiation) gives the
-       cycles of each iteration; the job's buffers are those most iterations got (Horovod's
+       cycles of each iteration, its first tick where the loop carried over from the iteration
+       before puts it (:func:`_hvd_phases`: the profiled iterations back to back, the phase
+       averaged over the job's iteration spread, :func:`dpro_kit.readers.horovod.iteration_spread_us`;
+       a cycle longer than the iteration locks to it); the job's buffers are those most iterations got (Horovod's
        order within a cycle), and every iteration's waits come from the loop run with those
        buffers: a cycle's first buffer waits ``t_j + n + L - max(r_cycle + n, end of the
        previous buffer)`` (``t_j`` its tick), the other buffers of a cycle none;
@@ -412,11 +452,14 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
 
     neg = ring_us(negotiations[0].bytes if negotiations else 8)
     # the wait of a ring step for the core while the backward pass computes beside it
-    from .readers.horovod import shared_core_responses
+    from .readers.horovod import iteration_spread_us, shared_core_responses
     key = str(ts.path or "")
     if key not in _SHARED_CORE:
         _SHARED_CORE[key] = shared_core_responses(ts) if ts.manifest.raw_format == "horovod-torch" else []
     during = _SHARED_CORE[key]
+    if key not in _SPREAD:
+        _SPREAD[key] = iteration_spread_us(ts) if ts.manifest.raw_format == "horovod-torch" else 0.0
+    spread = _SPREAD[key]
     step_wait = _shared_core_step_us(during, ring_us, steps)
 
     def shared(buf: list[int], start: float, backward_end: float) -> float:
@@ -437,19 +480,22 @@ def horovod_knobs(ts: TraceSet, fusion_threshold_bytes: int | None = None,
     for _ in range(HVD_ROUNDS):
         seen, sims = {}, {}
         for it, ts_it in _split(out).items():
-            ready, runs = _hvd_replayed(ts_it, model, nodes, params, plan)
+            ready, runs, span = _hvd_replayed(ts_it, model, nodes, params, plan)
             end = max(ready)
 
             def run(b: list[int], start: float, runs=runs, end=end) -> float:
                 return (runs.get(tuple(b)) or estimate(b)) + shared(b, start, end)
-            seen[it] = (ready, run)
-            sims[it] = cycles(ready, sizes, t_new, c_us, run, negotiate_us=neg + lat_all)
+            seen[it] = (ready, run, span)
+        phase = _hvd_phases(seen, sizes, t_new, c_us, neg + lat_all, spread)
+        for it, (ready, run, _) in seen.items():
+            sims[it] = cycles(ready, sizes, t_new, c_us, run, negotiate_us=neg + lat_all, phase_us=phase[it])
         votes = Counter(repr([c.buffers for c in cs]) for cs in sims.values())   # ties: the first iteration's
         new_plan = next([c.buffers for c in cs] for cs in sims.values()
                         if repr([c.buffers for c in cs]) == votes.most_common(1)[0][0])
         new_waits = {}
-        for it, (ready, run) in seen.items():
-            forced = cycles(ready, sizes, t_new, c_us, run, negotiate_us=neg + lat_all, given=new_plan)
+        for it, (ready, run, _) in seen.items():
+            forced = cycles(ready, sizes, t_new, c_us, run, negotiate_us=neg + lat_all, given=new_plan,
+                            phase_us=phase[it])
             new_waits[it], prev_end = [], -math.inf
             for cyc in forced:
                 r_cyc = max(ready[i] for b in cyc.buffers for i in b)
@@ -489,6 +535,8 @@ def _shared_core_step_us(during: list[tuple[int, float]], ring_us: Any, steps: i
 #: trace folder -> :func:`dpro_kit.readers.horovod.shared_core_responses` (read once: a knob grid calls
 #: :func:`horovod_knobs` for every setting)
 _SHARED_CORE: dict[str, list[tuple[int, float]]] = {}
+#: trace folder -> :func:`dpro_kit.readers.horovod.iteration_spread_us`
+_SPREAD: dict[str, float] = {}
 
 
 def _split(ts: TraceSet) -> dict[int, TraceSet]:
@@ -516,7 +564,8 @@ def _hvd_replayed(ts: TraceSet, model: CommModel, nodes: list[str], params: list
     runs = {tuple(b): max(at(res.end, n, f"{HVD}memcpy_out:hvd{k}") for n in nodes) -
             max(at(res.start, n, f"{HVD}memcpy_in:hvd{k}") for n in nodes) - max(waited(n, k) for n in nodes)
             for k, b in enumerate(bufs)}
-    return ready, runs
+    last = max(at(res.end, n, f"{HVD}memcpy_out:hvd{len(bufs) - 1}") for n in nodes)
+    return ready, runs, (float(np.min(res.start)), float(np.max(res.end)) - last)
 
 
 def _hvd_rebuild(ts: TraceSet, colls: list[Collective], negotiations: list[Collective], nodes: list[str],

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpro_kit.horovod_loop import cycles, fuse
+from dpro_kit.horovod_loop import Cycle, cycles, fuse, next_phase
 
 
 def summary(cs):
@@ -82,6 +82,35 @@ def test_every_tensor_once_and_ticks_in_order(cycle_us):
     assert sorted(taken) == list(range(len(ready)))
     assert all(ready[i] <= c.tick for c in cs for b in c.buffers for i in b)
     assert all(b.tick >= max(a.tick + cycle_us, a.done) for a, b in zip(cs, cs[1:]))
+
+
+def test_next_phase_carries_the_ticks_over():
+    """After a cycle ticked at 0 and done at 30 ms the loop ticks at max(0 + C, 30) and every C after."""
+    last = Cycle(tick=0.0, buffers=[[0]], start=[0.0], end=[30000.0])
+    assert next_phase(last, 50000.0, 40000.0) == 10000.0      # the tick C after the last one, not C/2
+    assert next_phase(last, 10000.0, 41000.0) == 9000.0       # ticks 30, 40, 50 ms: the one at 50
+    assert next_phase(last, 10000.0, 30000.0) == 0.0          # ready at the late tick itself
+    assert next_phase(last, 0.0, 41000.0) == 0.0              # no cycle time: ticks when ready
+    # spread over the next first gradient: the mean of the phases (ticks 30, 40, 50 ms)
+    assert next_phase(last, 10000.0, 41000.0, [-2000.0, 0.0, 2000.0]) == pytest.approx((1000 + 9000 + 7000) / 3)
+
+
+def test_a_cycle_longer_than_the_iteration_locks_to_it():
+    """Iterations whose gradient is ready 5 ms after they start and whose buffer runs 20 ms, then 3 ms of tail.
+
+    With C = 50 ms the loop ticks every C and each iteration waits for the next tick: carried
+    over, every iteration takes exactly 50 ms (the first tick C after the previous one), where
+    half a cycle per iteration would give 5 + 25 + 20 + 3 = 53 ms.
+    """
+    c, start, lengths = 50000.0, 0.0, []
+    phase = c / 2
+    for _ in range(6):
+        last = cycles([start + 5000.0], [8], 1 << 20, c, lambda b, s: 20000.0, phase_us=phase)[-1]
+        end = last.done + 3000.0
+        lengths.append(end - start)
+        phase = next_phase(last, c, end + 5000.0)
+        start = end
+    assert lengths[0] == 53000.0 and lengths[1:] == [50000.0] * 5
 
 
 def test_every_rank_takes_the_coordinators_fusion_groups():

@@ -44,6 +44,7 @@ time) and Horovod's response cache (its hits are faster negotiations, included a
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,7 @@ from ..trace import Manifest, NodeTrace, OpKind, make_events
 from . import kineto as K
 from . import torch_kineto as TK
 
-__all__ = ["FORMAT", "finish", "read_node", "load_timeline", "responses", "shared_core_responses", "summarize",
+__all__ = ["FORMAT", "finish", "iteration_spread_us", "read_node", "load_timeline", "responses", "shared_core_responses", "summarize",
            "TensorRecord", "Response", "unprofiled_comm_events"]
 
 FORMAT = HOROVOD_RAW_FORMAT
@@ -360,6 +361,31 @@ def shared_core_responses(ts: Any) -> list[tuple[int, float]]:
                 if all(t in pinfo for t in r.tensors):
                     out.append((sum(pinfo[t][1] for t in r.tensors), r.allreduce[1] - r.allreduce[0]))
     return out
+
+
+def iteration_spread_us(ts: Any) -> float:
+    """How much a rank's unprofiled iterations vary (us): 1.4826 x their median absolute deviation.
+
+    From every worker's ``meta.json`` steps (the first two, start-up, and the profiled ones left
+    out; the median over the workers).  :func:`dpro_kit.whatif.horovod_knobs` averages where the
+    next iteration's first gradient falls between Horovod's ticks over it.  0 when unknown.
+
+    Parameters
+    ----------
+    ts : TraceSet
+        A trace of this format (``ts.path`` must be its directory).
+    """
+    if not ts.path:
+        return 0.0
+    per_node = []
+    for node in ts.manifest.workers():
+        meta = TK._load_meta(Path(ts.path) / ts.manifest.node_dir(node))
+        durs = sorted(float(s["dur_us"]) for s in meta.get("steps") or []
+                      if not s.get("profiled") and int(s.get("step", 0)) >= 2)
+        if len(durs) >= 3:
+            med = statistics.median(durs)
+            per_node.append(1.4826 * statistics.median(abs(d - med) for d in durs))
+    return float(statistics.median(per_node)) if per_node else 0.0
 
 
 def _bytes_of(meta: dict[str, Any]) -> dict[str, tuple[int, int, str]]:
