@@ -25,6 +25,10 @@ The autotuner's sampling (``HOROVOD_AUTOTUNE_WARMUP_SAMPLES``, ``..._STEPS_PER_S
     python bench/horovod_ab.py --configs cnn-100,cnn-300,mlp-300 --json ab.json --keep ab/
     python bench/horovod_ab.py --configs cnn-300 --pin 0,1      # one core per host, no CFS quota
 
+``--keep DIR`` keeps the profile, the plan, the autotuner's logs and every run's per-iteration times
+(``times-<config>-<variant>-<n>.json``): ``bench/horovod_autotune_sweep.py DIR`` puts every setting the
+autotuner sampled next to the what-if of the profile.
+
 ``--pin`` as in bench/horovod_accuracy.py: each host pinned to its cores (``dpro_kit.jobs.CpuBudget``
 ``cpusets``) with no CFS quota, for the profile and every measured run.
 """
