@@ -42,6 +42,7 @@ provoked: the job's allocations are not capped), predicted = ``dpro simulate --m
     python bench/simulate_accuracy.py --repredict bench-simulate/rows.json
     python bench/simulate_accuracy.py --pin 0,1 --rounds 1 --prefix sim7 --out bench-pinned   # one core per host
     python bench/simulate_accuracy.py --reprofile bench-simulate/rows.json --models mlp --out bench-reprofile
+    python bench/simulate_accuracy.py --remeasure-memory bench-simulate/rows.json --out bench-memory   # memory only
 
 Writes ``OUT/rows.json`` (every measurement, kept traces) after every job, so a cut-off run keeps
 what it measured.
@@ -117,12 +118,16 @@ def rank_fractions(sfiles: list[Path]) -> list[float]:
     return sorted((x for x in out if x < 1.0), reverse=True)
 
 
-def simulate(trace: str, sfile: Path, rate: float, cap_bytes: int | None, at_batch: list[str] = ()) -> dict[str, Any]:
-    """``dpro simulate --json``: predicted ms, peak bytes (largest device), OOM verdict (with a cap)."""
+def simulate(trace: str, sfile: Path, rate: float, cap_bytes: int | None, at_batch: list[str] = (),
+             profiled_peak: int | None = None) -> dict[str, Any]:
+    """``dpro simulate --json``: predicted ms, peak bytes (largest device), OOM verdict (with a cap);
+    ``profiled_peak``: the single process's measured peak (``--profiled-peak``)."""
     cmd = DPRO + ["simulate", trace] + [a for t in at_batch for a in ("--profile-at-batch", t)] + [
         "--strategy", str(sfile), "--bandwidth-mbps", f"{rate:g}", "--json"]
     if cap_bytes is not None:
         cmd += ["--memory-limit", str(int(cap_bytes))]
+    if profiled_peak is not None:
+        cmd += ["--profiled-peak", str(int(profiled_peak))]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **ENV})
     if p.returncode != 0:
         return {"error": f"exit {p.returncode}: {p.stderr.strip()[-300:]}", "cmd": " ".join(cmd[2:])}
@@ -239,11 +244,48 @@ def predict(rows: dict[str, Any], at_batch: bool = True) -> None:
         trace = rows["profiles"][r["model"]]["trace"]
         cap = rows["caps"].get(r["model"])
         r["pred"] = simulate(trace, _sfile(r), r["rate"], cap, [p["trace"] for p in extra.get(r["model"], [])])
+    single = rows.get("single_memory") or {}
     for r in rows["memory"]:
         trace = rows["profiles"][r["model"]]["trace"]
         rate = rows["rates"][0]
         r["pred"] = simulate(trace, _sfile(r), rate, rows["caps"].get(r["model"]),
-                             [p["trace"] for p in extra.get(r["model"], [])])
+                             [p["trace"] for p in extra.get(r["model"], [])],
+                             (single.get(r["model"]) or {}).get("peak_bytes"))
+
+
+def memory_run(model: str, sfile: Path | None, ranks: int, out: Path, iters: int, warmup: int) -> dict[str, Any]:
+    """One ``train.py --memory`` run on loopback under ``nice -n 19`` (memory does not depend on the CPU
+    share or the link: the emulated hosts are not needed, and the run takes no bench lock): the largest
+    rank's ``peak_bytes``."""
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"{model}-{sfile.stem if sfile else 'single'}"
+    times = out / f"mem-{tag}.json"
+    argv = ["nice", "-n", "19", PY, str(TRAIN), "--model", model, "--memory", "--ranks", str(ranks), "--warmup",
+            str(warmup), "--iters", str(iters), "--threads", "1", "--quiet", "--json-out", str(times)]
+    if sfile is not None:
+        argv += ["--strategy", str(sfile)]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=900, env={**os.environ, **ENV})
+    if p.returncode != 0 or not times.exists():
+        raise RuntimeError(f"memory run {tag} failed (exit {p.returncode}): {p.stderr.strip()[-300:]}")
+    doc = json.loads(times.read_text())
+    print(f"  memory {tag}: {max(doc['peak_bytes'].values()) / 2**20:.2f} MiB", flush=True)
+    return {"peak_bytes": max(doc["peak_bytes"].values()), "per_rank": doc["peak_bytes"],
+            "peak_rss_mib": doc["peak_rss_mib"], "cmd": " ".join(argv[3:])}
+
+
+def remeasure_memory(a: argparse.Namespace, rows: dict[str, Any], models: list[str]) -> None:
+    """Peak memory again, every strategy of ``rows`` and the single process (the profiled configuration,
+    ``--profiled-peak``), with this checkout's ``train.py``; caps recomputed from the new peaks."""
+    rows.setdefault("single_memory", {})
+    for model in models:
+        rows["single_memory"][model] = memory_run(model, None, 1, a.out, a.iters, a.warmup)
+        for r in rows["memory"]:
+            if r["model"] == model:
+                j = memory_run(model, _sfile(r), strategy_ranks(_sfile(r)), a.out, a.iters, a.warmup)
+                r.update(measured_peak_bytes=j["peak_bytes"], peak_rss_mib=j["peak_rss_mib"], memory_cmd=j["cmd"])
+        peaks = sorted(r["measured_peak_bytes"] for r in rows["memory"] if r["model"] == model)
+        k = max(1, len(peaks) // 2)
+        rows["caps"][model] = int(a.cap_mib * 2**20) if a.cap_mib else int((peaks[k - 1] + peaks[min(k, len(peaks) - 1)]) / 2)
 
 
 def f(x: float | None, fmt: str = "{:.2f}") -> str:
@@ -286,6 +328,9 @@ def tables(rows: dict[str, Any]) -> str:
             out.append(f"| {r['model']} | {r['batch']} | {r['measured_ms']:.2f} | {r['profiled_window_ms']:.2f} | "
                        f"{f(r.get('unprofiled_in_profile_ms'))} | "
                        f"{f(r.get('replay_ms'))} | {f(pct(r.get('replay_ms'), r['measured_ms']), '{:+.1f}')} |")
+    for model, sm in (rows.get("single_memory") or {}).items():
+        out.append(f"\n{model}: the single process (profiled configuration) measured {sm['peak_bytes'] / 2**20:.2f} MiB "
+                   f"(`{sm['cmd']}`), given as --profiled-peak")
     out += ["", "| model | strategy | measured peak MiB (largest rank) | predicted MiB | error % | cap MiB | "
                 "measured OOM | predicted OOM |", "|---|---|---|---|---|---|---|---|"]
     for r in rows["memory"]:
@@ -382,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reprofile", type=Path, default=None,
                     help="rows.json of an earlier run: run only the profiles again (--models, --profile-batches) into "
                          "--out and predict that run's measurements from them")
+    ap.add_argument("--remeasure-memory", type=Path, default=None, metavar="ROWS",
+                    help="rows.json of an earlier run: measure peak memory again (every strategy and the single "
+                         "process, train.py --memory on loopback at nice 19: no emulated hosts, no lock needed), "
+                         "recompute the caps, predict with --profiled-peak, write --out/rows.json")
     ap.add_argument("--no-predict", action="store_true",
                     help="run the jobs and stop (no dpro simulate / replay: those need no lock on a shared machine); "
                          "predict later with --repredict OUT/rows.json")
@@ -406,6 +455,18 @@ def main(argv: list[str] | None = None) -> int:
         if a.no_predict:
             print(f"measured; predict with: {Path(sys.argv[0]).name} --repredict {a.out / 'rows.json'}")
             return 0
+        predict(rows)
+        save(a, rows)
+        print(tables(rows))
+        return 0
+    if a.remeasure_memory:
+        rows = json.loads(a.remeasure_memory.read_text())
+        models = [m for m in a.models.split(",") if m]
+        rows["memory"] = [r for r in rows["memory"] if r["model"] in models]
+        rows["time"] = [r for r in rows["time"] if r["model"] in models]
+        a.out.mkdir(parents=True, exist_ok=True)
+        remeasure_memory(a, rows, models)
+        save(a, rows)
         predict(rows)
         save(a, rows)
         print(tables(rows))

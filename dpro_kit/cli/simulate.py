@@ -36,8 +36,10 @@ A strategy file (YAML or JSON; docs/simulate.md):
 Output: the predicted iteration time; its breakdown per rank (compute, exposed
 communication, bubble = waiting on other ranks / pipeline fill and drain), which
 add up to the time; memory per rank: each part at its largest (parameters, gradients,
-optimizer state, buffers, gathered parameters, activations, transient) and the peak of the
-replayed memory timeline, which the OOM verdict compares with the limit.
+optimizer state, buffers, gathered parameters, activations, transient, runtime) and the peak of
+the replayed memory timeline (which also holds the collectives' buffers while they run), which the
+OOM verdict compares with the limit.  --profiled-peak: the profiled process's measured peak; the
+part of it the model does not explain is added to every device.
 With --compare, the strategies ranked: those that fit first, fastest first.
 
 \b
@@ -62,6 +64,10 @@ interpolated between the measured batch sizes (docs/simulate.md).
 @click.option("--memory-limit", default=None, metavar="SIZE",
               help="Memory per device (8GiB, 512MB, bytes): each strategy gets an OOM verdict. "
                    "Overrides the files' memory_limit.")
+@click.option("--profiled-peak", default=None, metavar="SIZE",
+              help="The profiled process's measured peak memory (e.g. examples/strategies/train.py --ranks 1 "
+                   "--memory: peak_bytes): what the model has no part for in it (framework buffers, Python objects, "
+                   "autograd temporaries) is added to every device as 'runtime' (docs/simulate.md \"Memory\").")
 @click.option("--bandwidth-mbps", type=float, default=None,
               help="Link rate between hosts (Mbit/s) for every strategy, overriding the files' bandwidth_mbps. "
                    "Default: the file's, else the profile's link model (10 Gbit/s for a one-process profile).")
@@ -77,7 +83,7 @@ interpolated between the measured batch sizes (docs/simulate.md).
                    "Chrome/Perfetto trace JSON (open in https://ui.perfetto.dev).")
 @output_options("Print one JSON object: the model, every strategy's prediction, the ranking.")
 def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], at_batch: tuple[Path, ...],
-             memory_limit: str | None,
+             memory_limit: str | None, profiled_peak: str | None,
              bandwidth_mbps: float | None, device_model: str, overlap_factor: float, timeline: Path | None,
              as_json: bool, quiet: bool) -> None:
     """Predict how a training job would run under other parallelization strategies.
@@ -96,6 +102,7 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], at_b
     if bandwidth_mbps is not None and not bandwidth_mbps > 0:
         raise DproError(f"--bandwidth-mbps must be > 0, got {bandwidth_mbps}")
     limit = parse_memory(memory_limit, record="--memory-limit") if memory_limit is not None else None
+    measured = parse_memory(profiled_peak, record="--profiled-peak") if profiled_peak is not None else None
     strategies = [load_strategy(p) for p in (strategy_path, *compare)]   # all files checked before any work
     from ..simulate.predict import pick_device_model
     dm = pick_device_model() if device_model == "auto" else device_model
@@ -107,6 +114,9 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], at_b
     model = from_profile(profile, session=session)
     if at_batch:
         fit_batches(model, [from_profile(p, allocator=False) for p in at_batch])
+    if measured is not None:
+        from ..simulate.predict import with_measured_peak
+        model = with_measured_peak(model, measured)
     cm = session.comm_model
     default_bw = cm.default.bandwidth_Bps if cm is not None and cm.origin != "default" else None
     preds = [predict(model, s, bandwidth_mbps=bandwidth_mbps, default_bandwidth_Bps=default_bw, memory_limit=limit,
@@ -173,11 +183,11 @@ def _print_prediction(p) -> None:
                                         else f"  -> fits (limit {limit / 2**20:.1f} MiB)")
     click.echo(f"  peak memory: {p.peak_memory_bytes / 2**20:.2f} MiB (largest rank, replayed timeline){verdict}")
     click.echo("  rank stage  compute  exp.comm   bubble |  params   grads   optim  buffers gathered    acts   trans"
-               "     sum | peak (MiB) at ms")
+               " runtime     sum | peak (MiB) at ms")
     for r in p.per_rank:
         m = r["memory"]
-        mib = [m[k] / 2**20 for k in ("params", "grads", "optimizer", "comm_buffers", "gathered_params",
-                                       "activations", "transient", "parts_sum")]
+        mib = [m.get(k, 0) / 2**20 for k in ("params", "grads", "optimizer", "comm_buffers", "gathered_params",
+                                              "activations", "transient", "runtime", "parts_sum")]
         click.echo(f"  {r['rank']:>4} {r['stage']:>5} {r['compute_ms']:8.2f} {r['exposed_comm_ms']:9.2f} "
                    f"{r['bubble_ms']:8.2f} | " + " ".join(f"{v:7.2f}" for v in mib)
                    + f" | {m['peak'] / 2**20:10.2f} {m['peak_ms']:6.2f}")

@@ -381,27 +381,41 @@ class _Builder:
                name=name, tensor=tensor, source="model")
         return key
 
-    def collective(self, kind: str, group: list[str], nbytes: float, deps: dict[str, list[str]], tag: str) -> dict[str, str]:
+    def collective(self, kind: str, group: list[str], nbytes: float, deps: dict[str, list[str]], tag: str,
+                   buffer: float = 0.0) -> dict[str, str]:
         """A ring collective over ``group``; returns node -> its Out op (ready when the result is).
 
         ``kind``: ``allreduce`` (2(k-1) steps), ``reduce_scatter`` or ``all_gather`` (k-1 steps);
-        ``nbytes``: the whole tensor (each step moves ``nbytes / k`` per rank).
+        ``nbytes``: the whole tensor (each step moves ``nbytes / k`` per rank); ``buffer``: bytes the
+        caller holds on each rank while it runs (FSDP's flat all-gather output / reduce-scatter input).
+        On a gloo profile the library's own buffers are held too: :func:`gloo_ring_scratch` for an
+        all-reduce (and a reduce-scatter, which gloo runs as one), the whole ``nbytes`` for an
+        all-gather (gathered into a flat buffer of its own, then copied out).
         """
         self.n_coll += 1
         tensor = f"{tag}#{self.n_coll}"
         nb = int(round(nbytes))
         coll = Collective(tensor=tensor, op="allreduce", bytes=nb, participants=list(group))
         self.collectives.append({"kind": kind, "group": list(group), "bytes": nb, "tag": tag, "tensor": tensor})
-        if kind == "allreduce" or (kind == "reduce_scatter" and self.rs_as_allreduce):
+        as_allreduce = kind == "allreduce" or (kind == "reduce_scatter" and self.rs_as_allreduce)
+        if as_allreduce:
             ring_allreduce(self.ctx, coll)
         else:
             _ring_half(self.ctx, coll, kind)
+        # gloo's own buffers while the collective runs (measured: docs/simulate.md "Memory, 2026-11-28")
+        scratch = 0.0
+        if self.rs_as_allreduce and len(group) > 1:
+            scratch = gloo_ring_scratch(nb, len(group)) if as_allreduce else float(nb)
+        scratch += float(buffer)
         out = {}
         for r in group:
             kin, kout = self.ctx.in_out(coll, r)
             for d in deps.get(r, []):
                 self.g.add_edge(d, kin)
             out[r] = kout
+            if scratch:
+                _mem(self.g, kin, alloc=scratch)
+                _mem(self.g, kout, free=scratch)
         return out
 
     def p2p(self, src: str, dst: str, nbytes: float, deps: list[str], tag: str) -> str:
@@ -415,6 +429,35 @@ class _Builder:
         for dep in deps:
             self.g.add_edge(dep, ks)
         return kr
+
+
+#: gloo's ring all-reduce sends at most this many bytes per send/recv (``AllreduceOptionsImpl::kMaxSegmentSize``)
+GLOO_MAX_SEGMENT = 1 << 20
+
+
+def gloo_ring_scratch(nbytes: float, k: int, elem: int = 4) -> float:
+    """Bytes gloo's ring all-reduce allocates while it runs: two segments (gloo ``allreduce.cc``
+    ``ring``: ``tmpAllocation(new uint8_t[segmentBytes * 2])``, one segment in flight while the
+    other is reduced).  The input is cut into ``numSegments`` = ``max(ceil(bytes / 1 MiB), 2k)``
+    rounded up to a multiple of ``k``; a segment is ``ceil(bytes / numSegments)`` rounded up to the
+    element size.  (The other gloo collectives FSDP2 uses on a CPU, an all-gather into a flat
+    buffer, allocate the whole output instead: :meth:`_Builder.collective`.)
+
+    >>> gloo_ring_scratch(4 << 20, 2)          # 4 segments of 1 MiB, two of them
+    2097152
+    >>> gloo_ring_scratch(1 << 20, 2)          # at least 2k = 4 segments: 2 x 256 KiB
+    524288
+    >>> gloo_ring_scratch(7 << 20, 2)          # 8 segments (7 rounded up to a multiple of 2): 2 x 896 KiB
+    1835008
+    """
+    nb = int(nbytes)
+    if nb <= 0 or k < 2:
+        return 0
+    nseg = max(-(-nb // GLOO_MAX_SEGMENT), 2 * k)
+    nseg = -(-nseg // k) * k
+    seg = -(-nb // nseg)
+    seg = -(-seg // elem) * elem
+    return 2 * seg
 
 
 def _ring_half(ctx: CommContext, coll: Collective, kind: str) -> None:
@@ -652,10 +695,10 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
     for r in range(st.ranks):
         s = stage_of[r]
         plans = stage_plans[s]
-        memory[r] = stage_memory(plans, s, st, opt_ratio, model.transient_bytes)
+        memory[r] = stage_memory(plans, s, st, opt_ratio, model.transient_bytes, model.runtime_bytes)
     for s, plans in enumerate(stage_plans):
         annotate_memory(b.g, plans, s, st, [nodes[r] for r in range(st.ranks) if stage_of[r] == s],
-                        model.transient_bytes, opt_ratio)
+                        model.transient_bytes, opt_ratio, model.runtime_bytes)
     return Compiled(graph=b.g, nodes=nodes, stage_of=stage_of,
                     stage_layers=[[pl.layer.name for pl in plans] for plans in stage_plans], memory=memory,
                     collectives=b.collectives, comm_model=cm, notes=notes)
@@ -733,8 +776,9 @@ def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,
                 elif j > 0:
                     dl.append(op_key(nd, f"F mb{j - 1} {plans[-1].layer.name} seg{len(plans[-1].segments) - 1}"))
                 deps[nd] = dl + before(nd, op_key(nd, f"F mb{j} {pl.layer.name} seg0"))
-            outs = b.collective("all_gather", group, pl.params_local, deps, f"fsdp all_gather fwd mb{j} {pl.layer.name}")
-            gathered = pl.params_local * (1 - 1 / len(group))
+            outs = b.collective("all_gather", group, pl.params_local, deps, f"fsdp all_gather fwd mb{j} {pl.layer.name}",
+                                buffer=pl.params_local)
+            gathered = pl.params_local      # the unsharded parameters, beside the rank's shard
             for nd in group:
                 last[nd] = outs[nd]
                 b.g.add_edge(outs[nd], op_key(nd, f"F mb{j} {pl.layer.name} seg0"))
@@ -744,7 +788,8 @@ def _fsdp_units(b: _Builder, plans: list[LayerPlan], group: list[str], m: int,
     for li in reversed(units):
         pl = plans[li]
         deps = {nd: [_bwd_layer_done_key(nd, m - 1, plans, li)] for nd in group}
-        outs = b.collective("reduce_scatter", group, pl.params_local, deps, f"fsdp reduce_scatter {pl.layer.name}")
+        outs = b.collective("reduce_scatter", group, pl.params_local, deps, f"fsdp reduce_scatter {pl.layer.name}",
+                            buffer=pl.params_local)     # the gradients copied into one flat input
         for nd in group:
             upd_deps[nd].append(outs[nd])
             nxt = after(nd, deps[nd][0])
@@ -776,8 +821,9 @@ def _fsdp_bwd(b: _Builder, plans: list[LayerPlan], units: list[int], group: list
                 dl.append(op_key(nd, f"F mb{j} {plans[-1].layer.name} seg{len(plans[-1].segments) - 1}"))
             entry[nd] = _bwd_entry_key(nd, j, plans, (host, len(plans[host].segments) - 1))
             deps[nd] = dl + (before(nd, entry[nd]) if before is not None else [])
-        outs = b.collective("all_gather", group, pl.params_local, deps, f"fsdp all_gather bwd mb{j} {pl.layer.name}")
-        gathered = pl.params_local * (1 - 1 / len(group))
+        outs = b.collective("all_gather", group, pl.params_local, deps, f"fsdp all_gather bwd mb{j} {pl.layer.name}",
+                            buffer=pl.params_local)
+        gathered = pl.params_local
         for nd in group:
             last[nd] = outs[nd]
             b.g.add_edge(outs[nd], _bwd_entry_key(nd, j, plans, (li, len(pl.segments) - 1)))
@@ -798,11 +844,12 @@ def _mem(g: nx.DiGraph, key: str, alloc: float = 0.0, free: float = 0.0) -> None
 
 
 def annotate_memory(g: nx.DiGraph, plans: list[LayerPlan], stage: int, st: Strategy, nodes: list[str],
-                    transient_bytes: float, opt_ratio: float) -> None:
+                    transient_bytes: float, opt_ratio: float, runtime_bytes: float = 0.0) -> None:
     """Memory of one stage's ranks as op attributes, for a replay (Proteus §VI-B: the executor tracks
     every tensor's allocation and release).
 
-    ``memory_base`` = resident parameters + optimizer state + DDP buffers; a layer's gradients
+    ``memory_base`` = resident parameters + optimizer state + DDP buffers + the process's runtime
+    bytes (:attr:`ModelGraph.runtime_bytes`); a layer's gradients
     (``P``, unsharded) are taken when its first backward starts; per micro-batch, a forward segment
     takes its activations (``A_seg/m``; a recomputed layer only its input ``I/m``), the recompute op
     takes the layer's ``A/m``, each backward segment gives its ``A_seg/m`` back (the last one also the
@@ -811,7 +858,7 @@ def annotate_memory(g: nx.DiGraph, plans: list[LayerPlan], stage: int, st: Strat
     """
     dp, m = st.dp, st.micro_batches
     div = dp * m
-    base = 0.0
+    base = float(runtime_bytes)
     for pl in plans:
         P, sh = pl.params_local, pl.settings.sharding
         base += (P / dp if sh in SHARDED_PARAMS else P) + opt_ratio * (P / dp if sh != "none" else P)
@@ -876,13 +923,14 @@ def _bwd_layer_done_key(node: str, j: int, plans: list[LayerPlan], li: int) -> s
 
 
 def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: float,
-                 transient_bytes: float = 0.0) -> dict[str, float]:
+                 transient_bytes: float = 0.0, runtime_bytes: float = 0.0) -> dict[str, float]:
     """Peak memory of a rank of ``stage`` (bytes), by part (docs/simulate.md "Memory").
 
     params ``P/dp`` for zero2/zero3/fsdp layers else ``P`` (P: TP-local bytes); grads ``P/dp`` for
     zero2/zero3/fsdp; optimizer state ``ratio x P/dp`` for any sharding; DDP's flat bucket
-    buffers (none, zero1; dp > 1) = their gradients; gathered parameters: every zero2 unit's
-    ``(1 - 1/dp) P`` (held from forward to backward) + the two largest adjacent zero3/fsdp units'; activations = ``c``
+    buffers (none, zero1; dp > 1) = their gradients; gathered parameters (unsharded, beside the
+    shard): every zero2 unit's ``P`` (held from forward to backward) + the two largest adjacent
+    zero3/fsdp units'; runtime: :attr:`ModelGraph.runtime_bytes` on every rank; activations = ``c``
     micro-batches in flight x per micro-batch bytes (``A/m``; a recomputed layer keeps its
     input ``I/m``) + the largest recomputed layer's ``A/m`` (re-materialised for its backward);
     transient (the loss's and backward's temporaries, :attr:`ModelGraph.transient_bytes`) ``/m``
@@ -903,8 +951,8 @@ def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: fl
         opt += opt_ratio * (P / dp if sh != "none" else P)
         if sh in DDP_SYNC and dp > 1:
             bufs += P
-        unit_full.append(P * (1 - 1.0 / dp) if sh in ("zero3", "fsdp") else 0.0)
-        held += P * (1 - 1.0 / dp) if sh == "zero2" else 0.0
+        unit_full.append(P if sh in ("zero3", "fsdp") else 0.0)
+        held += P if sh == "zero2" else 0.0
         if pl.settings.recompute:
             kept += pl.layer.input_bytes / div
             recomp_peak = max(recomp_peak, pl.act_local / div)
@@ -915,10 +963,11 @@ def stage_memory(plans: list[LayerPlan], stage: int, st: Strategy, opt_ratio: fl
     acts = c * kept + recomp_peak
     transient = transient_bytes / div if stage == st.stages - 1 else 0.0
     out = {"params": params, "grads": grads, "optimizer": opt, "comm_buffers": bufs, "gathered_params": gathered,
-           "activations": acts, "transient": transient, "in_flight_micro_batches": c}
-    out["peak"] = params + grads + opt + bufs + gathered + acts + transient
+           "activations": acts, "transient": transient, "runtime": float(runtime_bytes), "in_flight_micro_batches": c}
+    out["peak"] = params + grads + opt + bufs + gathered + acts + transient + float(runtime_bytes)
     return out
 
 
-__all__ = ["Compiled", "FIRST_BUCKET_BYTES", "LayerPlan", "annotate_memory", "even_stages", "Segment", "compile_strategy", "comm_model_for",
+__all__ = ["Compiled", "FIRST_BUCKET_BYTES", "GLOO_MAX_SEGMENT", "LayerPlan", "annotate_memory", "even_stages", "Segment",
+           "compile_strategy", "comm_model_for", "gloo_ring_scratch",
            "ddp_buckets", "in_flight", "partition_stages", "plan_layers", "schedule_order", "stage_memory"]

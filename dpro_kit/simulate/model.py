@@ -160,6 +160,8 @@ class ModelGraph:
         Optimizer state of the whole model (collector's record, else 1 x parameters: SGD momentum).
     transient_bytes : int
         With allocator samples: the traced peak minus the parts the memory model counts.
+    runtime_bytes : int
+        The profiled process's measured peak minus its modelled one (0 unless measured).
     activation_source : str
         Where the layers' activation bytes come from.
     source : str
@@ -177,6 +179,10 @@ class ModelGraph:
     #: memory at the traced peak beyond parameters, gradients, optimizer state, buffers and saved
     #: activations (temporaries of the loss and backward), from allocator samples; 0 without them
     transient_bytes: int = 0
+    #: memory every process holds that no part of the model is: framework and library buffers, Python
+    #: objects, autograd's temporaries -- the profiled process's measured peak minus its modelled one
+    #: (:func:`dpro_kit.simulate.predict.with_measured_peak`); 0 when not measured
+    runtime_bytes: int = 0
     activation_source: str = ""
     #: the profiled job's communication backend (``manifest.comm_backend``: gloo, nccl, ...)
     comm_backend: str = ""
@@ -209,7 +215,8 @@ class ModelGraph:
         return {"source": self.source, "update_us": self.update_us, "other_us": self.other_us,
                 "batch_scaling": self.batch_scaling, "batch_fractions": list(self.batch_fractions),
                 "param_bytes": self.param_bytes, "optimizer_state_bytes": self.optimizer_state_bytes,
-                "transient_bytes": self.transient_bytes, "activation_source": self.activation_source,
+                "transient_bytes": self.transient_bytes, "runtime_bytes": self.runtime_bytes,
+                "activation_source": self.activation_source,
                 "layers": [{"name": lay.name, "fwd_us": round(lay.fwd_us, 3), "bwd_us": round(lay.bwd_us, 3),
                             **({"fwd_us_at": {f"{x:g}": round(lay.fwd_time(x), 3) for x in self.batch_fractions},
                                 "bwd_us_at": {f"{x:g}": round(lay.bwd_time(x), 3) for x in self.batch_fractions}}

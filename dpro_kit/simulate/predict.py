@@ -207,10 +207,35 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
                       result=res, memory=mem)
 
 
+def profiled_strategy(model: ModelGraph) -> Strategy:
+    """The configuration the profile ran: one process, DDP over a 1-rank group (docs/simulate.md)."""
+    from .strategy import parse_strategy
+    return parse_strategy({"name": "profiled", "ranks": 1, "hosts": 1, "strategy": {}}, default_name="profiled")
+
+
+def with_measured_peak(model: ModelGraph, measured_peak: int) -> ModelGraph:
+    """``model`` with :attr:`ModelGraph.runtime_bytes` = ``measured_peak`` (the profiled process's
+    peak memory, measured: e.g. ``examples/strategies/train.py --ranks 1 --memory``'s ``peak_bytes``)
+    minus the peak this model replays for that same process (:func:`profiled_strategy`), at least 0.
+
+    What it stands for is whatever the process holds that the model has no part for -- framework
+    and library buffers, Python objects, autograd's temporaries in the backward -- taken to be the
+    same on every rank of any strategy (each rank is such a process); docs/simulate.md "Memory
+    predicted from mechanism".
+    """
+    from dataclasses import replace
+    base = replace(model, runtime_bytes=0)
+    # + P: the profiled process runs DDP over one rank, which keeps its flat bucket buffers (one copy
+    # of the gradients) although nothing is reduced; a strategy with dp = 1 has no DDP and no buffers
+    modelled = predict(base, profiled_strategy(base), bandwidth_mbps=1000.0).peak_memory_bytes + model.param_bytes
+    return replace(model, runtime_bytes=max(0, int(measured_peak) - int(modelled)))
+
+
 def rank_strategies(preds: list[Prediction]) -> list[Prediction]:
     """Best first: strategies that fit in memory (or have no limit) by predicted time, then the OOM ones."""
     return sorted(preds, key=lambda p: (bool(p.oom), p.iteration_ms))
 
 
-__all__ = ["DEFAULT_INTRA_HOST_MBPS", "Prediction", "pick_device_model", "predict", "rank_strategies"]
+__all__ = ["DEFAULT_INTRA_HOST_MBPS", "Prediction", "pick_device_model", "predict", "profiled_strategy", "rank_strategies",
+           "with_measured_peak"]
 

@@ -410,9 +410,19 @@ class RssPeak:
 
     @staticmethod
     def _touch() -> None:
-        """One step of a tiny copy of each model: one-time lazy allocations (the first optimizer step's
-        imports, kernel buffers: ~70 MiB here) happen now, before the base is read, not counted as the job's.
+        """The strategies' imports and one step of a tiny copy of each model: one-time lazy allocations (the
+        first optimizer step's imports, kernel buffers: ~70 MiB here) happen now, before the base is read,
+        not counted as the job's.
         Not under ``dpro profile`` (its collector counts optimizer steps; memory is not measured there)."""
+        # the strategies' libraries (Python modules: code and objects, 0.5-3.6 MiB each) are imported before
+        # the base too, whichever strategy runs: no strategy's peak counts its library's import
+        # (torch.distributed.pipelining alone was 3.6 MiB of a pipeline rank's 19 MiB; docs/simulate.md "Memory")
+        import torch.distributed.device_mesh  # noqa: F401
+        import torch.distributed.fsdp  # noqa: F401
+        import torch.distributed.optim  # noqa: F401
+        import torch.distributed.pipelining  # noqa: F401
+        import torch.distributed.tensor.parallel  # noqa: F401
+        from torch.distributed.algorithms._checkpoint import checkpoint_wrapper  # noqa: F401
         tiny = Net(nn.Sequential(Embed(16, 8, 4), FFN(8, 16)), [Block(8, 2)], Head(8, 16, norm=True))
         opt = torch.optim.SGD(tiny.parameters(), lr=0.1, momentum=0.9)
         loss_fn(tiny(torch.randint(0, 16, (2, 4))), torch.randint(0, 16, (2, 4))).backward()
