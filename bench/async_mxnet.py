@@ -11,6 +11,8 @@ Trainer steps after warm-up).
         --rates 200,500 --rounds 2 --cpus-per-host 0.3 --cpu-period-ms 10 --json mlp.json --keep mlp
     python bench/async_mxnet.py --json mlp.json --keep mlp
     python bench/async_mxnet.py --json mlp.json --keep mlp --lockstep    # and the lockstep bound (docs/async.md)
+    python bench/async_mxnet.py --json mlp.json --keep mlp --reverse-cap 200=0.5,500=0.5   # and with the
+        # reverse-path cap measured by bench/link_sharing.py --only-reverse2 (docs/async.md, "Reverse-path queueing")
 """
 from __future__ import annotations
 
@@ -33,9 +35,10 @@ def measured_steps_per_s(keep: Path, workers: int, rate: str, rnd: int) -> float
     return total
 
 
-def predicted(trace: Path, rate: str, ws: list[int], seeds: int) -> dict[int, float] | None:
+def predicted(trace: Path, rate: str, ws: list[int], seeds: int, reverse_cap: float = 1.0) -> dict[int, float] | None:
     r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(trace), "--bandwidth", rate,
-                        "--workers", ",".join(map(str, ws)), "--seeds", str(seeds), "--json"],
+                        "--workers", ",".join(map(str, ws)), "--seeds", str(seeds), "--json",
+                        "--reverse-cap", str(reverse_cap)],
                        capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         print(f"  {trace}: {r.stderr.strip()}", flush=True)
@@ -67,7 +70,13 @@ def main() -> None:
     ap.add_argument("--lockstep", action="store_true",
                     help="also the lockstep bound: the same model with every worker running the mean step from a "
                          "common start (equal sharing keeps them in lockstep; the real W=2 job stays near it)")
+    ap.add_argument("--reverse-cap", default="", metavar="RATE=CAP,...",
+                    help="also predict with `dpro async-predict --reverse-cap CAP` at each rate (Mbit/s=fraction)")
     args = ap.parse_args()
+    caps = {}
+    for part in filter(None, args.reverse_cap.split(",")):
+        r, _, c = part.partition("=")
+        caps[r.strip()] = float(c)
     doc = json.loads(Path(args.json).read_text())
     a = doc["args"]
     ws = sorted(int(w) for w in str(a["workers"]).split(","))
@@ -78,12 +87,16 @@ def main() -> None:
         meas = {w: [] for w in ws}
         pred = {w: [] for w in ws}
         lock = {w: [] for w in ws}
+        capped = {w: [] for w in ws}
         for rnd in range(int(a["rounds"])):
             p = predicted(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws, args.seeds)
             if args.lockstep and p is not None:
                 for w, x in lockstep(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws).items():
                     lock[w].append(x)
+            pc = predicted(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws, args.seeds, caps[rate]) if rate in caps else None
             for w in ws:
+                if pc is not None:
+                    capped[w].append(pc[w])
                 m = measured_steps_per_s(keep, w, rate, rnd)
                 if m is not None:
                     meas[w].append(m)
@@ -93,17 +106,22 @@ def main() -> None:
             if meas[w] and pred[w]:
                 m, p = statistics.median(meas[w]), statistics.median(pred[w])
                 lk = statistics.median(lock[w]) if lock[w] else None
-                rows.append((rate, w, m, meas[w], p, pred[w], 100 * (p / m - 1), lk))
+                cp = statistics.median(capped[w]) if capped[w] else None
+                rows.append((rate, w, m, meas[w], p, pred[w], 100 * (p / m - 1), lk, cp))
     print("\n| Mbit/s | W | measured steps/s (rounds) | predicted steps/s (rounds) | error |"
-          + (" lockstep bound | its error |" if args.lockstep else ""))
-    print("|---|---|---|---|---|" + ("---|---|" if args.lockstep else ""))
-    for rate, w, m, ms, p, ps, e, lk in rows:
+          + (" lockstep bound | its error |" if args.lockstep else "")
+          + (" with --reverse-cap | its error |" if caps else ""))
+    print("|---|---|---|---|---|" + ("---|---|" if args.lockstep else "") + ("---|---|" if caps else ""))
+    for rate, w, m, ms, p, ps, e, lk, cp in rows:
         print(f"| {rate} | {w} | {m:.2f} ({', '.join(f'{x:.2f}' for x in ms)}) | "
               f"{p:.2f} ({', '.join(f'{x:.2f}' for x in ps)}) | {e:+.1f} % |"
-              + (f" {lk:.2f} | {100 * (lk / m - 1):+.1f} % |" if lk is not None else ""))
-    errs = [abs(r[6]) for r in rows if r[1] > 1]
-    if errs:
-        print(f"\nW > 1: median |error| {statistics.median(errs):.1f} %, max {max(errs):.1f} % over {len(errs)} rows")
+              + (f" {lk:.2f} | {100 * (lk / m - 1):+.1f} % |" if lk is not None else "")
+              + (f" {cp:.2f} ({caps[rate]:g}) | {100 * (cp / m - 1):+.1f} % |" if cp is not None else ""))
+    for name, col in (("default", 6), ("with --reverse-cap", None)):
+        errs = [abs(r[6]) if col else abs(100 * (r[8] / r[2] - 1)) for r in rows if r[1] > 1 and (col or r[8] is not None)]
+        if errs:
+            print(f"\nW > 1, {name}: median |error| {statistics.median(errs):.1f} %, max {max(errs):.1f} %, "
+                  f"{sum(e <= 10 for e in errs)} of {len(errs)} rows within 10 %")
 
 
 if __name__ == "__main__":

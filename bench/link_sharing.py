@@ -19,6 +19,10 @@ Experiments, per bandwidth (each repeated ``--reps`` times, the first repetition
   transfer alone (per-flow goodput loss when k flows share), and the spread of the k ends.
 * ``reverse``: worker 1 downloads while worker 2 uploads (the two directions of the PS link; ACKs of
   one cross the other's queue).
+* ``reverse2 f``: workers 2 and 3 upload at once from 0 (together twice a worker link's rate into the
+  PS's download, whose queue then stays full), worker 1 downloads from ``f * T1``: its duration over T1
+  (down) is what an oversubscribed fan-in does to a download whose acknowledgements cross it
+  (docs/async.md, "Reverse-path queueing"; ``--only-reverse2`` runs just this and ``alone``).
 * ``ping``: worker 1 makes a 64-byte request-response every 5 ms while worker 2 moves its bytes in one
   direction: how long a small message (an RPC, a step's dispatch) waits behind bulk data.
 
@@ -211,6 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--max-k", type=int, default=4)
     ap.add_argument("--only-ping", action="store_true", help="only the alone and ping experiments")
+    ap.add_argument("--only-reverse2", action="store_true", help="only the alone and reverse2 experiments")
     ap.add_argument("--transport", choices=["tcp", "grpc"], default="tcp",
                     help="one TCP socket per worker (default), or one gRPC channel per worker with unary calls "
                          "(TensorFlow's transport: HTTP/2 flow control on top of TCP)")
@@ -234,16 +239,21 @@ def main(argv=None) -> int:
                 rows = experiment(c, "alone", {1: (d, 0.0)}, size, 8 * size / (b * 1e6), args.reps)
                 t1[d] = statistics.median(r[1][1] for r in rows)
                 res[f"alone {d}"] = rows
-            for d in ("down", "up") if not args.only_ping else ():
+            quick = args.only_ping or args.only_reverse2
+            for d in ("down", "up") if not quick else ():
                 for f in (0.25, 0.5, 0.75):
                     res[f"newcomer {d} {f:g}"] = experiment(c, "newcomer", {1: (d, 0.0), 2: (d, f * t1[d])},
                                                             size, t1[d], args.reps)
                 for k in range(2, args.max_k + 1):
                     res[f"together {d} {k}"] = experiment(c, "together", {h: (d, 0.0) for h in range(1, k + 1)},
                                                           size, t1[d], args.reps)
-            res["reverse"] = [] if args.only_ping else experiment(c, "reverse", {1: ("down", 0.0), 2: ("up", 0.0)}, size,
+            if args.max_k >= 3:
+                for f in (0.25, 0.5):
+                    res[f"reverse2 {f:g}"] = [] if args.only_ping else experiment(
+                        c, "reverse2", {1: ("down", f * t1["up"]), 2: ("up", 0.0), 3: ("up", 0.0)}, size, t1["up"], args.reps)
+            res["reverse"] = [] if quick else experiment(c, "reverse", {1: ("down", 0.0), 2: ("up", 0.0)}, size,
                                         max(t1.values()), args.reps)
-            ping = {d: ping_under_load(c, d, size, t1[d], args.reps) for d in ("down", "up")}
+            ping = {d: ping_under_load(c, d, size, t1[d], args.reps) for d in ("down", "up")} if not args.only_reverse2 else {}
             srv.kill()
         doc["results"][f"{b:g}"] = {"t1": t1, "rows": res, "ping": ping}
         print(f"\n## {b:g} Mbit/s, {args.mb:g} MB transfers: alone down {t1['down'] * 1e3:.1f} ms "
@@ -254,7 +264,12 @@ def main(argv=None) -> int:
         for name, rows in res.items():
             if name.startswith("alone") or not rows:
                 continue
-            d = name.split()[1] if name != "reverse" else "down"
+            d = name.split()[1] if not name.startswith("reverse") else "down"
+            if name.startswith("reverse2"):
+                slow = [(r[1][1] - r[1][0]) / t1["down"] for r in rows]
+                print(f"| {name} (down while 2 up) | {statistics.median(slow):.2f} ({min(slow):.2f} .. {max(slow):.2f}) "
+                      f"(download / its T1) | 1 | 1 | download rate / alone = {1 / statistics.median(slow):.2f} |")
+                continue
             ends = {h: statistics.median(r[h][1] for r in rows) / t1[d] for h in rows[0]}
             e = ", ".join(f"{v:.2f}" for v in ends.values())
             if name.startswith("newcomer"):

@@ -161,6 +161,31 @@ def test_sharing_arguments_are_checked():
         simulate(chain(), 2, bandwidth_mbit=80, steps=10, start_offsets_us=[0.0])
 
 
+def test_reverse_cap_slows_downloads_only_while_two_uploads_run():
+    # each step: a 1 MB up and a 1 MB down, independent; 80 Mbit/s = 10 MB/s, 1 MB alone = 100 ms.
+    t = _tpl([StepOp("u", "up", 1 * MB), StepOp("d", "down", 1 * MB)])
+    # two workers in lockstep: the ups share the up link (1/2 each) and end at 200 ms; without the cap the
+    # downs do the same (step 200 ms, 2 / 0.2 = 10 steps/s)
+    free = simulate(t, 2, bandwidth_mbit=80, steps=20, warmup=4, start_offsets_us=[0.0, 0.0])
+    assert free.steps_per_s == pytest.approx(10.0, rel=1e-9)
+    # cap 0.5: while both ups run (0..200 ms) the downs together get 1/2 of the link, 1/4 each: 0.5 MB
+    # each by 200 ms; then 1/2 each for the other 0.5 MB: 100 ms more; step 300 ms, 2 / 0.3 steps/s
+    capped = simulate(t, 2, bandwidth_mbit=80, steps=20, warmup=4, start_offsets_us=[0.0, 0.0], reverse_cap=0.5)
+    assert capped.steps_per_s == pytest.approx(2 / 0.3, rel=1e-9)
+    assert sorted(x for x, _ in capped.finish_us)[:4] == pytest.approx([300e3, 300e3, 600e3, 600e3])
+    # one worker never has two uploads at once: the cap changes nothing (W = 1 keeps its calibration)
+    one = simulate(t, 1, bandwidth_mbit=80, steps=20, warmup=4)
+    assert simulate(t, 1, bandwidth_mbit=80, steps=20, warmup=4, reverse_cap=0.3).steps_per_s == one.steps_per_s
+    # two workers whose ups never overlap (chain down -> up, half a step apart): no cap either
+    c = _tpl([StepOp("d", "down", 1 * MB), StepOp("u", "up", 1 * MB, [0])])
+    a = simulate(c, 2, bandwidth_mbit=80, steps=20, warmup=4, start_offsets_us=[0.0, 100e3])
+    b = simulate(c, 2, bandwidth_mbit=80, steps=20, warmup=4, start_offsets_us=[0.0, 100e3], reverse_cap=0.3)
+    assert b.steps_per_s == pytest.approx(a.steps_per_s, rel=1e-12) == pytest.approx(10.0, rel=1e-9)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="reverse_cap"):
+            simulate(t, 2, bandwidth_mbit=80, steps=10, reverse_cap=bad)
+
+
 def _link_doc():
     t1 = {"down": 0.1, "up": 0.1}
     rows = {
@@ -277,6 +302,15 @@ def test_link_sharing_bench_on_a_real_emulated_link(tmp_path: Path):
     assert m["goodput"]["down"][0] == 1.0 and len(m["goodput"]["down"]) == 2
     assert all(0 < g <= 1 for g in m["goodput"]["up"])
     assert {"down", "up"} == set(res["ping"])
+    # the reverse-path experiment alone (3 workers: two upload, one downloads)
+    out2 = tmp_path / "rev.json"
+    r = subprocess.run([sys.executable, str(root / "bench/link_sharing.py"), "--bandwidths", "100", "--mb", "0.2",
+                        "--reps", "2", "--max-k", "3", "--only-reverse2", "--prefix", "tlnk", "--out", str(out2)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out2.read_text())["results"]["100"]["rows"]
+    assert {k for k, v in rows.items() if v} == {"alone down", "alone up", "reverse2 0.25", "reverse2 0.5"}
+    assert all(0 <= row["1"][0] < row["1"][1] for n in ("reverse2 0.25", "reverse2 0.5") for row in rows[n])
 
 
 def test_template_from_a_real_mxnet_ps_trace():
