@@ -29,10 +29,10 @@ The autotuner's sampling (``HOROVOD_AUTOTUNE_WARMUP_SAMPLES``, ``..._STEPS_PER_S
 (``times-<config>-<variant>-<n>.json``): ``bench/horovod_autotune_sweep.py DIR`` puts every setting the
 autotuner sampled next to the what-if of the profile.
 
-``--setting MB:MS`` replaces the autotune runs by plain runs at a fixed fusion threshold (MiB) and
-cycle time (ms), e.g. the setting an earlier autotune run converged to (its log's last line): the
-autotuner's *result* measured in as many short alternating rounds as the noise needs, instead of a
-few runs of thousands of iterations (the variant is then called ``setting``):
+``--setting MB:MS`` (comma-separated for several) replaces the autotune runs by plain runs at a fixed
+fusion threshold (MiB) and cycle time (ms), e.g. the setting an earlier autotune run converged to (its
+log's last line): the autotuner's *result* measured in as many short alternating rounds as the noise
+needs, instead of a few runs of thousands of iterations (variants ``setting-<MB>MB-<MS>ms``):
 
     python bench/horovod_ab.py --configs cnn-100 --pin 0,1 --setting 4:5 --rounds 8 --iters 60
 
@@ -133,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                          "converged after 1975 and 2178 iterations in two runs here (~40 samples of 5 x 10 "
                          "steps), --iters to spare")
     ap.add_argument("--autotune-env", default="", help="extra HOROVOD_AUTOTUNE_* settings, KEY=VALUE,...")
-    ap.add_argument("--setting", default="", metavar="MB:MS",
-                    help="instead of autotune runs: plain runs at this fusion threshold (MiB) and cycle time (ms), "
-                         "e.g. what an earlier autotune run converged to")
+    ap.add_argument("--setting", default="", metavar="MB:MS[,MB:MS...]",
+                    help="instead of autotune runs: plain runs at these fusion thresholds (MiB) and cycle times "
+                         "(ms), one variant each, e.g. what earlier autotune runs converged to")
     ap.add_argument("--prof-steps", default="12:17")
     ap.add_argument("--cpus-per-host", type=float, default=1.0)
     ap.add_argument("--pin", default="", metavar="LAYOUT",
@@ -150,15 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="", help="write every measurement here")
     ap.add_argument("--keep", default="", help="keep traces and plans under this folder")
     args = ap.parse_args(argv)
-    fixed_env = None
-    if args.setting:
+    fixed: dict[str, dict[str, str]] = {}     # variant name -> the knobs' environment
+    for one in filter(None, args.setting.split(",")):
         try:
-            mb, ms = (float(x) for x in args.setting.split(":"))
+            mb, ms = (float(x) for x in one.split(":"))
         except ValueError:
-            ap.error(f"--setting {args.setting!r}: want MB:MS, e.g. 4:5")
+            ap.error(f"--setting {one!r}: want MB:MS, e.g. 4:5")
         if not (mb > 0 and ms > 0):
-            ap.error(f"--setting {args.setting!r}: both must be positive")
-        fixed_env = {"HOROVOD_FUSION_THRESHOLD": str(int(mb * 2 ** 20)), "HOROVOD_CYCLE_TIME": f"{ms:g}"}
+            ap.error(f"--setting {one!r}: both must be positive")
+        fixed[f"setting-{mb:g}MB-{ms:g}ms"] = {"HOROVOD_FUSION_THRESHOLD": str(int(mb * 2 ** 20)),
+                                                "HOROVOD_CYCLE_TIME": f"{ms:g}"}
     args.pin = [x.strip() for x in args.pin.split(",")] if args.pin else None
     if args.pin is not None and len(args.pin) != 2:
         ap.error(f"--pin: {len(args.pin)} cpu lists for 2 hosts (one per host, e.g. 0,1)")
@@ -213,20 +214,21 @@ def main(argv: list[str] | None = None) -> int:
                     t = job(args, work, model, rate, f"{cfg}-{tag}", iters=args.iters, plan=knob_plan, env=env)
                     return job_iteration_ms(t) if t else float("nan")
 
-                third = ("setting", lambda: plain(None, "setting", env=fixed_env)) if fixed_env else \
-                    ("autotune", autotune)
+                others = {name: (lambda name=name, env=env: plain(None, name, env=env)) for name, env in
+                          fixed.items()} or {"autotune": autotune}
                 rounds = alternate({"default": lambda: plain(None, "default"), "plan": lambda: plain(plan, "plan"),
-                                    third[0]: third[1]}, args.rounds, shuffle_seed=1,
+                                    **others}, args.rounds, shuffle_seed=1,
                                    on_round=lambda r, o: print(f"  round {r}: " + ", ".join(
                                        f"{k} {v[-1]:.2f} ms" for k, v in o.items()), flush=True))
                 ok = [i for i in range(args.rounds) if all(v[i] == v[i] for v in rounds.values())]
                 clean = {k: [v[i] for i in ok] for k, v in rounds.items()}
                 if ok:
                     paired_table(clean, "default")
-                    ratios = [clean['plan'][i] / clean[third[0]][i] for i in range(len(ok))]
-                    print(f"  plan / {third[0]} (paired): median {statistics.median(ratios):.3f}, "
-                          f"{sum(r <= 1 for r in ratios)} of {len(ratios)} rounds <= 1, "
-                          f"range {min(ratios):.3f}..{max(ratios):.3f}")
+                    for other in others:
+                        ratios = [clean['plan'][i] / clean[other][i] for i in range(len(ok))]
+                        print(f"  plan / {other} (paired): median {statistics.median(ratios):.3f}, "
+                              f"{sum(r <= 1 for r in ratios)} of {len(ratios)} rounds <= 1, "
+                              f"range {min(ratios):.3f}..{max(ratios):.3f}")
                 out["configs"][cfg] = {"rounds": rounds, "plan": hv, "predicted": done.plan["predicted"],
                                        "search_s": search_s, "autotune": tune_info}
                 if args.keep:
