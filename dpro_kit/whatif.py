@@ -748,7 +748,11 @@ def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0
         if ts.manifest.nodes[n].role != "worker":
             continue
         w = computation_per_iteration_ms(ts, n)
-        if busy is not None and step:
+        if busy is not None and not step:
+            raise DproError(f"--host-busy {host}: node {n} has no unprofiled iteration time in its meta.json, and B "
+                            "is a part of it", path=ts.path,
+                            hint="re-profile with a few iterations outside the window, or leave --host-busy out")
+        if busy is not None:
             cpus, share = float(busy), 1.0
         c = float(cpus) * float(step) / share if cpus is not None and step else None
         u = min(1.0, idle_cpu((c / float(step), float(step), thr, cap), w)) if c is not None else 0.0

@@ -146,6 +146,11 @@ def test_slow_host_busy_hand_computed():
     from dataclasses import replace
     no_cpu = replace(ts, manifest=replace(ts.manifest, extra={**ts.manifest.extra, "cpu_use": {}}))
     assert host_cpu_split(no_cpu, model, "h1", busy=0.9)["w1"]["idle_cpu"] == pytest.approx(0.876875)
+    # nor an unprofiled iteration time: B is a part of it, so the what-if is refused, not run without it
+    no_step = replace(no_cpu, manifest=replace(no_cpu.manifest, extra={**no_cpu.manifest.extra,
+                                                                       "measured_iteration_ms_per_node": {}}))
+    with pytest.raises(DproError, match="no unprofiled iteration time"):
+        slow_hosts(no_step, model, {"h1": 2.0}, busy={"h1": 0.9})
     for kw, msg in (({"busy": {"h1": 1.5}}, r"\(0, 1\]"), ({"busy": {"h1": 0.0}}, r"\(0, 1\]"),
                     ({"busy": {"h1": 0.9}, "shares": {"h1": 0.5}}, "give one"),
                     ({"busy": {"h0": 0.9}}, "needs --slow-host h0"), ({"busy": {"h9": 0.9}}, "no host 'h9'")):
