@@ -145,9 +145,13 @@ def test_horovod_whatif_knobs(hvd_trace):
     assert 1 <= len(negs) <= len(buffers(same))                  # one per cycle: a cycle's first buffer has it
     assert {c.tensor[: -len("-negotiate")] for c in negs} <= {c.tensor for c in buffers(same)}
     small = horovod_knobs(ts, fusion_threshold_bytes=300_000)
-    assert len(buffers(small)) > len(buffers(ts))
+    # at least as many buffers as profiled (more unless the profiled run already sent them one by one,
+    # which depends on when its gradients were ready: seen once in CI, 6 and 6)
+    assert len(buffers(small)) >= len(buffers(ts))
     assert all(c.bytes <= 300_000 or len(c.params) == 1 for c in buffers(small))
     assert sorted(p for c in buffers(small) for p in c.params) == params
+    one_each = buffers(horovod_knobs(ts, fusion_threshold_bytes=1))   # nothing fits with another: one per tensor
+    assert len(one_each) == len(params) and all(len(c.params) == 1 for c in one_each)
     # a 50 ms cycle: the first tick comes ~25 ms after the first gradient, when all are ready: one buffer
     assert len(buffers(horovod_knobs(ts, cycle_time_ms=50.0))) <= len(buffers(same))
     base = Session(hvd_trace, whatif=WhatIf(cycle_time_ms=1.0)).iteration_time_ms()
