@@ -6,6 +6,12 @@
 # exits with the command's status.  It only serialises benches that use it: anything else running
 # still disturbs them (run other work at `nice -n 19`).  Every bench runs the same without it.
 # The docs' commands name /work/notes/quietrun.sh: the development machine's copy of this script.
+# With kernel.sched_autogroup_enabled=1 (the default) each session is its own scheduling group and
+# `nice` in another session does not yield to the bench: it warns, it does not change the setting.
+if [ "$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null)" = 1 ]; then
+    echo "[quietrun] warning: kernel.sched_autogroup_enabled=1: niced work in other sessions still competes" \
+         "with this bench at full weight; 'sysctl -w kernel.sched_autogroup_enabled=0' makes nice apply machine-wide" >&2
+fi
 exec 9>"${DPRO_BENCH_LOCK:-/tmp/dpro-bench.lock}"
 t0=$(date +%s)
 flock -x 9
