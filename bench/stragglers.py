@@ -42,8 +42,9 @@ run's rule), ``--slow-rank S=f`` and ``--slow-rank S=F`` (nominal).  With ``--sc
 ``--slow-host hostS=F --host-busy hostS=B`` (nominal F; "busy_cal": at f), B the part of the iteration host S's
 training thread was runnable in the **balanced** plain rounds (``busy_fraction``), which at 1000 Mbit/s is the
 whole iteration while the profiled job's process CPU says less (docs/stragglers.md, "Eleventh run").
-The tenth run's "host" stays the primary model (busy misses at 200 Mbit/s, where the thread polls while the
-wire is the bottleneck). ``--predictors busy,host,link`` limits the models (fewer replays inside the bench lock).
+Model "paced" (primary when recorded): "busy" plus ``--wire-mbps <rate>``, so that the transfers that ran at
+the wire's rate in the balanced profile keep their time (docs/whatif.md, "Wire- or CPU-paced"; docs/stragglers.md,
+"Twelfth"). ``--predictors paced,busy,link`` limits the models (fewer replays inside the bench lock).
 
 The CFS period is 10 ms (``--period-us``): with the kernel's 100 ms, a cut budget stalls a
 ~30 ms iteration between ops and in communication waits instead of slowing the computation
@@ -372,7 +373,7 @@ def repredict(rows_file: Path, only: str | None = None, predictors: str | None =
         note = ""
         if r["direction"] == "slow":
             # every model the run predicted the row with (CFS what-if, busy-loop factor, link), else its one
-            keys = ("replay_args_cfs", "replay_args_host", "replay_args_cpu", "replay_args_factor", "replay_args_nominal",
+            keys = ("replay_args_cfs", "replay_args_paced", "replay_args_busy", "replay_args_host", "replay_args_cpu", "replay_args_factor", "replay_args_nominal",
                     "replay_args_link")
             extra_args = {}
             if r.get("slow_by") == "shares" and r["injected"].startswith("cpu host"):
@@ -380,6 +381,9 @@ def repredict(rows_file: Path, only: str | None = None, predictors: str | None =
                 s_ = int(r["injected"].split("host", 1)[1].split()[0])
                 F_ = float(r["injected"].rsplit("/", 1)[1])
                 b_ = busy_fraction(balanced_scheds(jobs, r["rate"]), f"host{s_}")
+                if b_ is not None and not r.get("replay_args_paced"):
+                    extra_args["replay_args_paced"] = (f"--slow-host host{s_}={F_:g} --host-busy host{s_}={b_:.4g} "
+                                                       f"--wire-mbps {r['rate']:g}")
                 if b_ is not None and not r.get("replay_args_busy"):
                     extra_args["replay_args_busy"] = f"--slow-host host{s_}={F_:g} --host-busy host{s_}={b_:.4g}"
                     if r.get("effective_factor"):
@@ -569,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
                 if shares_mode:
                     variants[f"cpu host{S} x1/{F:g}"] = (
                         rates, base_cpus, {S: neighbour_weight(F, a.neighbour_base)},
-                        {"busy": F, "busy_cal": F, "host": F, "cpu": F, "factor": ["--slow-rank", f"{S}={F:g}"],
+                        {"paced": F, "busy": F, "busy_cal": F, "host": F, "cpu": F, "factor": ["--slow-rank", f"{S}={F:g}"],
                          "nominal": ["--slow-rank", f"{S}={F:g}"]})
                 else:
                     variants[f"cpu host{S} x1/{F:g}"] = (
@@ -665,14 +669,16 @@ def main(argv: list[str] | None = None) -> int:
                                        "effective_factor": eff.get(float(k.rsplit("/", 1)[1])) if k.startswith("cpu ") else None,
                                        "host_busy": busy}
                 for name, extra in how.items():
-                    if (name.startswith("busy") and busy is None) or (a.predictors and name not in a.predictors.split(",")):
+                    if (name in ("busy", "busy_cal", "paced") and busy is None) or (a.predictors and name not in a.predictors.split(",")):
                         continue
                     per = []
                     stop = []
                     args_per = []
                     for p_ in profs:
-                        if name.startswith("busy"):   # the same, with how busy the host was from --sched
+                        if name in ("busy", "busy_cal", "paced"):   # the same, with how busy the host was from --sched
                             args = ["--slow-host", f"host{S}={float(extra):.4g}", "--host-busy", f"host{S}={busy:.4g}"]
+                            if name == "paced":   # ... and the transfers the wire paced kept (the links' rate)
+                                args += ["--wire-mbps", f"{rate:g}"]
                         elif name == "host":     # the host at 1/f of its CPU: computation and the CPU part of transfers
                             args = ["--slow-host", f"host{S}={float(extra):.4g}"] + (
                                 ["--cpu-share", f"host{S}={1024 / (1024 + a.neighbour_base):.4g}"] if a.neighbour_base else [])
@@ -695,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"replay_args_{name}"] = " | ".join(args_per) if name == "cpu" else args_per[0]
                     if stop:
                         row["predicted_stopped_ms"] = [round(x, 3) for x in stop]
-                prim = next(x for x in ("cfs", "host", "busy", "cpu", "factor", "link") if f"predicted_slowdown_{x}" in row)
+                prim = next(x for x in ("cfs", "paced", "host", "busy", "cpu", "factor", "link") if f"predicted_slowdown_{x}" in row)
                 row.update(predicted_slowdown=row[f"predicted_slowdown_{prim}"], error_pct=row[f"error_pct_{prim}"],
                            replay_args=row[f"replay_args_{prim}"], prediction=prim)
                 rows.append(row)
@@ -749,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["direction"] == "slow":
-            other = next((o for o in {"cfs": ["factor"], "busy": ["host"], "host": ["busy", "cpu"], "cpu": ["factor"],
+            other = next((o for o in {"cfs": ["factor"], "paced": ["busy"], "busy": ["host"], "host": ["busy", "cpu"], "cpu": ["factor"],
                                       "factor": ["nominal"]}.get(r["prediction"], []) if f"replay_args_{o}" in r), None)
             print(f"| {r['model']} | {r['rate']:g} | {r['injected']} (`{r['replay_args']}`) | "
                   f"{r['predicted_slowdown']:.3f} | {r['measured_slowdown']:.3f} "
@@ -766,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['model']} | {r['rate']:g} | balanced: predicted {r['predicted_ms']:.3f} ms vs measured "
                   f"{r['measured_ms']:.3f} ms | | | {r['error_pct']:+.1f} % | | "
                   + ", ".join(f"{x:.3f}" for x in r["per_profile_ms"]) + " |")
-    for name in ("cfs", "busy", "busy_cal", "host", "cpu", "factor", "nominal", "link"):
+    for name in ("cfs", "paced", "busy", "busy_cal", "host", "cpu", "factor", "nominal", "link"):
         e = [abs(r[f"error_pct_{name}"]) for r in rows if r["direction"] == "slow" and f"error_pct_{name}" in r]
         if e:
             print(f"|error| {name}: median {statistics.median(e):.1f} %, max {max(e):.1f} % ({len(e)} rows)")

@@ -710,18 +710,72 @@ def computation_per_iteration_ms(ts: TraceSet, node: str) -> float:
     return float(ev.groupby("iteration", observed=True)["dur"].sum().median()) / 1e3
 
 
-def transfer_time_ms(ts: TraceSet, model: CommModel, node: str) -> float:
-    """The time ``node`` spends in its collectives per iteration by the link model alone (ms, no waiting):
-    a ring AllReduce of S bytes over N ranks is 2(N − 1) steps of S/N bytes, any other collective one
-    transfer of its bytes."""
+def _transfers(ts: TraceSet, node: str) -> list[tuple[int, float]]:
+    """(count, bytes) of the transfers of ``node``'s collectives per iteration by the link model: a ring
+    AllReduce of S bytes over N ranks is 2(N − 1) steps of S/N bytes, any other collective one transfer."""
     from .graph.schemes import is_allreduce
-    t = 0.0
+    out = []
     for c in ts.collectives:
         if node not in c.participants:
             continue
         n = len(c.participants)
-        t += 2 * (n - 1) * model.transfer_us(c.bytes / n) if is_allreduce(c) and n > 1 else model.transfer_us(c.bytes)
-    return t / 1e3
+        out.append((2 * (n - 1), c.bytes / n) if is_allreduce(c) and n > 1 else (1, float(c.bytes)))
+    return out
+
+
+def transfer_time_ms(ts: TraceSet, model: CommModel, node: str) -> float:
+    """The time ``node`` spends in its collectives per iteration by the link model alone (ms, no waiting):
+    a ring AllReduce of S bytes over N ranks is 2(N − 1) steps of S/N bytes, any other collective one
+    transfer of its bytes."""
+    return sum(k * model.transfer_us(b) for k, b in _transfers(ts, node)) / 1e3
+
+
+#: a collective whose fastest profiled instance took its wire's time at the line rate's goodput, within this
+#: part, was bound by the wire's rate (:func:`wire_bound_share`; docs/whatif.md, "Wire- or CPU-paced")
+WIRE_BOUND_TOLERANCE = 0.15
+
+
+def fastest_collectives(ts: TraceSet) -> dict[str, tuple[int, float]]:
+    """Tensor (bucket) -> (bytes, fastest instance in us) of the traced collectives: per iteration the shortest
+    rank's COMM event (the last to enter waits least: its time is the transfer's, as :func:`dpro_kit.costmodel.
+    fit_from_events` takes it), then the shortest iteration."""
+    ev = ts.events
+    comm = ev[(ev["kind"].astype(str) == "COMM") & (ev["bytes"] > 0)]
+    if comm.empty:
+        return {}
+    per = comm.groupby(["tensor", "iteration"], observed=True).agg(bytes=("bytes", "first"), dur=("dur", "min"))
+    fast = per.groupby(level=0, observed=True).agg(bytes=("bytes", "first"), dur=("dur", "min"))
+    return {str(t): (int(r.bytes), float(r.dur)) for t, r in fast.iterrows() if r.dur > 0}
+
+
+def wire_bound_share(ts: TraceSet, model: CommModel, node: str, wire_mbps: float) -> tuple[float, dict[str, float]]:
+    """The part of ``node``'s transfer time (link model) in collectives the wire's rate bound when profiled.
+
+    A collective of S bytes over a ring of N ranks moves 2(N − 1) S/N bytes per rank, which the wire needs
+    ``t_wire = 2(N − 1) S / (N G)`` for at the goodput ``G = wire_mbps x`` :data:`TCP_EFFICIENCY`; its fastest
+    profiled instance ``t_min`` (:func:`fastest_collectives`) is the most the wire can have taken in any
+    instance.  ``rho = t_min / t_wire`` within :data:`WIRE_BOUND_TOLERANCE` of 1: the wire's rate bound it.
+    Well below 1, the wire moved those bytes faster than its rate (a shaper's burst credit carried most of
+    them), so its rate did not bound the transfer and the time came from the hosts; well above 1, the hosts
+    held it even in its best instance.  Returns the share (0 without traced collectives) and rho per tensor.
+    """
+    from .graph.schemes import is_allreduce
+    g = float(wire_mbps) * 1e6 / 8 * TCP_EFFICIENCY
+    fast = fastest_collectives(ts)
+    rho: dict[str, float] = {}
+    bound = total = 0.0
+    for c in ts.collectives:
+        if node not in c.participants or c.tensor not in fast:
+            continue
+        n = len(c.participants)
+        k, b = (2 * (n - 1), c.bytes / n) if is_allreduce(c) and n > 1 else (1, float(c.bytes))
+        r = fast[c.tensor][1] / (k * b / g * 1e6)
+        rho[c.tensor] = round(r, 4)
+        t = k * model.transfer_us(b)
+        total += t
+        if abs(r - 1.0) <= WIRE_BOUND_TOLERANCE:
+            bound += t
+    return (bound / total if total > 0 else 0.0), rho
 
 
 def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0,
@@ -740,7 +794,7 @@ def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0
     ``C / s = B T`` (a rank that polls while it waits for a transfer is runnable through it; where its
     transfers are paced by its CPU, beside a busy neighbour that whole time is slowed — 1000 Mbit/s in
     docs/stragglers.md, "Eleventh run"; where the wire paces them the polling is not on the critical
-    path and this over-predicts — 200 Mbit/s there).
+    path and this over-predicts — 200 Mbit/s there; :func:`slow_hosts` ``wire_mbps`` keeps those transfers).
     """
     seen = cpu_seen(ts.manifest.facts, [n for n, i in ts.manifest.nodes.items() if i.host == host])
     out: dict[str, dict[str, Any]] = {}
@@ -764,7 +818,8 @@ def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0
 
 def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
                shares: dict[str, float] | None = None,
-               busy: dict[str, float] | None = None) -> tuple[TraceSet, CommModel, dict[str, Any]]:
+               busy: dict[str, float] | None = None,
+               wire_mbps: float | None = None) -> tuple[TraceSet, CommModel, dict[str, Any]]:
     """The job with host ``h`` getting ``1 / factors[h]`` of the CPU it had when profiled, every thread.
 
     A host slowed by a competitor for its core (a busy neighbour of lower weight, a noisy VM) runs
@@ -788,6 +843,17 @@ def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
     The whole CPU time is stretched once: ``(F − 1) C/s`` more per iteration, in computation and
     transfers.  Without a CPU record ``u = 0`` and the factor is F: ``--slow-rank`` on the host's ranks.
 
+    ``wire_mbps`` (the links' line rate when profiled) decides per collective whether the wire's rate or the
+    hosts paced it (:func:`wire_bound_share`: its fastest profiled instance at the wire's time).  The wire
+    paces the share ``p_w`` of the host's transfer time: the host's CPU there overlaps bytes on the wire (it
+    polls or sleeps while the wire is the bottleneck), and is assumed to fit under the wire's time at 1/F
+    too, so only the rest is stretched::
+
+          t' = t (1 + (1 − p_w) u (F − 1))
+
+    The CPU ``R_t`` inside the wire-paced transfers is charged nowhere (waiting, not work on the critical
+    path).  Derivation and what it gets: docs/whatif.md, "Wire- or CPU-paced".
+
     Parameters
     ----------
     ts : TraceSet
@@ -801,6 +867,9 @@ def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
     busy : dict, optional
         Host -> the part of its iteration its training thread was runnable without the profiler
         (:func:`host_cpu_split`; replaces the collector's CPU record and ``shares`` for that host).
+    wire_mbps : float, optional
+        Line rate of the links when profiled (Mbit/s; goodput x :data:`TCP_EFFICIENCY`): the transfers its rate
+        bound are not stretched.  None: every transfer of the host is stretched.
 
     Returns
     -------
@@ -825,6 +894,9 @@ def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
                             path=ts.path, hint="--host-busy already counts the time it waited for its core")
         if h not in factors:
             raise DproError(f"--host-busy {h}: needs --slow-host {h}=F", path=ts.path)
+    if wire_mbps is not None and not (wire_mbps > 0 and math.isfinite(wire_mbps)):
+        raise DproError(f"--wire-mbps {wire_mbps:g}: the line rate must be a positive number of Mbit/s", path=ts.path,
+                        hint="e.g. --wire-mbps 1000 (the links were 1 Gbit/s when profiled)")
     ev = ts.events.copy()
     comp = ev["kind"].astype(str).isin(COMPUTE_KINDS).to_numpy()
     nodes = ev["node"].astype(str).to_numpy()
@@ -836,13 +908,17 @@ def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
         split = host_cpu_split(ts, model, h, float(shares.get(h, 1.0)), busy.get(h))
         if not split:
             raise DproError(f"--slow-host {h}={f:g}: host {h} runs no worker", path=ts.path)
-        time_factor[h] = 1.0 + max(s["idle_cpu"] for s in split.values()) * (f - 1.0)
+        wire = {n: wire_bound_share(ts, model, n, wire_mbps) for n in split} if wire_mbps is not None else {}
+        time_factor[h] = max(1.0 + (1.0 - (wire[n][0] if wire else 0.0)) * s["idle_cpu"] * (f - 1.0)
+                             for n, s in split.items())
         for n, s in split.items():
             w, c = s["compute_ms"], s["cpu_ms"]
             cf = 1.0 + (f - 1.0) * max(c - s["transfer_cpu_ms"], w) / w if c is not None and w > 0 else f
             dur[comp & (nodes == n)] *= cf
             info[n] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in s.items()} | {
                 "factor": f, "compute_factor": round(cf, 4), "transfer_factor": round(time_factor[h], 4)}
+            if wire:
+                info[n] |= {"wire_bound_share": round(wire[n][0], 4), "fastest_vs_wire": wire[n][1]}
     ev["dur"] = dur
     return _retimed(ts, ev), replace(model, host_time_factor={**model.host_time_factor, **time_factor}), info
 
@@ -1195,6 +1271,9 @@ class WhatIf:
     #: host -> the part of its iteration its training thread was runnable without the profiler
     #: (:func:`host_cpu_split`; replaces the collector's CPU record in :func:`slow_hosts`)
     host_busy: dict[str, float] = field(default_factory=dict)
+    #: the links' line rate when profiled (Mbit/s): with ``slow_host``, the transfers its rate bound are not
+    #: stretched (:func:`slow_hosts`, :func:`wire_bound_share`)
+    wire_mbps: float | None = None
     #: host -> CPUs of its CFS quota (:func:`cpu_limited_graph`; applied to the built graph by the session),
     #: and the quota's period (ms)
     cpu_limit: dict[str, float] = field(default_factory=dict)
@@ -1206,12 +1285,13 @@ class WhatIf:
     def any(self) -> bool:
         return self.bucket_mb is not None or self.bandwidth_mbps is not None or self.world_size is not None \
             or self.fusion_threshold_mb is not None or self.cycle_time_ms is not None or self.servers is not None \
-            or self.partition_bytes is not None or bool(self.slow_rank or self.like_median or self.slow_link or self.slow_host or self.cpu_share or self.host_busy or self.cpu_limit or self.recorded_quota)
+            or self.partition_bytes is not None or bool(self.slow_rank or self.like_median or self.slow_link or self.slow_host or self.cpu_share or self.host_busy or self.cpu_limit or self.recorded_quota) \
+            or self.wire_mbps is not None
 
     def describe(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None and v != {} and v != [] and
                 (k != "first_bucket_mb" or self.bucket_mb is not None) and (k != "cpu_period_ms" or self.cpu_limit or self.recorded_quota)
-                and (k != "recorded_quota" or self.recorded_quota) and (k not in ("cpu_share", "host_busy") or self.slow_host)}
+                and (k != "recorded_quota" or self.recorded_quota) and (k not in ("cpu_share", "host_busy", "wire_mbps") or self.slow_host)}
 
 
 def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommModel]:
@@ -1257,8 +1337,12 @@ def apply(ts: TraceSet, model: CommModel, w: WhatIf) -> tuple[TraceSet, CommMode
         raise DproError("--cpu-share needs --slow-host (the share a slowed host had when profiled)", path=ts.path)
     if w.host_busy and not w.slow_host:
         raise DproError("--host-busy needs --slow-host (how busy a slowed host was without the profiler)", path=ts.path)
+    if w.wire_mbps is not None and not w.slow_host:
+        raise DproError("--wire-mbps needs --slow-host (which of a slowed host's transfers the wire paced)",
+                        path=ts.path)
     if w.slow_host:
-        ts, model, info = slow_hosts(ts, model, dict(w.slow_host), dict(w.cpu_share), dict(w.host_busy))
+        ts, model, info = slow_hosts(ts, model, dict(w.slow_host), dict(w.cpu_share), dict(w.host_busy),
+                                     w.wire_mbps)
         # what the what-if used, per slowed node (dpro replay --json: slow_host)
         ts = replace(ts, manifest=replace(ts.manifest, extra={**ts.manifest.extra, "slow_host": info}))
     if w.slow_rank:
@@ -1376,7 +1460,7 @@ def cpu_limit_nodes(ts: TraceSet, w: WhatIf) -> dict[str, float]:
     return out
 
 
-__all__ = ["CFS_PERIOD_MS", "COMPUTE_KINDS", "cfs_schedule", "cpu_seen", "dethrottle_factors", "full_speed_durations", "idle_cpu", "recorded_limits", "cpu_limit_nodes", "cpu_limit_warnings", "cpu_limited_graph", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
+__all__ = ["CFS_PERIOD_MS", "COMPUTE_KINDS", "cfs_schedule", "cpu_seen", "dethrottle_factors", "full_speed_durations", "idle_cpu", "recorded_limits", "WIRE_BOUND_TOLERANCE", "fastest_collectives", "wire_bound_share", "cpu_limit_nodes", "cpu_limit_warnings", "cpu_limited_graph", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
            "like_median", "slow_links", "slow_ranks", "slow_hosts", "host_cpu_split", "computation_per_iteration_ms",
            "ddp_bucket_assignment", "HVD_ROUNDS", "horovod_knobs",
            "rebucket", "scale_servers", "scale_world", "WhatIf", "with_bandwidth"]

@@ -158,6 +158,55 @@ def test_slow_host_busy_hand_computed():
             slow_hosts(ts, model, {"h1": 2.0}, **kw)
 
 
+def test_slow_host_wire_bound_hand_computed():
+    """--slow-host h1=2 --host-busy h1=0.9 --wire-mbps R on the job of test_slow_host_hand_computed: the
+    collectives whose fastest profiled instance took their wire's time at the goodput G = R x 1448/1514 (within
+    15 %) were bound by the wire's rate; that share p_w of the host's transfer time is not stretched.  The
+    split and the computation factor (2.947973) do not change.
+
+    Both buckets' fastest instance: 810 us (900 us x 0.9); 2 ranks, each moves the bucket's bytes (2 ring
+    steps of S/2): bucket0 4 MB, bucket1 2 MB; link-model time (1e9 B/s) 4 ms and 2 ms, t = 6 ms.
+
+        G = 4e6 / 810 us:  rho0 = 810 / 810 = 1.0 (wire),  rho1 = 810 / 405 = 2.0 (the hosts held it)
+            p_w = 4 / 6,   transfers x 1 + (1 - p_w) u (F - 1) = 1 + 0.876875 / 3 = 1.292292
+        G = 2e6 / 810 us:  rho0 = 0.5 (faster than the rate: not bound), rho1 = 1.0 (wire)
+            p_w = 2 / 6,   x 1 + (2 / 3) 0.876875 = 1.584583
+        G = 1e12:          rho = 2000 both: p_w = 0, x 1.876875 (as without --wire-mbps)
+    """
+    from dpro_kit.whatif import TCP_EFFICIENCY, fastest_collectives, wire_bound_share
+    ts = _with_cpu_record(tiny_traceset(workers=2, hosts=2, iterations=3))
+    model = CommModel(default=LinkModel(0.0, 1e9))
+    assert fastest_collectives(ts) == {"bucket0": (4_000_000, pytest.approx(810.0)),
+                                       "bucket1": (2_000_000, pytest.approx(810.0))}
+    mbps = lambda g: g * 8 / 1e6 / TCP_EFFICIENCY                     # noqa: E731  line rate of goodput g (B/s)
+    share, rho = wire_bound_share(ts, model, "w1", mbps(4e6 / 810e-6))
+    assert share == pytest.approx(4 / 6) and rho == {"bucket0": pytest.approx(1.0), "bucket1": pytest.approx(2.0)}
+    out, m, info = slow_hosts(ts, model, {"h1": 2.0}, busy={"h1": 0.9}, wire_mbps=mbps(4e6 / 810e-6))
+    assert info["w1"]["compute_factor"] == pytest.approx(1 + 3.60375 / 1.85, abs=1e-4)    # as without it
+    assert info["w1"]["wire_bound_share"] == pytest.approx(0.6667, abs=1e-4)
+    assert info["w1"]["transfer_factor"] == pytest.approx(1 + 0.876875 / 3, abs=1e-4)
+    assert m.transfer_us(2e6, "link:h0->h1") == pytest.approx(2000 * (1 + 0.876875 / 3))
+    assert m.transfer_us(2e6, "link:h0:upload") == pytest.approx(2000)        # h0's own interface
+    _, m2, info2 = slow_hosts(ts, model, {"h1": 2.0}, busy={"h1": 0.9}, wire_mbps=mbps(2e6 / 810e-6))
+    assert info2["w1"]["wire_bound_share"] == pytest.approx(1 / 3, abs=1e-4)
+    assert info2["w1"]["transfer_factor"] == pytest.approx(1 + 2 / 3 * 0.876875, abs=1e-4)
+    _, m3, info3 = slow_hosts(ts, model, {"h1": 2.0}, busy={"h1": 0.9}, wire_mbps=mbps(1e12))
+    assert info3["w1"]["wire_bound_share"] == 0.0
+    assert info3["w1"]["transfer_factor"] == pytest.approx(1.876875, abs=1e-4)
+    # in the built graph: the 2 ms / 1 ms ring steps of h1's links at x 1.292292
+    from dpro_kit.graph import build_global_dfg
+    g = build_global_dfg(out, comm_model=m)
+    sends = sorted({round(d["dur"], 1) for _, d in g.nodes(data=True) if d.get("kind") == "SEND"})
+    assert sends == [pytest.approx(1292.3, abs=0.1), pytest.approx(2584.6, abs=0.1)]
+    # no traced collectives (COMM events): nothing is known to be wire-bound, every transfer stretched
+    from dataclasses import replace
+    no_comm = replace(ts, events=ts.events[ts.events["kind"].astype(str) != "COMM"])
+    assert wire_bound_share(no_comm, model, "w1", 1000.0) == (0.0, {})
+    for bad in (0.0, -5.0, float("inf")):
+        with pytest.raises(DproError, match="line rate must be a positive"):
+            slow_hosts(ts, model, {"h1": 2.0}, wire_mbps=bad)
+
+
 def test_bench_busy_fraction_from_sched_records():
     """bench/stragglers.py: the busy part of the "busy" model, from the balanced plain jobs' --sched records
     only (the lightest neighbour, every link at the rate, no quota): median of (CPU + wait) / window."""
@@ -194,7 +243,9 @@ def test_cli_slow_host():
     for args, msg in ((["--slow-host", "host9=2"], "no host 'host9'"),
                       (["--cpu-share", "host1=0.5"], "--cpu-share needs --slow-host"),
                       (["--host-busy", "host1=0.9"], "--host-busy needs --slow-host"),
-                      (["--slow-host", "host1=2", "--host-busy", "host1=1.2"], "(0, 1]")):
+                      (["--slow-host", "host1=2", "--host-busy", "host1=1.2"], "(0, 1]"),
+                      (["--wire-mbps", "200"], "--wire-mbps needs --slow-host"),
+                      (["--slow-host", "host1=2", "--wire-mbps", "0"], "line rate must be a positive")):
         bad = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "replay", str(TWO_HOST), *args],
                              capture_output=True, text=True, cwd=ROOT)
         assert bad.returncode == 2 and msg in bad.stderr and len(bad.stderr.strip().splitlines()) <= 2, bad.stderr

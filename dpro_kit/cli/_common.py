@@ -174,6 +174,11 @@ def straggler_options() -> Callable[[F], F]:
                          help="With --slow-host: the part B (0-1] of its iteration HOST's training thread was runnable "
                               "(running or waiting for a core) in the job without the profiler, e.g. from "
                               "/proc/TID/schedstat; used instead of the collector's CPU record (docs/stragglers.md)."),
+            click.option("--wire-mbps", "wire_mbps", type=float, default=None, metavar="MBPS",
+                         help="With --slow-host: the links' line rate when profiled. The collectives whose fastest "
+                              "profiled instance took their wire's time at that rate (within 15 %) were bound by "
+                              "the wire, and keep their time; the others are stretched (docs/whatif.md, 'Wire- or "
+                              "CPU-paced')."),
             click.option("--cpu-limit", "cpu_limit", multiple=True, callback=_pairs(str, "HOST", "CPUS", "0.667"), metavar="HOST=CPUS",
                          help="What if HOST's cgroup had a CPU quota of CPUS (0.667: 2/3 of a CPU; split over its "
                               "workers): Linux CFS - full speed until the period's quota is spent, then stopped "

@@ -102,7 +102,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
            bucket_mb: float | None, first_bucket_mb: float | None, bandwidth_mbps: float | None,
            world_size: int | None, fusion_threshold_mb: float | None, cycle_time_ms: float | None,
            slow_rank: dict[int, float], like_median: tuple[int, ...], slow_link: dict[str, float],
-           slow_host: dict[str, float], cpu_share: dict[str, float], host_busy: dict[str, float], cpu_limit: dict[str, float], cpu_period_ms: float, recorded_quota: bool,
+           slow_host: dict[str, float], cpu_share: dict[str, float], host_busy: dict[str, float], wire_mbps: float | None, cpu_limit: dict[str, float], cpu_period_ms: float, recorded_quota: bool,
            servers: int | None, partition_bytes: int | None, stragglers: bool, no_align: bool, per_iteration: bool | None, schedule: str, device_model: str, overlap_factor: float | str, show_memory: bool, memory_limit: str | None,
            deft: bool, defer_buckets: str | None, links: str | None, fast: bool, as_json: bool,
            quiet: bool) -> None:
@@ -130,6 +130,7 @@ def replay(trace: Path, iterations: int, timeline: Path | None, measured_timelin
     wi.partition_bytes = partition_bytes
     wi.slow_rank, wi.like_median, wi.slow_link = dict(slow_rank), list(like_median), dict(slow_link)
     wi.slow_host, wi.cpu_share, wi.host_busy = dict(slow_host), dict(cpu_share), dict(host_busy)
+    wi.wire_mbps = wire_mbps
     wi.cpu_limit, wi.cpu_period_ms, wi.recorded_quota = dict(cpu_limit), cpu_period_ms, recorded_quota
     if fast:
         others = [o for o, on in (("what-if options", wi.any()), ("--timeline", timeline is not None),
