@@ -20,7 +20,8 @@ W = 1..N are simulated.
 ``--link FILE`` (a ``bench/link_sharing.py --out`` file at the same bandwidths) adds the predictions
 with the link's measured sharing (``--sharing arrival``), each as the steady window after random
 start offsets and as the bench's own run (``--steps`` steps from a common start), next to equal
-sharing; every run also records each host group's CFS throttled time (docs/async.md).
+sharing; every run also records each host group's CFS throttled time (docs/async.md). Every table
+also has equal sharing with the equal-window rule (``dpro async-predict --reverse-path window``).
 """
 from __future__ import annotations
 
@@ -297,9 +298,11 @@ def main(argv=None) -> int:
     # the prediction variants: (sharing, protocol); "steady" = random start offsets, steady window (the
     # paper's measurement), "run" = the bench's own run: --steps steps scheduled at once after a join,
     # all workers starting together, steps/s = steps / time until the last one ends (docs/async.md)
-    variants = [("equal", "steady")] + ([("equal", "run"), ("arrival", "steady"), ("arrival", "run")]
+    # "window": equal sharing plus the equal-window rule (dpro async-predict --reverse-path window)
+    variants = [("equal", "steady"), ("window", "steady")] + ([("equal", "run"), ("arrival", "steady"), ("arrival", "run")]
                                         if link_doc else [])
     names = {("equal", "steady"): "equal sharing, steady (range over 8 start offsets)",
+             ("window", "steady"): "equal sharing + equal-window rule, steady",
              ("equal", "run"): "equal, run from a common start", ("arrival", "steady"): "arrival, steady",
              ("arrival", "run"): "arrival sharing on the measured link, run from a common start"}
     print(f"\n| Mbit/s | W | measured steps/s (median of {args.rounds}; all) | " +
@@ -317,7 +320,9 @@ def main(argv=None) -> int:
         lm = link_model(link_doc, b, path=args.link) if link_doc else None
         preds = {}
         for sh, proto in variants:
-            kw = dict(fit, num_ps=args.ps, sharing=sh)
+            kw = dict(fit, num_ps=args.ps, sharing="equal" if sh == "window" else sh)
+            if sh == "window":
+                kw["reverse_path"] = "window"
             if sh == "arrival":     # W=1 has one transfer per link at a time: the same calibration holds
                 kw.update(newcomer_share=lm["newcomer_share"], goodput=lm["goodput"])
             if proto == "run":

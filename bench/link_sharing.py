@@ -23,6 +23,9 @@ Experiments, per bandwidth (each repeated ``--reps`` times, the first repetition
   PS's download, whose queue then stays full), worker 1 downloads from ``f * T1``: its duration over T1
   (down) is what an oversubscribed fan-in does to a download whose acknowledgements cross it
   (docs/async.md, "Reverse-path queueing"; ``--only-reverse2`` runs just this and ``alone``).
+* ``reverse2u f``: the mirror image: workers 2 and 3 download at once from 0 (two flows into the PS's
+  upload shaper), worker 1 uploads from ``f * T1``: its duration over T1 (up). The equal-window rule
+  (``dpro async-predict --reverse-path window``) predicts the same slowdown as ``reverse2``.
 * ``ping``: worker 1 makes a 64-byte request-response every 5 ms while worker 2 moves its bytes in one
   direction: how long a small message (an RPC, a step's dispatch) waits behind bulk data.
 
@@ -251,6 +254,9 @@ def main(argv=None) -> int:
                 for f in (0.25, 0.5):
                     res[f"reverse2 {f:g}"] = [] if args.only_ping else experiment(
                         c, "reverse2", {1: ("down", f * t1["up"]), 2: ("up", 0.0), 3: ("up", 0.0)}, size, t1["up"], args.reps)
+                    res[f"reverse2u {f:g}"] = [] if args.only_ping else experiment(
+                        c, "reverse2u", {1: ("up", f * t1["down"]), 2: ("down", 0.0), 3: ("down", 0.0)}, size, t1["down"],
+                        args.reps)
             res["reverse"] = [] if quick else experiment(c, "reverse", {1: ("down", 0.0), 2: ("up", 0.0)}, size,
                                         max(t1.values()), args.reps)
             ping = {d: ping_under_load(c, d, size, t1[d], args.reps) for d in ("down", "up")} if not args.only_reverse2 else {}
@@ -266,9 +272,15 @@ def main(argv=None) -> int:
                 continue
             d = name.split()[1] if not name.startswith("reverse") else "down"
             if name.startswith("reverse2"):
-                slow = [(r[1][1] - r[1][0]) / t1["down"] for r in rows]
-                print(f"| {name} (down while 2 up) | {statistics.median(slow):.2f} ({min(slow):.2f} .. {max(slow):.2f}) "
-                      f"(download / its T1) | 1 | 1 | download rate / alone = {1 / statistics.median(slow):.2f} |")
+                one, two = ("up", "down") if name.startswith("reverse2u") else ("down", "up")
+                f = float(name.split()[1])
+                slow = [(r[1][1] - r[1][0]) / t1[one] for r in rows]
+                # the equal-window rule: 1/2 of the link while the other two run (f T1 .. 2 T1), then all of it:
+                # (2 - f)/2 of the work by 2 T1, the rest alone, so its duration is (2 - f) + 1 - (2 - f)/2 = 2 - f/2
+                rule = 2 - f / 2
+                print(f"| {name} ({one} while 2 {two}) | {statistics.median(slow):.2f} ({min(slow):.2f} .. {max(slow):.2f}) "
+                      f"({one}load / its T1) | 1 | 1 | {one}load rate / alone = {1 / statistics.median(slow):.2f}; "
+                      f"equal-window rule {rule:.3f} |")
                 continue
             ends = {h: statistics.median(r[h][1] for r in rows) / t1[d] for h in rows[0]}
             e = ", ".join(f"{v:.2f}" for v in ends.values())

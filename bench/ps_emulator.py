@@ -13,8 +13,9 @@ Hosts unconstrained (no CPU budget).
     sudo bench/quietrun.sh python bench/ps_emulator.py 500 1,2 20 8        # ... SERVER_MS_PER_MB
     PS_EMU_TRACE=/tmp/emu8 ... python bench/ps_emulator.py 500 2 20 8; python bench/ps_emulator.py _offsets /tmp/emu8
         # every transfer's times, then the W = 2 phasing step by step (docs/async.md, "Reverse-path queueing")
-    python bench/ps_emulator.py _model 500 20 8 8.43,11.44,12.59,13.43 1,0.5   # the model of the same step,
-        # calibrated on the measured W = 1 (first value), W = 2.. predicted at each reverse cap, errors vs the rest
+    python bench/ps_emulator.py _model 500 20 8 8.43,11.44,12.59,13.43 1,0.5,window   # the model of the same step,
+        # calibrated on the measured W = 1 (first value), W = 2.. predicted at each reverse cap (or the
+        # equal-window rule, `window`), errors vs the rest
 """
 import json, os, queue, socket, struct, subprocess, sys, threading, time, statistics
 from pathlib import Path
@@ -112,9 +113,10 @@ def model(rate, compute_ms, ms_per_mb, measured, caps):
                 StepOp(f'down{k}', 'down', float(n + H.size), [u + 1])]
     tpl = StepTemplate(ops=ops, samples=[[o.work for o in ops]])
     bw = calibrate(tpl, measured[0], bandwidth_mbit=rate, steps=40, warmup=5)['bandwidth_mbit']
-    for cap in caps:
-        p = predict(tpl, list(range(2, len(measured) + 1)), seeds=4, bandwidth_mbit=bw, steps=50, warmup=10, reverse_cap=cap)
-        print(f'rate {rate:g} compute {compute_ms:g} ms server {ms_per_mb:g} ms/MB (calibrated {bw:.0f} Mbit/s) reverse cap {cap:g}: '
+    for cap in caps:     # a fraction: --reverse-cap; 'window': --reverse-path window (the equal-window rule)
+        kw = {'reverse_path': 'window'} if cap == 'window' else {'reverse_cap': float(cap)}
+        p = predict(tpl, list(range(2, len(measured) + 1)), seeds=4, bandwidth_mbit=bw, steps=50, warmup=10, **kw)
+        print(f'rate {rate:g} compute {compute_ms:g} ms server {ms_per_mb:g} ms/MB (calibrated {bw:.0f} Mbit/s) reverse {cap}: '
               + ', '.join(f'W={x.workers} {x.steps_per_s:.2f} ({100 * (x.steps_per_s / m - 1):+.1f} %)' for x, m in zip(p, measured[1:])), flush=True)
 def main():
     from dpro_kit.cluster import EmulatedCluster
@@ -138,5 +140,5 @@ if __name__ == '__main__':
     elif sys.argv[1] == '_worker': worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]), sys.argv[7])
     elif sys.argv[1] == '_offsets': offsets(sys.argv[2])
     elif sys.argv[1] == '_model': model(float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]),
-                                        [float(x) for x in sys.argv[5].split(',')], [float(x) for x in sys.argv[6].split(',')])
+                                        [float(x) for x in sys.argv[5].split(',')], sys.argv[6].split(','))
     else: main()

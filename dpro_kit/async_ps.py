@@ -474,7 +474,8 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
              step_overhead_us: float = 0.0, start_spread_us: float = 0.0, warmup: int = 20,
              seed: int = 0, sharing: str = "equal", newcomer_share: Any = 0.5,
              goodput: Any = None, start_offsets_us: Sequence[float] | None = None,
-             total_steps: int | None = None, reverse_cap: float = 1.0) -> SimResult:
+             total_steps: int | None = None, reverse_cap: float = 1.0,
+             reverse_path: str = "none") -> SimResult:
     """Alg. 3.1 of the paper for ``workers`` workers; returns the steps/s of all workers together.
 
     Parameters
@@ -534,9 +535,23 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
         oversubscribe the PS's download link and hold its queue full; the downloads'
         acknowledgements wait in that queue (docs/async.md, "Reverse-path queueing";
         ``bench/link_sharing.py --only-reverse2`` measures it).
+    reverse_path : str
+        ``"none"`` (default, the paper's model): the two directions of a PS's link are independent.
+        ``"window"``: every transfer touching a PS runs at the same rate when one direction of that
+        PS's link holds a standing queue: with ``n_up`` uploads to the PS and ``n_down`` downloads from
+        it at once and ``m = max(n_up, n_down) >= 2``, each direction's transfers together get at most
+        ``n_x / m`` of the link (split in proportion to their shares), i.e. ``1/m`` each under equal
+        sharing. Derivation (docs/async.md, "Reverse-path queueing: the equal-window rule"): all
+        transfers are window-limited TCP flows with the same window ``C`` (BBR on identical links);
+        ``m >= 2`` flows into one direction's shaper hold a queue of ``m·C`` bytes, ``m·C/B`` seconds,
+        which every flow of the PS has on its round trip (its data or its acknowledgements cross
+        it), so each runs at ``C / (m·C/B) = B/m``. One flow per direction builds no queue (each
+        sender is paced to the link rate by its own shaper), so W = 1 is unchanged. No parameter.
     """
     if not 0.0 < reverse_cap <= 1.0:
         raise ValueError(f"reverse_cap must be in (0, 1], not {reverse_cap!r}")
+    if reverse_path not in ("none", "window"):
+        raise ValueError(f"reverse_path must be 'none' or 'window', not {reverse_path!r}")
     if sharing not in ("equal", "arrival"):
         raise ValueError(f"sharing must be 'equal' or 'arrival', not {sharing!r}")
 
@@ -678,6 +693,18 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
                     if total > reverse_cap:
                         for k in keys:
                             share[k] *= reverse_cap / total
+        if reverse_path == "window":
+            for p in {p for _, p in on_link}:
+                n = {res: len(on_link.get((res, p), ())) for res in ("down", "up")}
+                m = max(n.values())
+                if m < 2:
+                    continue
+                for res in ("down", "up"):
+                    keys = on_link.get((res, p), ())
+                    total = sum(share[k] for k in keys)
+                    if n[res] < m and total > n[res] / m:
+                        for k in keys:
+                            share[k] *= n[res] / m / total
         out = {}
         links: dict[tuple[int, str], list[tuple[str, int]]] = defaultdict(list)
         for k in running:

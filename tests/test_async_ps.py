@@ -186,6 +186,37 @@ def test_reverse_cap_slows_downloads_only_while_two_uploads_run():
             simulate(t, 2, bandwidth_mbit=80, steps=10, reverse_cap=bad)
 
 
+def test_equal_window_rule_gives_every_flow_of_a_ps_the_same_rate():
+    # docs/async.md, "the equal-window rule": with m = max(n_up, n_down) >= 2 transfers in one direction of
+    # the PS's link, each of its transfers in either direction gets at most 1/m. 80 Mbit/s = 10 MB/s.
+    for first, then in (("down", "up"), ("up", "down")):
+        t = _tpl([StepOp("a", first, 1 * MB), StepOp("b", then, 1 * MB, [0])])
+        # one step each, workers 0 and 1 at 0, worker 2 at 100 ms. Equal sharing: 0-100 ms two `first`
+        # transfers at 1/2 (0.5 MB each); 100-250 three at 1/3 (workers 0, 1 end their 1 MB at 250, worker 2
+        # has 0.5 MB); 250-300 workers 0, 1 `then` at 1/2 (0.25 MB each) while worker 2's `first` is alone
+        # (ends 300); 300-525 three `then` at 1/3 (workers 0, 1 end at 525, worker 2 has 0.75 MB), then
+        # worker 2 alone: 550 ms.
+        eq = simulate(t, 3, bandwidth_mbit=80, steps=1, warmup=0, start_offsets_us=[0.0, 0.0, 100e3])
+        assert sorted(x for x, _ in eq.finish_us) == pytest.approx([525e3, 525e3, 550e3])
+        # the rule: 250-350 worker 2's lone `first` runs beside two `then` transfers, so at 1/2: its last
+        # 0.5 MB ends at 350 (workers 0, 1 have 0.5 MB of `then` by then); 350-500 three `then` at 1/3
+        # (workers 0, 1 end at 500, worker 2 has 0.5 MB); worker 2 alone: 550 ms.
+        win = simulate(t, 3, bandwidth_mbit=80, steps=1, warmup=0, start_offsets_us=[0.0, 0.0, 100e3],
+                       reverse_path="window")
+        assert sorted(x for x, _ in win.finish_us) == pytest.approx([500e3, 500e3, 550e3])
+    # the cap case of test_reverse_cap_...: two lockstep workers with an independent up and down each have
+    # two transfers in both directions: 1/2 each with or without the rule (10 steps/s)
+    t = _tpl([StepOp("u", "up", 1 * MB), StepOp("d", "down", 1 * MB)])
+    both = simulate(t, 2, bandwidth_mbit=80, steps=20, warmup=4, start_offsets_us=[0.0, 0.0], reverse_path="window")
+    assert both.steps_per_s == pytest.approx(10.0, rel=1e-9)
+    # one worker has at most one transfer per direction: W = 1 (the calibration) never changes
+    for tpl in (t, chain()):
+        assert (simulate(tpl, 1, bandwidth_mbit=80, steps=20, warmup=4, reverse_path="window").steps_per_s
+                == simulate(tpl, 1, bandwidth_mbit=80, steps=20, warmup=4).steps_per_s)
+    with pytest.raises(ValueError, match="reverse_path"):
+        simulate(t, 2, bandwidth_mbit=80, steps=10, reverse_path="tcp")
+
+
 def _link_doc():
     t1 = {"down": 0.1, "up": 0.1}
     rows = {
@@ -309,8 +340,9 @@ def test_link_sharing_bench_on_a_real_emulated_link(tmp_path: Path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads(out2.read_text())["results"]["100"]["rows"]
-    assert {k for k, v in rows.items() if v} == {"alone down", "alone up", "reverse2 0.25", "reverse2 0.5"}
-    assert all(0 <= row["1"][0] < row["1"][1] for n in ("reverse2 0.25", "reverse2 0.5") for row in rows[n])
+    assert {k for k, v in rows.items() if v} == {"alone down", "alone up", "reverse2 0.25", "reverse2 0.5",
+                                                 "reverse2u 0.25", "reverse2u 0.5"}
+    assert all(0 <= row["1"][0] < row["1"][1] for n in rows if n.startswith("reverse2") for row in rows[n])
 
 
 def test_template_from_a_real_mxnet_ps_trace():
@@ -357,3 +389,22 @@ def test_cli_says_when_the_trace_has_several_workers():
     note = [ln for ln in r.stderr.splitlines() if "note:" in ln]
     assert len(note) == 1 and str(trace) in note[0] and "has 3 workers" in note[0] and "host3/worker0" in note[0]
     assert "profile a 1-worker job" in note[0] and doc["note"] in note[0]
+
+
+def test_cli_reverse_path_window():
+    """`--reverse-path window` (the equal-window rule) on the kept MXNet trace: named in --json, W = 1 (one
+    transfer per direction) unchanged; an unknown value is refused by the option parser (exit 2)."""
+    trace = Path(__file__).resolve().parents[1] / "examples/traces/mxnet-ps-mlp-async-3w1s-200mbit"
+    docs = {}
+    for rp in ("none", "window"):
+        r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(trace), "--bandwidth", "200",
+                            "--workers", "1-2", "--seeds", "2", "--reverse-path", rp, "--json"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        docs[rp] = json.loads(r.stdout)
+    assert docs["window"]["reverse_path"] == "window" and docs["none"]["reverse_path"] == "none"
+    assert docs["window"]["predicted"][0]["steps_per_s"] == pytest.approx(docs["none"]["predicted"][0]["steps_per_s"])
+    assert all(p["steps_per_s"] > 0 for p in docs["window"]["predicted"])
+    r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(trace), "--bandwidth", "200",
+                        "--reverse-path", "fair"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--reverse-path" in r.stderr
