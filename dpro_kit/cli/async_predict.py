@@ -81,8 +81,9 @@ def saturation(rows: list[tuple[int, float]], gain: float = 0.05) -> int | None:
               help="window: while two or more transfers run in one direction of a PS's link, every transfer of "
                    "that PS, in either direction, gets the same rate (1/m of the link for m of them): the standing "
                    "queue they build is on every flow's round trip (equal TCP windows; docs/async.md, \"The "
-                   "equal-window rule\"). No parameter; W = 1 is unchanged. none: the two directions are "
-                   "independent (the paper's model).")
+                   "equal-window rule\"). No parameter; W = 1 is unchanged. It fits bursts of short transfers (the "
+                   "validated jobs: <= ~2 MB per tensor); with long transfers the effect fades. none: the two "
+                   "directions are independent (the paper's model).")
 @click.option("--run-steps", type=click.IntRange(min=1), default=None, metavar="N",
               help="Predict a run of N steps that all workers start together (ClusterCoordinator.schedule N "
                    "times, then join(): steps/s = N / time until the last ends) instead of the steady window "
