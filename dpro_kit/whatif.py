@@ -261,7 +261,8 @@ def byteps_partition_bytes(ts: TraceSet, partition_bytes: int) -> TraceSet:
 def with_bandwidth(model: CommModel, mbps: float, efficiency: float = TCP_EFFICIENCY) -> CommModel:
     """``model`` with every link at ``mbps`` Mbit/s line rate (goodput = rate x ``efficiency``).
 
-    The fitted latency is kept; per-link overrides are dropped (all links get the new rate).
+    The fitted latency is kept; per-link overrides are dropped (all links get the new rate); the per-host
+    factors of ``--slow-link`` / ``--slow-host`` are kept (they apply to the new rate).
 
     Parameters
     ----------
@@ -275,8 +276,8 @@ def with_bandwidth(model: CommModel, mbps: float, efficiency: float = TCP_EFFICI
     if not mbps > 0:
         raise DproError(f"bandwidth must be > 0 Mbit/s, got {mbps}")
     bw = mbps * 1e6 / 8 * efficiency
-    return CommModel(default=LinkModel(latency_us=model.default.latency_us, bandwidth_Bps=bw), per_link={},
-                     origin=f"what-if {mbps:g} Mbit/s (latency {model.origin})")
+    return replace(model, default=LinkModel(latency_us=model.default.latency_us, bandwidth_Bps=bw), per_link={},
+                   origin=f"what-if {mbps:g} Mbit/s (latency {model.origin})")
 
 
 HVD = "hvd:"   # op-id prefix of the Horovod background-thread ops (dpro_kit.readers.horovod)

@@ -198,6 +198,11 @@ def test_slow_host_wire_bound_hand_computed():
     g = build_global_dfg(out, comm_model=m)
     sends = sorted({round(d["dur"], 1) for _, d in g.nodes(data=True) if d.get("kind") == "SEND"})
     assert sends == [pytest.approx(1292.3, abs=0.1), pytest.approx(2584.6, abs=0.1)]
+    # --bandwidth-mbps after --slow-host (whatif.apply's order) keeps the host's stretch on the new rate
+    from dpro_kit.whatif import with_bandwidth
+    m8 = with_bandwidth(m, 8000)
+    assert m8.transfer_us(2e6, "link:h0->h1") == pytest.approx(2e6 / (8000e6 / 8 * TCP_EFFICIENCY) * 1e6
+                                                               * (1 + 0.876875 / 3))
     # no traced collectives (COMM events): nothing is known to be wire-bound, every transfer stretched
     from dataclasses import replace
     no_comm = replace(ts, events=ts.events[ts.events["kind"].astype(str) != "COMM"])
