@@ -408,3 +408,23 @@ def test_cli_reverse_path_window():
     r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(trace), "--bandwidth", "200",
                         "--reverse-path", "fair"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--reverse-path" in r.stderr
+
+
+def test_reverse_tcpinfo_bench_on_a_real_emulated_link(tmp_path: Path):
+    """bench/reverse_tcpinfo.py end to end (tiny transfers, 2 repetitions): every sender's TCP_INFO samples
+    are written; no timing is asserted."""
+    from conftest import netns_unusable_reason
+    reason = netns_unusable_reason("trti")
+    if reason is not None:
+        pytest.skip(str(reason))
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "rt.json"
+    r = subprocess.run([sys.executable, str(root / "bench/reverse_tcpinfo.py"), "100", "0.2", "0.25", "2", str(out),
+                        "5", "trti"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert [len(doc[h]["recs"]) for h in ("1", "2", "3")] == [2, 2, 2] and len(doc["1"]["srv"]) == 2
+    assert [op for op, *_ in doc["1"]["recs"]] == ["down", "down"] and doc["2"]["recs"][0][0] == "up"
+    # samples: [time, srtt us, cwnd bytes, pacing Mbit/s, bytes acked, min rtt us, delivery Mbit/s, in flight bytes]
+    assert all(len(s) == 8 and s[2] > 0 for s in doc["1"]["srv"][1] + doc["2"]["recs"][1][3])
+    assert "rep 1: download" in r.stdout
