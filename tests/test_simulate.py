@@ -156,6 +156,27 @@ def test_pipeline_bubble_equal_stages(schedule):
     assert sorted({tuple(c["group"]) for c in sends}) == [("h0/0", "h1/1"), ("h1/1", "h0/0")]
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_runtime_overhead_per_action(schedule):
+    """The pipeline above with a measured runtime overhead of 4 ms per rank and iteration: 2m = 8
+    actions per rank, 0.5 ms each, at the start of every forward and backward (after the receive it
+    waits for), so f = 500 + 500 = 1000 us, b = 1000 + 500 = 1500 us per stage and micro-batch:
+    (m + p - 1)(f + b) = 5 x 2500 = 12500 us; each rank's compute m(f + b) = 10 ms.  The file's key
+    and predict()'s argument give the same; predict()'s wins."""
+    doc = {"ranks": 2, "hosts": 2, "latency_us": 0, "strategy": {
+        "pipeline": {"stages": 2, "micro_batches": 4, "schedule": schedule}}}
+    p = run(chain_model(4), doc, runtime_overhead_ms=4.0)
+    assert p.iteration_ms == pytest.approx(12.5, abs=1e-9)
+    for r in p.per_rank:
+        assert r["compute_ms"] == pytest.approx(10.0, abs=1e-9)
+    q = run(chain_model(4), {**doc, "runtime_overhead_ms": 4.0})
+    assert q.iteration_ms == pytest.approx(12.5, abs=1e-9)
+    assert run(chain_model(4), {**doc, "runtime_overhead_ms": 4.0}, runtime_overhead_ms=0.0).iteration_ms == \
+        pytest.approx(7.5, abs=1e-9)
+    with pytest.raises(DproError, match="runtime_overhead_ms"):
+        strat({**doc, "runtime_overhead_ms": -1})
+
+
 def test_pipeline_activation_memory_by_schedule():
     """Activations per layer 1000 B, 2 layers per stage, m = 4: 500 B per micro-batch and stage.
     GPipe holds all 4 micro-batches (2000 B); 1F1B stage 0 holds 2 (1000 B), stage 1 holds 1 (500 B).

@@ -78,13 +78,18 @@ interpolated between the measured batch sizes (docs/simulate.md).
 @click.option("--overlap-factor", type=click.FloatRange(0.0), default=0.0, show_default=True,
               help="Proteus' gamma: computation runs (1+gamma) x slower while a transfer of its host is in flight "
                    "(shared device model only).")
+@click.option("--runtime-overhead", "runtime_overhead", multiple=True, metavar="NAME=MS",
+              help="The strategy NAME's runtime CPU time per rank and iteration besides the model's ops (DTensor "
+                   "dispatch, FSDP2's copies, the pipelining schedule), measured (bench/simulate_accuracy.py "
+                   "--calibrate); overrides the file's runtime_overhead_ms (repeatable; docs/simulate.md).")
 @click.option("--timeline", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the --strategy's replayed iteration (every rank's ops, transfers, memory counters) as "
                    "Chrome/Perfetto trace JSON (open in https://ui.perfetto.dev).")
 @output_options("Print one JSON object: the model, every strategy's prediction, the ranking.")
 def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], at_batch: tuple[Path, ...],
              memory_limit: str | None, profiled_peak: str | None,
-             bandwidth_mbps: float | None, device_model: str, overlap_factor: float, timeline: Path | None,
+             bandwidth_mbps: float | None, device_model: str, overlap_factor: float,
+             runtime_overhead: tuple[str, ...], timeline: Path | None,
              as_json: bool, quiet: bool) -> None:
     """Predict how a training job would run under other parallelization strategies.
 
@@ -104,6 +109,19 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], at_b
     limit = parse_memory(memory_limit, record="--memory-limit") if memory_limit is not None else None
     measured = parse_memory(profiled_peak, record="--profiled-peak") if profiled_peak is not None else None
     strategies = [load_strategy(p) for p in (strategy_path, *compare)]   # all files checked before any work
+    overheads: dict[str, float] = {}
+    for item in runtime_overhead:
+        nm, eq, val = item.rpartition("=")
+        try:
+            ms = float(val) if eq and nm else float("nan")
+        except ValueError:
+            ms = float("nan")
+        if not ms >= 0 or ms == float("inf"):
+            raise DproError(f"--runtime-overhead {item!r}: expected NAME=MS with MS a number >= 0")
+        if nm not in {s.name for s in strategies}:
+            raise DproError(f"--runtime-overhead {item!r}: no strategy named {nm!r}",
+                            hint="names: " + ", ".join(s.name for s in strategies))
+        overheads[nm] = ms
     from ..simulate.predict import pick_device_model
     dm = pick_device_model() if device_model == "auto" else device_model
     if dm == "shared" and pick_device_model() != "shared":
@@ -120,7 +138,8 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], at_b
     cm = session.comm_model
     default_bw = cm.default.bandwidth_Bps if cm is not None and cm.origin != "default" else None
     preds = [predict(model, s, bandwidth_mbps=bandwidth_mbps, default_bandwidth_Bps=default_bw, memory_limit=limit,
-                     device_model=dm, overlap_factor=overlap_factor) for s in strategies]
+                     device_model=dm, overlap_factor=overlap_factor, runtime_overhead_ms=overheads.get(s.name))
+             for s in strategies]
     ranked = rank_strategies(preds)
     if timeline is not None:
         from ..timeline import replay_to_chrome, write_chrome

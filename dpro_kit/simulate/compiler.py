@@ -478,7 +478,7 @@ def comm_model_for(strategy: Strategy, nodes: list[str], hosts: list[str], *, ba
 
 
 def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: float, latency_us: float,
-                     intra_Bps: float) -> Compiled:
+                     intra_Bps: float, runtime_us: float = 0.0) -> Compiled:
     """Compile ``model`` under ``strategy`` into a distributed execution graph (module docstring).
 
     Parameters
@@ -493,6 +493,11 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
         Per-transfer latency (the alpha of the alpha-beta model).
     intra_Bps : float
         Link rate between ranks of one host.
+    runtime_us : float
+        The strategy runtime's own CPU time per rank and iteration (``Strategy.runtime_overhead_ms``,
+        measured): split evenly over the rank's ``2m`` actions (each micro-batch's forward and
+        backward), one compute op ``runtime F|B mb<j>`` at the start of each, after the pipeline
+        receive that action waits for.
 
     Returns
     -------
@@ -553,6 +558,11 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                 order = schedule_order(s, S, m, st.schedule, st.max_in_flight)
                 # units in schedule order; each unit = list of compute ops (keys), built now, chained
                 for kind_, j in order:
+                    if runtime_us > 0:     # the runtime's own CPU time for this action (measured)
+                        key = b.compute(node, f"runtime {kind_} mb{j}", runtime_us / (2 * m), kind=OpKind.OTHER.value)
+                        b.g.add_edge(last, key)
+                        last = key
+                        chain.append(key)
                     if kind_ == "F":
                         for li, pl in enumerate(plans):
                             for k, seg in enumerate(pl.segments):
@@ -636,6 +646,9 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                     b.g.add_edge(kr, K(dst, f"F mb{j} {nplans[0].layer.name} seg0"))
                     kg = b.p2p(dst, src, act, bwd_tail[(dst, j)], f"pp grad mb{j} s{s + 1}->{s}")
                     b.g.add_edge(kg, _first_bwd_key(src, j, plans))
+                    if runtime_us > 0:   # the action's runtime work starts once its input has arrived
+                        b.g.add_edge(kr, K(dst, f"runtime F mb{j}"))
+                        b.g.add_edge(kg, K(src, f"runtime B mb{j}"))
     # data-parallel gradient synchronisation and the optimizer step
     notes: list[str] = [batch_note(model, x, tp)] if div > 1 or tp > 1 else []
     if b.rs_as_allreduce and any(pl.settings.sharding in SHARDED_PARAMS for plans in stage_plans for pl in plans):

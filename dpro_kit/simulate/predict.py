@@ -51,6 +51,7 @@ class Prediction:
     compiled: Compiled | None = None
     notes: list[str] = field(default_factory=list)
     overlap_factor: float = 0.0
+    runtime_overhead_ms: float = 0.0
     #: the replay (:class:`dpro_kit.replay.ReplayResult`) and its memory timeline
     #: (:class:`dpro_kit.optimize.memory.ReplayMemory`), for ``--timeline``
     result: Any = None
@@ -63,7 +64,7 @@ class Prediction:
                 "breakdown_ms": {k: round(v, 4) for k, v in self.breakdown_ms.items()},
                 "peak_memory_bytes": int(self.peak_memory_bytes), "memory_limit_bytes": self.memory_limit_bytes,
                 "oom": self.oom, "device_model": self.device_model, "overlap_factor": self.overlap_factor,
-                "links": self.links,
+                "links": self.links, "runtime_overhead_ms": self.runtime_overhead_ms,
                 "collectives": self.collectives, "ranks": self.per_rank,
                 "stages": self.compiled.stage_layers if self.compiled else None, "notes": self.notes}
 
@@ -96,7 +97,8 @@ def pick_device_model() -> str:
 
 def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | None = None,
             default_bandwidth_Bps: float | None = None, memory_limit: int | None = None,
-            device_model: str | None = None, overlap_factor: float = 0.0) -> Prediction:
+            device_model: str | None = None, overlap_factor: float = 0.0,
+            runtime_overhead_ms: float | None = None) -> Prediction:
     """Compile and replay ``strategy`` on ``model``.
 
     Parameters
@@ -118,6 +120,10 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
     overlap_factor : float
         Proteus' gamma for the ``shared`` kernel (computation slowed by ``1 + gamma`` while a
         transfer of its host is in flight); must be 0 with ``fifo``.
+    runtime_overhead_ms : float or None
+        The strategy runtime's own CPU time per rank and iteration, overriding the file's
+        ``runtime_overhead_ms`` (None and none in the file: 0); measured, docs/simulate.md
+        "Runtime overheads".
 
     Returns
     -------
@@ -139,7 +145,8 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
         bw_src = "profile link model" if default_bandwidth_Bps else "default"
     intra = (strategy.intra_host_bandwidth_mbps or DEFAULT_INTRA_HOST_MBPS) * 1e6 / 8
     lat = strategy.latency_us if strategy.latency_us is not None else DEFAULT_LATENCY_US
-    comp = compile_strategy(model, strategy, bandwidth_Bps=bw, latency_us=lat, intra_Bps=intra)
+    ovh = runtime_overhead_ms if runtime_overhead_ms is not None else (strategy.runtime_overhead_ms or 0.0)
+    comp = compile_strategy(model, strategy, bandwidth_Bps=bw, latency_us=lat, intra_Bps=intra, runtime_us=ovh * 1e3)
     dm = device_model or pick_device_model()
     opts = {"overlap_factor": float(overlap_factor)} if dm == "shared" else None
     if overlap_factor and dm != "shared":
@@ -199,11 +206,15 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
     links = {"inter_host_mbps": line if line is not None else bw * 8 / 1e6, "goodput_mbps": bw * 8 / 1e6,
              "source": bw_src, "intra_host_mbps": intra * 8 / 1e6, "latency_us": lat}
     notes = list(model.notes) + list(comp.notes)
+    if ovh:
+        notes.append(f"runtime overhead {ovh:g} ms per rank and iteration added (measured, not modelled: "
+                     "docs/simulate.md \"Runtime overheads\")")
     if dm == "fifo":
         notes.append("replayed with FIFO links (no bandwidth sharing between concurrent transfers)")
     return Prediction(strategy=strategy, iteration_ms=T / 1e3, breakdown_ms=breakdown, per_rank=per_rank,
                       peak_memory_bytes=peak, memory_limit_bytes=limit, oom=oom, links=links, device_model=dm,
                       collectives=colls, compiled=comp, notes=notes, overlap_factor=float(overlap_factor),
+                      runtime_overhead_ms=float(ovh),
                       result=res, memory=mem)
 
 

@@ -22,7 +22,8 @@ host, and the per-transfer latency), ``link_efficiency`` (goodput / line rate of
 inter-host links, default :data:`dpro_kit.whatif.TCP_EFFICIENCY`), ``memory_limit`` (``"8GiB"``; the CLI's
 ``--memory-limit`` overrides it), ``pipeline.split`` (``balanced`` by time, or ``even``),
 ``data_parallel.bucket_mb`` (DDP's gradient bucket
-cap, default 25) and, per node, ``tensor_parallel.degree`` 1 (replicate that subtree).
+cap, default 25), ``runtime_overhead_ms`` (the strategy runtime's own CPU time per rank and
+iteration, measured: docs/simulate.md "Runtime overheads") and, per node, ``tensor_parallel.degree`` 1 (replicate that subtree).
 
 Propagation (§VII "Strategy Propagation", first step): a configuration not set on a
 node is inherited from its parent; a child applies to every module whose name starts
@@ -54,7 +55,7 @@ SHARDINGS = ("none", "zero1", "zero2", "zero3", "fsdp")
 SCHEDULES = ("gpipe", "1f1b")
 
 _TOP_KEYS = {"name", "ranks", "hosts", "bandwidth_mbps", "intra_host_bandwidth_mbps", "latency_us", "memory_limit",
-             "link_efficiency", "strategy"}
+             "link_efficiency", "runtime_overhead_ms", "strategy"}
 _NODE_KEYS = {"data_parallel", "tensor_parallel", "pipeline", "recompute", "children"}
 _DP_KEYS = {"degree", "sharding", "bucket_mb"}
 _TP_KEYS = {"degree"}
@@ -138,6 +139,9 @@ class Strategy:
     latency_us: float | None = None
     memory_limit: int | None = None
     link_efficiency: float | None = None
+    #: CPU time per rank and iteration the strategy's runtime spends besides the model's ops (DTensor
+    #: dispatch, FSDP2's copies, the pipelining schedule; measured, not modelled: docs/simulate.md)
+    runtime_overhead_ms: float | None = None
     path: str | None = None
 
     def settings(self, module: str) -> Settings:
@@ -292,6 +296,10 @@ def parse_strategy(doc: Any, *, path: str | None = None, default_name: str = "st
     if eff is not None and (not _is_num(eff) or not 0 < eff <= 1):
         raise err("link_efficiency", f"must be a number in (0, 1], got {eff!r}",
                   "TCP goodput / line rate; default 1448/1514 (docs/whatif.md)")
+    ovh = doc.get("runtime_overhead_ms")
+    if ovh is not None and (not _is_num(ovh) or ovh < 0 or not math.isfinite(ovh)):
+        raise err("runtime_overhead_ms", f"must be a number >= 0, got {ovh!r}",
+                  "the runtime's CPU time per rank and iteration besides the model's ops (docs/simulate.md)")
     mem = doc.get("memory_limit")
     if mem is not None:
         mem = parse_memory(mem, path=path, record="memory_limit")
@@ -334,7 +342,8 @@ def parse_strategy(doc: Any, *, path: str | None = None, default_name: str = "st
     return Strategy(name=str(name), ranks=ranks, hosts=hosts, dp=dp, tp=tp, stages=stages, micro_batches=mbs,
                     schedule=sched, root=root, max_in_flight=mif, split=split, bucket_mb=float(bucket), bandwidth_mbps=bw,
                     intra_host_bandwidth_mbps=ibw, latency_us=None if lat is None else float(lat),
-                    memory_limit=mem, link_efficiency=None if eff is None else float(eff), path=path)
+                    memory_limit=mem, link_efficiency=None if eff is None else float(eff),
+                    runtime_overhead_ms=None if ovh is None else float(ovh), path=path)
 
 
 def _children(items: Any, key: str, parent: StrategyNode, dp: int, tp: int, err) -> list[StrategyNode]:
