@@ -43,6 +43,15 @@ provoked: the job's allocations are not capped), predicted = ``dpro simulate --m
     python bench/simulate_accuracy.py --pin 0,1 --rounds 1 --prefix sim7 --out bench-pinned   # one core per host
     python bench/simulate_accuracy.py --reprofile bench-simulate/rows.json --models mlp --out bench-reprofile
     python bench/simulate_accuracy.py --remeasure-memory bench-simulate/rows.json --out bench-memory   # memory only
+    python bench/simulate_accuracy.py --calibrate bench-simulate/rows.json --pin 0,1 --no-predict --out bench-cal
+    python bench/simulate_accuracy.py --repredict bench-cal/rows.json   # predicted with the runtimes' overheads
+
+``--calibrate ROWS`` measures what each strategy's runtime costs besides the model's ops (DTensor
+dispatch, FSDP2's copies and per-call collective cost, the pipelining schedule) on each model's tiny
+twin (``train.py --width-div 16``: the same layers and ops on tiny tensors): the twin is profiled and
+run under every strategy once, and the overhead is its measured iteration minus ``dpro simulate``'s
+prediction of it; ``--repredict`` then passes it as ``--runtime-overhead NAME=MS`` (docs/simulate.md
+"Runtime overheads").  Measured once per model and machine, never on the rows it predicts.
 
 Writes ``OUT/rows.json`` (every measurement, kept traces) after every job, so a cut-off run keeps
 what it measured.
@@ -82,6 +91,12 @@ def strategy_ranks(path: Path) -> int:
     return int(yaml.safe_load(path.read_text())["ranks"])
 
 
+def strategy_name(path: Path) -> str:
+    """The strategy file's ``name`` (what ``dpro simulate --runtime-overhead NAME=MS`` matches)."""
+    from dpro_kit.simulate.strategy import load_strategy
+    return load_strategy(path).name
+
+
 def simulate_available() -> bool:
     p = subprocess.run(DPRO + ["simulate", "--help"], capture_output=True, text=True, env={**os.environ, **ENV})
     return p.returncode == 0
@@ -119,11 +134,14 @@ def rank_fractions(sfiles: list[Path]) -> list[float]:
 
 
 def simulate(trace: str, sfile: Path, rate: float, cap_bytes: int | None, at_batch: list[str] = (),
-             profiled_peak: int | None = None) -> dict[str, Any]:
+             profiled_peak: int | None = None, overhead_ms: float | None = None) -> dict[str, Any]:
     """``dpro simulate --json``: predicted ms, peak bytes (largest device), OOM verdict (with a cap);
-    ``profiled_peak``: the single process's measured peak (``--profiled-peak``)."""
+    ``profiled_peak``: the single process's measured peak (``--profiled-peak``); ``overhead_ms``: the
+    strategy runtime's measured overhead (``--runtime-overhead``, from ``--calibrate``)."""
     cmd = DPRO + ["simulate", trace] + [a for t in at_batch for a in ("--profile-at-batch", t)] + [
         "--strategy", str(sfile), "--bandwidth-mbps", f"{rate:g}", "--json"]
+    if overhead_ms is not None:
+        cmd += ["--runtime-overhead", f"{strategy_name(sfile)}={overhead_ms:.3f}"]
     if cap_bytes is not None:
         cmd += ["--memory-limit", str(int(cap_bytes))]
     if profiled_peak is not None:
@@ -152,12 +170,14 @@ class Bench:
         self.n = 0
 
     def job(self, model: str, sfile: Path | None, ranks: int, rate: float | None, *, memory: bool = False,
-            profile: bool = False, batch: int | None = None) -> dict[str, Any]:
+            profile: bool = False, batch: int | None = None, width_div: int = 1) -> dict[str, Any]:
         a = self.a
         self.n += 1
         tag = f"{self.n:03d}-{model}-{sfile.stem if sfile else 'single'}-{'prof' if profile else 'mem' if memory else 'plain' if rate is None else f'{rate:g}'}"
         if batch is not None:
             tag += f"-b{batch}"
+        if width_div > 1:
+            tag += f"-w{width_div}"
         jdir = a.out / tag
         jdir.mkdir(exist_ok=True)
         times = jdir / "times.json"
@@ -173,6 +193,8 @@ class Bench:
             argv += ["--batch-size", str(batch)]
         if memory:
             argv.append("--memory")
+        if width_div > 1:
+            argv += ["--width-div", str(width_div)]
         trace = jdir / "trace"
         print(f"  job {tag} ...", end="", flush=True)
         self.log.write(f"\n=== {tag}: {' '.join(argv)}\n")
@@ -240,10 +262,14 @@ def predict(rows: dict[str, Any], at_batch: bool = True) -> None:
         r["replay_ms"] = replay_ms(r["trace"])
     extra = (rows.get("profiles_at_batch") or {}) if at_batch else {}
     rows["simulate"] = "dpro simulate" + ("" if at_batch else " (global-batch profile only: --profile-batches none)")
+    ovh = calibrated_overheads(rows, at_batch) if rows.get("calibration") else {}
+    if ovh:
+        rows["simulate"] += " with --runtime-overhead from --calibrate"
     for r in rows["time"]:
         trace = rows["profiles"][r["model"]]["trace"]
         cap = rows["caps"].get(r["model"])
-        r["pred"] = simulate(trace, _sfile(r), r["rate"], cap, [p["trace"] for p in extra.get(r["model"], [])])
+        r["pred"] = simulate(trace, _sfile(r), r["rate"], cap, [p["trace"] for p in extra.get(r["model"], [])],
+                             overhead_ms=(ovh.get(r["model"]) or {}).get(r["strategy"]))
     single = rows.get("single_memory") or {}
     for r in rows["memory"]:
         trace = rows["profiles"][r["model"]]["trace"]
@@ -251,6 +277,60 @@ def predict(rows: dict[str, Any], at_batch: bool = True) -> None:
         r["pred"] = simulate(trace, _sfile(r), rate, rows["caps"].get(r["model"]),
                              [p["trace"] for p in extra.get(r["model"], [])],
                              (single.get(r["model"]) or {}).get("peak_bytes"))
+
+
+def calibrate(a: argparse.Namespace, rows: dict[str, Any], models: list[str]) -> None:
+    """The strategy runtimes' own cost, measured once per model on its tiny-width twin (``train.py
+    --width-div``: every width / ``a.width_div``, the same layers, Linears, parameter tensors, batch and
+    sequence, so the same ops and runtime calls on tiny tensors): the single process profiled as for the
+    full model (``--profile-batches``), and every strategy of ``rows`` once at the first rate, on the same
+    emulated hosts.  ``rows["calibration"][model]``: the tiny profiles and each strategy's measured
+    iteration; :func:`calibrated_overheads` turns them into overheads (no job)."""
+    b = Bench(a)
+    sfiles = sorted({_sfile(r) for r in rows["time"]})
+    rate = rows["rates"][0]
+    cal = rows.setdefault("calibration", {})
+    for model in models:
+        batch = model_batch(model)
+        print(f"== {model} / {a.width_div} (tiny twin): profiles and one run per strategy at {rate:g} Mbit/s, "
+              f"{budget(a)}", flush=True)
+        c: dict[str, Any] = {"width_div": a.width_div, "rate": rate, "started_utc": time.strftime(
+            "%Y-%m-%d %H:%M:%S", time.gmtime())}
+        c["profile"] = b.job(model, None, 1, None, profile=True, batch=batch, width_div=a.width_div)
+        c["profiles_at_batch"] = []
+        if a.profile_batches == "auto":
+            for x in rank_fractions(sfiles):
+                bx = batch * x
+                if abs(bx - round(bx)) < 1e-9 and round(bx) >= 1:
+                    c["profiles_at_batch"].append(b.job(model, None, 1, None, profile=True, batch=int(round(bx)),
+                                                        width_div=a.width_div))
+        c["strategies"] = {}
+        for sf in sfiles:
+            j = b.job(model, sf, strategy_ranks(sf), rate, width_div=a.width_div)
+            c["strategies"][sf.stem] = {"strategy_file": str(sf), "measured_ms": j["ms"], "tag": j["tag"]}
+        c["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        cal[model] = c
+        save(a, rows)
+
+
+def calibrated_overheads(rows: dict[str, Any], at_batch: bool = True) -> dict[str, dict[str, float]]:
+    """Per model and strategy: the runtime overhead (ms per rank and iteration) = the tiny twin's measured
+    iteration minus ``dpro simulate``'s prediction of it without overhead (from the twin's own profiles, at
+    the calibration's rate), at least 0 -- what the simulator misses on a job whose compute and bytes are
+    negligible: the runtime's own CPU time and the per-call cost of its collectives.  Measured once per
+    model and machine, never on the rows being predicted.  Stored back into ``rows["calibration"]``."""
+    out: dict[str, dict[str, float]] = {}
+    for model, c in (rows.get("calibration") or {}).items():
+        extra = [p["trace"] for p in c.get("profiles_at_batch", [])] if at_batch else []
+        for name, sr in c["strategies"].items():
+            sf = Path(sr["strategy_file"])
+            sf = sf if sf.exists() else STRATS / sf.name
+            pr = simulate(c["profile"]["trace"], sf, c["rate"], None, extra)
+            sr["predicted_ms"] = pr.get("ms")
+            sr["overhead_ms"] = None if pr.get("ms") is None else round(max(0.0, sr["measured_ms"] - pr["ms"]), 3)
+            if sr["overhead_ms"] is not None:
+                out.setdefault(model, {})[name] = sr["overhead_ms"]
+    return out
 
 
 def memory_run(model: str, sfile: Path | None, ranks: int, out: Path, iters: int, warmup: int) -> dict[str, Any]:
@@ -320,6 +400,14 @@ def tables(rows: dict[str, Any]) -> str:
         mo, po = order(g["m"]), order(g["p"])
         out.append(f"| {model} | {rate:g} | {' < '.join(mo or [])} | {' < '.join(po) if po else '-'} | "
                    f"{'-' if po is None else 'yes' if po == mo else 'NO'} |")
+    if rows.get("calibration"):
+        out += ["", "runtime overheads (tiny twins, `--calibrate`): measured vs predicted without overhead", "",
+                "| model | width / | strategy | Mbit/s | tiny measured ms | tiny predicted ms | overhead ms |",
+                "|---|---|---|---|---|---|---|"]
+        for model, c in rows["calibration"].items():
+            for name, sr in c["strategies"].items():
+                out.append(f"| {model} | {c['width_div']} | {name} | {c['rate']:g} | {sr['measured_ms']:.2f} | "
+                           f"{f(sr.get('predicted_ms'))} | {f(sr.get('overhead_ms'))} |")
     if rows.get("single"):
         out += ["", "single process, no profiler, one host at the same budget, vs `dpro replay` of its profile:", "",
                 "| model | batch | measured ms | profiled window ms | unprofiled steps of the profiled run ms | "
@@ -431,11 +519,29 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows.json of an earlier run: measure peak memory again (every strategy and the single "
                          "process, train.py --memory on loopback at nice 19: no emulated hosts, no lock needed), "
                          "recompute the caps, predict with --profiled-peak, write --out/rows.json")
+    ap.add_argument("--calibrate", type=Path, default=None, metavar="ROWS",
+                    help="rows.json of an earlier run: measure the strategy runtimes' overheads on each model's tiny "
+                         "twin (train.py --width-div; profiles + one run per strategy at the first rate, the same "
+                         "hosts: needs the lock), then predict ROWS's measurements with them (--runtime-overhead); "
+                         "writes --out/rows.json")
+    ap.add_argument("--width-div", type=int, default=16, help="--calibrate: the tiny twin's width divisor")
     ap.add_argument("--no-predict", action="store_true",
                     help="run the jobs and stop (no dpro simulate / replay: those need no lock on a shared machine); "
                          "predict later with --repredict OUT/rows.json")
     a = ap.parse_args(argv)
     a.pin = [x.strip() for x in a.pin.split(",")] if a.pin else None
+    if a.calibrate:
+        rows = json.loads(a.calibrate.read_text())
+        rows["measured_in"] = rows.get("measured_in") or str(a.calibrate)
+        models = [m for m in a.models.split(",") if m and m in rows["profiles"]]
+        calibrate(a, rows, models)
+        if a.no_predict:
+            print(f"measured; predict with: {Path(sys.argv[0]).name} --repredict {a.out / 'rows.json'}")
+            return 0
+        predict(rows)
+        save(a, rows)
+        print(tables(rows))
+        return 0
     if a.pin and not (a.repredict or a.reprofile):
         need = max(strategy_ranks(strategy_file(s)) for s in a.strategies.split(",") if s)
         if len(a.pin) < need:

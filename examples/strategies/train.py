@@ -155,8 +155,16 @@ MODELS = {
 }
 
 
-def build(model: str) -> tuple[Net, dict]:
-    c = MODELS[model]
+def build(model: str, width_div: int = 1) -> tuple[Net, dict]:
+    """The model; ``width_div`` > 1 divides every width (features, hidden, d_model) by it, keeping the
+    layers, Linears, parameter tensors, batch and sequence: the same ops and runtime calls on tiny
+    tensors (a strategy runtime's fixed costs, ``--width-div``; docs/simulate.md)."""
+    c = dict(MODELS[model])
+    for k in ("d_in", "d", "hidden"):
+        if k in c:
+            c[k] = max(1, c[k] // width_div)
+    if model == "transformer" and width_div > 1:
+        c["d"] = max(c["heads"], c["d"] // c["heads"] * c["heads"])
     if model == "mlp":
         net = Net(nn.Linear(c["d_in"], c["d"]), [FFN(c["d"], c["hidden"]) for _ in range(c["layers"])],
                   Head(c["d"], c["classes"], norm=False))
@@ -297,7 +305,7 @@ class Job:
     def __init__(self, args: argparse.Namespace, st: dict, rank: int, world: int) -> None:
         self.args, self.st, self.rank, self.world = args, st, rank, world
         torch.manual_seed(args.seed)             # same initial weights on every rank
-        net, self.cfg = build(args.model)
+        net, self.cfg = build(args.model, args.width_div)
         self.n_params = sum(p.numel() for p in net.parameters())
         self.recomputed = apply_recompute(net, st["recompute"]) if st["recompute"] else []
         self.local_batch = args.batch_size
@@ -550,6 +558,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=20, help="measured iterations (after warm-up)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--width-div", type=int, default=1,
+                   help="divide every width of the model by this (tiny tensors, the same layers and ops: what the "
+                        "strategy's runtime costs besides compute; docs/simulate.md \"Runtime overheads\")")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--memory", action="store_true",
