@@ -620,6 +620,10 @@ def test_cli_errors(profile, tmp_path):
     assert r.returncode == 2 and "--overlap-factor needs the shared device model" in r.stderr
     r = dpro("simulate", profile, "--strategy", ok, "--memory-limit", "big")
     assert r.returncode == 2 and "--memory-limit" in r.stderr
+    r = dpro("simulate", profile, "--strategy", ok, "--runtime-overhead", "nope=3")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no strategy named 'nope'" in r.stderr
+    r = dpro("simulate", profile, "--strategy", ok, "--runtime-overhead", "ok=-1")
+    assert r.returncode == 2 and "expected NAME=MS" in r.stderr
     # a profile without --shapes (the committed 2-rank trace)
     r = dpro("simulate", ROOT / "examples/traces/ddp-2rank-gloo", "--strategy", ok)
     assert r.returncode == 2 and "no op shapes" in r.stderr and "--shapes" in r.stderr
