@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     from dpro_kit.trace import split_iterations
     keep, cfg = Path(args.keep), args.config
     s = Session(keep / f"T-{cfg}")
-    its = list(split_iterations(s.graph_trace).values())
-    total = sum(b for c in s.graph_trace.collectives if not c.tensor.endswith("-negotiate") for b in c.param_bytes)
+    its = list(split_iterations(s.trace).values())     # the grid's objective: every profiled iteration (optimize.horovod)
+    total = sum(b for c in s.trace.collectives if not c.tensor.endswith("-negotiate") for b in c.param_bytes)
     cache: dict[tuple[int, float], float] = {}
 
     def predicted(threshold_mb: float, cycle_ms: float) -> float:
