@@ -412,6 +412,33 @@ def test_encode_all_chunks_in_one_call_is_arrows_dictionary_encode():
     assert codes.tolist() == [c for i in range(3_000) for c in (0, i + 1)]
 
 
+def test_one_value_is_every_string_equal_to_the_first():
+    """The one-value check of a chunk (a node's rows; docs/scale.md "Ninth pass": strings 1-7 against the one
+    before, later bytes against the byte 8 strings before, whole words at a time): against ``len(set(...)) == 1``
+    on chunks of 2-40 strings of 1-13 bytes starting at every place in a word, with one byte changed at every
+    position (in the first 8 strings, in the word-aligned middle, in the tail bytes) or one length changed."""
+    from dpro_kit.graph.arrays import _one_value
+    rng = np.random.default_rng(5)
+    for _ in range(120):
+        ln = int(rng.integers(1, 14))
+        m = int(rng.integers(2, 41))
+        pad = int(rng.integers(0, 16))
+        base = rng.integers(97, 123, ln).astype(np.uint8)
+        buf = np.zeros(pad + ln * m + 16, dtype=np.uint8)
+        buf[pad:pad + ln * m] = np.tile(base, m)
+        offs = pad + ln * np.arange(m + 1, dtype=np.int64)
+        words = buf[:buf.size // 8 * 8].view(np.uint64)
+        assert _one_value(offs, buf, words)
+        for j in range(pad + ln, pad + ln * m):                     # one byte changed: not one value
+            buf[j] ^= 1
+            assert not _one_value(offs, buf, words), (ln, m, pad, j)
+            buf[j] ^= 1
+        for i in range(1, m):                                       # one length changed
+            o2 = offs.copy()
+            o2[i] += 1
+            assert not _one_value(o2, buf, words)
+
+
 def test_dependency_lists_that_differ_off_the_sampled_pairs():
     """Nodes whose dependency lists have one length and equal sampled pairs (the 17 compared before a full
     comparison) but differ elsewhere (a pair replaced by its neighbour: one edge fewer, which changes the
