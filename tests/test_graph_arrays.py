@@ -224,6 +224,12 @@ def test_compile_arrays_is_generation_order_then_locality():
         assert csr2 == []
         assert got2.keys == want.keys
         assert_same_compiled(got2, want)
+    # prio0=None: every priority +0.0 (the zeros made, not gathered)
+    zero = compile_arrays(keys, dur, np.zeros(n), dev, names, src2, dst2, it, dedupe=True)
+    none = compile_arrays(keys, dur.copy(), None, dev, names, None, None, it, csr=list(csr_from_edges(
+        n, src2.astype(np.int32), dst2.astype(np.int32), dedupe=True)), reuse=True)
+    assert_same_compiled(none, zero)
+    assert none.priority.dtype == np.float64 and not np.signbit(none.priority).any()
 
 
 def test_csr_drops_repeated_edges_at_first_occurrence():

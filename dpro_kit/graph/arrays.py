@@ -331,8 +331,13 @@ def _compile_trace(ts: TraceSet) -> Any:
         dur = np.zeros(ntot)
         dur[:ng] = mean
     del mean, sums
-    prio = np.zeros(ntot)
-    prio[ng:ng + len(v_left)] = v_prio
+    vp = np.asarray(v_prio, dtype=np.float64)
+    if vp.view(np.int64).any():         # (else every priority is +0.0: compile_arrays makes the zeros)
+        prio = np.zeros(ntot)
+        prio[ng:ng + len(v_left)] = vp
+    else:
+        prio = None
+    del vp
     # keys "node|op" (SYNC: "|SYNC t") as codes into two name tables (OpKeys: strings on demand)
     v_l = np.asarray(v_left, dtype=np.int64)
     kl = np.empty(ntot, dtype=np.int32 if len(names) + 1 < 2 ** 31 else np.int64)

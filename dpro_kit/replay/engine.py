@@ -376,7 +376,7 @@ def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGr
     return cg
 
 
-def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray, dev_names: list[str],
+def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray | None, dev0: np.ndarray, dev_names: list[str],
                    src0: np.ndarray | None, dst0: np.ndarray | None, iter_pairs: np.ndarray, dedupe: bool = False,
                    csr: tuple[np.ndarray, np.ndarray, np.ndarray] | list[np.ndarray] | None = None,
                    reuse: bool = False) -> CompiledGraph | None:
@@ -388,7 +388,8 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
     keys0 : list of str, numpy.ndarray of str objects, or OpKeys
         Op keys, in insertion order (``OpKeys`` stay ``OpKeys``, reordered by their codes).
     dur0, prio0 : numpy.ndarray
-        Duration (us) and priority per op.
+        Duration (us) and priority per op; ``prio0`` None: every priority ``+0.0`` (the result's array is then
+        made by ``np.zeros``, not gathered: 8 bytes per op neither read nor written, docs/scale.md "Ninth pass").
     dev0 : numpy.ndarray
         Index into ``dev_names`` per op, -1 for no device.
     dev_names : list of str
@@ -474,7 +475,7 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray, dev0: np.ndarray,
     del keys0
     dur = gather(dur0)
     del dur0
-    prio = gather(np.asarray(prio0, dtype=np.float64))
+    prio = np.zeros(n) if prio0 is None else gather(np.asarray(prio0, dtype=np.float64))
     del prio0, free
     return CompiledGraph(keys=keys, dur=dur, device=device, devices=devices,
                          priority=prio, indptr=indptr, succ=succ, indeg=indeg,
