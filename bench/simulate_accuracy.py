@@ -478,6 +478,18 @@ def save(a: argparse.Namespace, rows: dict[str, Any]) -> None:
     os.replace(tmp, a.out / "rows.json")
 
 
+def finish(a: argparse.Namespace, rows: dict[str, Any], at_batch: bool = True) -> int:
+    """The end of every mode that measured something: with ``--no-predict`` say how to predict later,
+    else fill the prediction columns (:func:`predict`), write ``--out/rows.json`` and print the tables."""
+    if a.no_predict:
+        print(f"measured; predict with: {Path(sys.argv[0]).name} --repredict {a.out / 'rows.json'}")
+        return 0
+    predict(rows, at_batch=at_batch)
+    save(a, rows)
+    print(tables(rows))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -535,13 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         rows["measured_in"] = rows.get("measured_in") or str(a.calibrate)
         models = [m for m in a.models.split(",") if m and m in rows["profiles"]]
         calibrate(a, rows, models)
-        if a.no_predict:
-            print(f"measured; predict with: {Path(sys.argv[0]).name} --repredict {a.out / 'rows.json'}")
-            return 0
-        predict(rows)
-        save(a, rows)
-        print(tables(rows))
-        return 0
+        return finish(a, rows)
     if a.pin and not (a.repredict or a.reprofile):
         need = max(strategy_ranks(strategy_file(s)) for s in a.strategies.split(",") if s)
         if len(a.pin) < need:
@@ -558,13 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in models:
             profile_model(a, b, rows, model, sfiles)
             save(a, rows)
-        if a.no_predict:
-            print(f"measured; predict with: {Path(sys.argv[0]).name} --repredict {a.out / 'rows.json'}")
-            return 0
-        predict(rows)
-        save(a, rows)
-        print(tables(rows))
-        return 0
+        return finish(a, rows)
     if a.remeasure_memory:
         rows = json.loads(a.remeasure_memory.read_text())
         models = [m for m in a.models.split(",") if m]
@@ -573,17 +573,11 @@ def main(argv: list[str] | None = None) -> int:
         a.out.mkdir(parents=True, exist_ok=True)
         remeasure_memory(a, rows, models)
         save(a, rows)
-        predict(rows)
-        save(a, rows)
-        print(tables(rows))
-        return 0
+        return finish(a, rows)
     if a.repredict:
         rows = json.loads(a.repredict.read_text())
-        predict(rows, at_batch=a.profile_batches == "auto")
-        a.out = a.repredict.parent
-        save(a, rows)
-        print(tables(rows))
-        return 0
+        a.out, a.no_predict = a.repredict.parent, False
+        return finish(a, rows, at_batch=a.profile_batches == "auto")
     b = Bench(a)
     models = [m for m in a.models.split(",") if m]
     sfiles = [strategy_file(s) for s in a.strategies.split(",") if s]
@@ -617,15 +611,8 @@ def main(argv: list[str] | None = None) -> int:
                                      "rounds_ms": meas[sf.stem]})
             save(a, rows)
     rows["wall_s"] = round(time.time() - t0, 1)
-    if a.no_predict:
-        save(a, rows)
-        print(f"measured; predict with: {Path(sys.argv[0]).name} --repredict {a.out / 'rows.json'}")
-        return 0
-    predict(rows)
     save(a, rows)
-    print()
-    print(tables(rows))
-    return 0
+    return finish(a, rows)
 
 
 if __name__ == "__main__":
