@@ -11,8 +11,6 @@ Trainer steps after warm-up).
         --rates 200,500 --rounds 2 --cpus-per-host 0.3 --cpu-period-ms 10 --json mlp.json --keep mlp
     python bench/async_mxnet.py --json mlp.json --keep mlp
     python bench/async_mxnet.py --json mlp.json --keep mlp --lockstep    # and the lockstep bound (docs/async.md)
-    python bench/async_mxnet.py --json mlp.json --keep mlp --reverse-cap 200=0.5,500=0.5   # and with the
-        # reverse-path cap measured by bench/link_sharing.py --only-reverse2 (docs/async.md, "Reverse-path queueing")
     python bench/async_mxnet.py --json mlp.json --keep mlp --reverse-path window   # and with the equal-window rule
         # (dpro async-predict's default; the first predicted column is the paper's model, --reverse-path none)
 """
@@ -37,11 +35,10 @@ def measured_steps_per_s(keep: Path, workers: int, rate: str, rnd: int) -> float
     return total
 
 
-def predicted(trace: Path, rate: str, ws: list[int], seeds: int, reverse_cap: float = 1.0,
-              reverse_path: str = "none") -> dict[int, float] | None:
+def predicted(trace: Path, rate: str, ws: list[int], seeds: int, reverse_path: str = "none") -> dict[int, float] | None:
     r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(trace), "--bandwidth", rate,
                         "--workers", ",".join(map(str, ws)), "--seeds", str(seeds), "--json",
-                        "--reverse-cap", str(reverse_cap), "--reverse-path", reverse_path],
+                        "--reverse-path", reverse_path],
                        capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         print(f"  {trace}: {r.stderr.strip()}", flush=True)
@@ -73,15 +70,9 @@ def main() -> None:
     ap.add_argument("--lockstep", action="store_true",
                     help="also the lockstep bound: the same model with every worker running the mean step from a "
                          "common start (equal sharing keeps them in lockstep; the real W=2 job stays near it)")
-    ap.add_argument("--reverse-cap", default="", metavar="RATE=CAP,...",
-                    help="also predict with `dpro async-predict --reverse-cap CAP` at each rate (Mbit/s=fraction)")
     ap.add_argument("--reverse-path", choices=["none", "window"], default="none",
                     help="also predict with `dpro async-predict --reverse-path window` (the equal-window rule)")
     args = ap.parse_args()
-    caps = {}
-    for part in filter(None, args.reverse_cap.split(",")):
-        r, _, c = part.partition("=")
-        caps[r.strip()] = float(c)
     doc = json.loads(Path(args.json).read_text())
     a = doc["args"]
     ws = sorted(int(w) for w in str(a["workers"]).split(","))
@@ -92,19 +83,15 @@ def main() -> None:
         meas = {w: [] for w in ws}
         pred = {w: [] for w in ws}
         lock = {w: [] for w in ws}
-        capped = {w: [] for w in ws}
         win = {w: [] for w in ws}
         for rnd in range(int(a["rounds"])):
             p = predicted(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws, args.seeds)
             if args.lockstep and p is not None:
                 for w, x in lockstep(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws).items():
                     lock[w].append(x)
-            pc = predicted(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws, args.seeds, caps[rate]) if rate in caps else None
             pw = (predicted(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws, args.seeds, reverse_path="window")
                   if args.reverse_path == "window" else None)
             for w in ws:
-                if pc is not None:
-                    capped[w].append(pc[w])
                 if pw is not None:
                     win[w].append(pw[w])
                 m = measured_steps_per_s(keep, w, rate, rnd)
@@ -116,22 +103,19 @@ def main() -> None:
             if meas[w] and pred[w]:
                 m, p = statistics.median(meas[w]), statistics.median(pred[w])
                 lk = statistics.median(lock[w]) if lock[w] else None
-                cp = statistics.median(capped[w]) if capped[w] else None
                 wn = statistics.median(win[w]) if win[w] else None
-                rows.append((rate, w, m, meas[w], p, pred[w], 100 * (p / m - 1), lk, cp, wn))
+                rows.append((rate, w, m, meas[w], p, pred[w], 100 * (p / m - 1), lk, wn))
     print("\n| Mbit/s | W | measured steps/s (rounds) | predicted, --reverse-path none (rounds) | error |"
           + (" lockstep bound | its error |" if args.lockstep else "")
-          + (" with --reverse-cap | its error |" if caps else "")
           + (" with --reverse-path window | its error |" if args.reverse_path == "window" else ""))
-    print("|---|---|---|---|---|" + ("---|---|" if args.lockstep else "") + ("---|---|" if caps else "")
+    print("|---|---|---|---|---|" + ("---|---|" if args.lockstep else "")
           + ("---|---|" if args.reverse_path == "window" else ""))
-    for rate, w, m, ms, p, ps, e, lk, cp, wn in rows:
+    for rate, w, m, ms, p, ps, e, lk, wn in rows:
         print(f"| {rate} | {w} | {m:.2f} ({', '.join(f'{x:.2f}' for x in ms)}) | "
               f"{p:.2f} ({', '.join(f'{x:.2f}' for x in ps)}) | {e:+.1f} % |"
               + (f" {lk:.2f} | {100 * (lk / m - 1):+.1f} % |" if lk is not None else "")
-              + (f" {cp:.2f} ({caps[rate]:g}) | {100 * (cp / m - 1):+.1f} % |" if cp is not None else "")
               + (f" {wn:.2f} | {100 * (wn / m - 1):+.1f} % |" if wn is not None else ""))
-    for name, col in (("--reverse-path none (the paper's model)", 4), ("with --reverse-cap", 8), ("with --reverse-path window", 9)):
+    for name, col in (("--reverse-path none (the paper's model)", 4), ("with --reverse-path window", 8)):
         errs = [abs(100 * (r[col] / r[2] - 1)) for r in rows if r[1] > 1 and r[col] is not None]
         if errs:
             print(f"\nW > 1, {name}: median |error| {statistics.median(errs):.1f} %, max {max(errs):.1f} %, "

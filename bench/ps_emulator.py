@@ -13,9 +13,9 @@ Hosts unconstrained (no CPU budget).
     sudo bench/quietrun.sh python bench/ps_emulator.py 500 1,2 20 8        # ... SERVER_MS_PER_MB
     PS_EMU_TRACE=/tmp/emu8 ... python bench/ps_emulator.py 500 2 20 8; python bench/ps_emulator.py _offsets /tmp/emu8
         # every transfer's times, then the W = 2 phasing step by step (docs/async.md, "Reverse-path queueing")
-    python bench/ps_emulator.py _model 500 20 8 8.43,11.44,12.59,13.43 1,0.5,window   # the model of the same step,
-        # calibrated on the measured W = 1 (first value), W = 2.. predicted at each reverse cap (or the
-        # equal-window rule, `window`), errors vs the rest
+    python bench/ps_emulator.py _model 500 20 8 8.43,11.44,12.59,13.43 none,window   # the model of the same step,
+        # calibrated on the measured W = 1 (first value), W = 2.. predicted with the paper's model (`none`) and
+        # the equal-window rule (`window`), errors vs the rest
 """
 import json, os, queue, socket, struct, subprocess, sys, threading, time, statistics
 from pathlib import Path
@@ -104,7 +104,7 @@ def offsets(prefix):
 def model(rate, compute_ms, ms_per_mb, measured, caps):
     """dpro_kit.async_ps on the emulator's own step (COMPUTE_MS, then the 12 keys' up -> server -> down, the
     server's time per key a private `ps` op), calibrated on the emulator's measured W = 1 steps/s (its goodput),
-    W = 2..len(measured) predicted with each reverse cap; prints predicted steps/s and the error per W."""
+    W = 2..len(measured) predicted with each reverse path (none, window); prints predicted steps/s and the error per W."""
     from dpro_kit.async_ps import StepOp, StepTemplate, calibrate, predict
     ops = [StepOp('compute', 'worker', compute_ms * 1e3)]
     for k, n in enumerate(KEYS):
@@ -113,8 +113,10 @@ def model(rate, compute_ms, ms_per_mb, measured, caps):
                 StepOp(f'down{k}', 'down', float(n + H.size), [u + 1])]
     tpl = StepTemplate(ops=ops, samples=[[o.work for o in ops]])
     bw = calibrate(tpl, measured[0], bandwidth_mbit=rate, steps=40, warmup=5)['bandwidth_mbit']
-    for cap in caps:     # a fraction: --reverse-cap; 'window': --reverse-path window (the equal-window rule)
-        kw = {'reverse_path': 'window'} if cap == 'window' else {'reverse_cap': float(cap)}
+    for cap in caps:     # 'none' (or '1', as written before --reverse-cap went): the paper's model; 'window': the equal-window rule
+        if cap not in ('1', 'none', 'window'):
+            sys.exit(f"_model: reverse path {cap!r} is not none or window (--reverse-cap was removed)")
+        kw = {'reverse_path': 'window' if cap == 'window' else 'none'}
         p = predict(tpl, list(range(2, len(measured) + 1)), seeds=4, bandwidth_mbit=bw, steps=50, warmup=10, **kw)
         print(f'rate {rate:g} compute {compute_ms:g} ms server {ms_per_mb:g} ms/MB (calibrated {bw:.0f} Mbit/s) reverse {cap}: '
               + ', '.join(f'W={x.workers} {x.steps_per_s:.2f} ({100 * (x.steps_per_s / m - 1):+.1f} %)' for x, m in zip(p, measured[1:])), flush=True)

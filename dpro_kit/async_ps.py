@@ -474,8 +474,7 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
              step_overhead_us: float = 0.0, start_spread_us: float = 0.0, warmup: int = 20,
              seed: int = 0, sharing: str = "equal", newcomer_share: Any = 0.5,
              goodput: Any = None, start_offsets_us: Sequence[float] | None = None,
-             total_steps: int | None = None, reverse_cap: float = 1.0,
-             reverse_path: str = "none") -> SimResult:
+             total_steps: int | None = None, reverse_path: str = "none") -> SimResult:
     """Alg. 3.1 of the paper for ``workers`` workers; returns the steps/s of all workers together.
 
     Parameters
@@ -528,13 +527,6 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
     goodput : sequence of float or {"down": [...], "up": [...]}, optional
         ``goodput[k-1]`` = aggregate rate of ``k`` concurrent sessions on one link relative to one
         alone (1.0 for k = 1; the last value holds beyond), measured on the link; default all 1.
-    reverse_cap : float
-        While two or more workers' ``up`` transfers to a PS run at once, the ``down`` transfers from
-        that PS together get at most this share of the link (default 1: no cap), in proportion to
-        their shares. The workers' own links each carry the whole rate, so two concurrent uploads
-        oversubscribe the PS's download link and hold its queue full; the downloads'
-        acknowledgements wait in that queue (docs/async.md, "Reverse-path queueing";
-        ``bench/link_sharing.py --only-reverse2`` measures it).
     reverse_path : str
         ``"none"`` (default, the paper's model): the two directions of a PS's link are independent.
         ``"window"``: every transfer touching a PS runs at the same rate when one direction of that
@@ -548,8 +540,6 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
         it), so each runs at ``C / (m·C/B) = B/m``. One flow per direction builds no queue (each
         sender is paced to the link rate by its own shaper), so W = 1 is unchanged. No parameter.
     """
-    if not 0.0 < reverse_cap <= 1.0:
-        raise ValueError(f"reverse_cap must be in (0, 1], not {reverse_cap!r}")
     if reverse_path not in ("none", "window"):
         raise ValueError(f"reverse_path must be 'none' or 'window', not {reverse_path!r}")
     if sharing not in ("equal", "arrival"):
@@ -686,13 +676,6 @@ def simulate(tpl: StepTemplate, workers: int, *, bandwidth_mbit: float, steps: i
             wsum = sum(weight.values())
             for k in keys:
                 share[k] = total * weight[k] / wsum
-        if reverse_cap < 1.0:
-            for (res, p), keys in on_link.items():
-                if res == "down" and len(on_link.get(("up", p), ())) >= 2:
-                    total = sum(share[k] for k in keys)
-                    if total > reverse_cap:
-                        for k in keys:
-                            share[k] *= reverse_cap / total
         if reverse_path == "window":
             for p in {p for _, p in on_link}:
                 n = {res: len(on_link.get((res, p), ())) for res in ("down", "up")}

@@ -71,12 +71,6 @@ def saturation(rows: list[tuple[int, float]], gain: float = 0.05) -> int | None:
 @click.option("--link", "link_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A `bench/link_sharing.py --out` file measured at --bandwidth: the newcomer shares and the "
                    "goodput of k concurrent transfers that --sharing arrival uses.")
-@click.option("--reverse-cap", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True,
-              metavar="FRACTION",
-              help="While two or more workers upload to the PS at once, its downloads together get at most this "
-                   "share of the link: the rate of a download while two uploads fill the PS's download queue, "
-                   "measured by `bench/link_sharing.py --only-reverse2` (docs/async.md, \"Reverse-path queueing\"). "
-                   "1: no cap (the paper's model).")
 @click.option("--reverse-path", type=click.Choice(["window", "none"]), default="window", show_default=True,
               help="window: while two or more transfers run in one direction of a PS's link, every transfer of "
                    "that PS, in either direction, gets the same rate (1/m of the link for m of them): the standing "
@@ -92,7 +86,7 @@ def saturation(rows: list[tuple[int, float]], gain: float = 0.05) -> int | None:
 def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, placement: Path | None,
                   measured: float | None, step_overhead_ms: float | None, win_mb: float, alpha_us_per_mb: float,
                   beta_us: float, steps: int, seeds: int, calibrate_how: str, sharing: str, link_file: Path | None,
-                  reverse_cap: float, reverse_path: str, run_steps: int | None, as_json: bool) -> None:
+                  reverse_path: str, run_steps: int | None, as_json: bool) -> None:
     """Predict the steps/s of asynchronous parameter-server SGD with W workers.
 
     \b
@@ -149,8 +143,7 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
         if ms and man.world_size == 1:
             measured = from_trace = 1e3 / float(ms)
     kw = dict(bandwidth_mbit=bandwidth, steps=steps, win_bytes=win_mb * 1e6, num_ps=num_ps,
-              alpha_us_per_mb=alpha_us_per_mb, beta_us=beta_us, sharing=sharing, reverse_cap=reverse_cap,
-              reverse_path=reverse_path)
+              alpha_us_per_mb=alpha_us_per_mb, beta_us=beta_us, sharing=sharing, reverse_path=reverse_path)
     if link is not None:
         kw.update(newcomer_share=link["newcomer_share"], goodput=link["goodput"])
     ovh_us = (step_overhead_ms or 0.0) * 1e3
@@ -168,7 +161,7 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
            "trace_workers": tpl.trace_workers, "worker": tpl.node, "note": many,
            "bytes_down_per_step": tpl.total_bytes("down"), "bytes_up_per_step": tpl.total_bytes("up"),
            "seeds": seeds, "saturation_workers": sat, "sharing": sharing, "run_steps": run_steps,
-           "reverse_cap": reverse_cap, "reverse_path": reverse_path,
+           "reverse_path": reverse_path,
            "link": None if link is None else {"file": str(link_file), "goodput": link["goodput"],
                                               "newcomer_share_mean": {d: sum(v) / len(v) for d, v in
                                                                       link["newcomer_share"].items()}},
@@ -188,8 +181,6 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
                    ", ".join(f"{d} {sum(v) / len(v):.2f}" for d, v in link["newcomer_share"].items()) +
                    "; goodput of k = 1.. transfers " +
                    "; ".join(f"{d} " + " ".join(f"{g:.2f}" for g in v) for d, v in link["goodput"].items()))
-    if reverse_cap < 1:
-        click.echo(f"while 2 or more workers upload, the PS's downloads together get at most {reverse_cap:g} of the link")
     if reverse_path == "none":
         click.echo("--reverse-path none: the two directions of a PS's link are independent (the paper's model)")
     click.echo(f"workers  steps/s  speed-up  range over {seeds} start offsets")
