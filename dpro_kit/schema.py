@@ -187,6 +187,8 @@ profiled      bool    optional  whether it was inside the profiling window
 end_time_ns   int     optional  time.time_ns() at its end
 cpu_us        number  optional  CPU time the process used during the step (all threads)
 throttled_us  number  optional  time its cgroup's CPU quota stopped it during the step
+thread_cpu_us   number  optional  CPU time of the training thread alone during the step (/proc schedstat)
+thread_wait_us  number  optional  time the training thread was runnable but waited for a core (run-queue delay)
 """)
 #: ``meta.json`` ``measured``: the job's own iteration times
 TORCH_MEASURED_FIELDS = _table("""
@@ -195,6 +197,8 @@ median_profiled_us    number  optional  the same inside the window
 median_cpus           number  optional  CPUs used over an unprofiled step (cpu_us / dur_us)
 median_throttled_us   number  optional  time the cgroup's CPU quota stopped it per unprofiled step
 mean_throttled_us     number  optional  the same, mean over the unprofiled steps (a quota stops some steps only)
+median_thread_cpus    number  optional  part of an unprofiled step the training thread ran (thread_cpu_us / dur_us)
+median_thread_wait    number  optional  part of it the training thread waited for a core (thread_wait_us / dur_us)
 """)
 #: ``meta.json`` ``clock.sync[]``: time.time_ns() read around each dpro::clock_sync marker
 TORCH_CLOCK_SYNC_FIELDS = _table("""
@@ -214,7 +218,7 @@ optimizer                       dict    optional  optimizer class and state_byte
 comm_calibration                dict    optional  median_us of a one-element allreduce (slowest rank)
 clock_probe                     dict    optional  node -> its own ping-pong clock readings (dpro_torch.clockprobe)
 cpu_placement                   dict    optional  node -> affinity, machine, count, threads, gpu, limit_cpus
-cpu_use                         dict    optional  node -> cpus (used per unprofiled step), throttled_us (mean per step), limit_cpus, period_us, throttled_us_profiled (step -> us)
+cpu_use                         dict    optional  node -> cpus (used per unprofiled step), throttled_us (mean per step), limit_cpus, period_us, throttled_us_profiled (step -> us), thread_cpus / thread_wait (the training thread's part of a step running / waiting for a core)
 layers                          dict    optional  parameter name -> its layer (the unit activation checkpointing takes)
 torch_kineto                    dict    optional  reader options: host_gaps (fold|keep), profiler_overhead
 peak_memory_bytes               dict    optional  node -> peak bytes measured another way
@@ -536,7 +540,9 @@ class Facts:
         Node -> {cpus (used over an unprofiled step), throttled_us (mean per unprofiled step, by its
         cgroup's CPU quota; traces before 2026-11-27 12:00 UTC: the median), limit_cpus (that quota),
         period_us (its CFS period), throttled_us_profiled (profiled step -> us stopped; both
-        not in traces before 2026-11-27 17:00 UTC)}; unusable values are None (:func:`dpro_kit.placement.cpu_limit_warnings`).
+        not in traces before 2026-11-27 17:00 UTC), and where recorded (since 2026-11-28 13:30 UTC)
+        thread_cpus / thread_wait (the part of an unprofiled step the training thread ran / waited for a
+        core, its ``/proc`` schedstat)}; unusable values are None (:func:`dpro_kit.placement.cpu_limit_warnings`).
     clock_probe : dict
         Node -> its clock-probe readings (``role`` client: ``peers`` node -> [[t1, t4], ...];
         server: ``peer``, ``rows`` [[t2, t3], ...]; ns on that node's clock; :mod:`dpro_kit.align`).
@@ -633,6 +639,7 @@ class Facts:
             collective_latency_us=_pos(cal.get("median_us")),
             cpu_placement={str(k): v for k, v in (get("cpu_placement", dict) or {}).items() if isinstance(v, dict)},
             cpu_use={str(k): {**{f: _nonneg(v.get(f)) for f in ("cpus", "throttled_us", "limit_cpus", "period_us")},
+                              **{f: _nonneg(v[f]) for f in ("thread_cpus", "thread_wait") if _nonneg(v.get(f)) is not None},
                               **({"throttled_us_profiled": {str(i): _nonneg(t) for i, t in v["throttled_us_profiled"].items()
                                                             if _nonneg(t) is not None}}
                                  if isinstance(v.get("throttled_us_profiled"), dict) else {})}

@@ -110,6 +110,10 @@ def build_manifest(root: Path, metas: list[tuple[Path, dict[str, Any]]]) -> dict
                   # CPUs used per unprofiled step, the cgroup's CPU limit and its throttling (dpro_kit.cpu_use)
                   "cpu_use": {f"{by_rank[r][1]['host']}/{r}": {
                       "cpus": (by_rank[r][1].get("measured") or {}).get("median_cpus"),
+                      # the training thread alone (its /proc schedstat): the part of a step it ran, and the
+                      # part it was runnable but waited for its core (dpro_kit.whatif.host_cpu_split)
+                      "thread_cpus": (by_rank[r][1].get("measured") or {}).get("median_thread_cpus"),
+                      "thread_wait": (by_rank[r][1].get("measured") or {}).get("median_thread_wait"),
                       # per step on average (older traces: their median)
                       "throttled_us": _first_known((by_rank[r][1].get("measured") or {}),
                                                    "mean_throttled_us", "median_throttled_us"),

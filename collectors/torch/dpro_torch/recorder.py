@@ -193,6 +193,20 @@ class CpuClock:
         return time.process_time_ns(), self.throttled_ns()
 
 
+def thread_schedstat() -> tuple[int, int, int] | None:
+    """The calling thread's ``(tid, cpu_ns, wait_ns)`` from ``/proc/thread-self/schedstat`` (Linux): the CPU
+    time it ran and the time it was runnable but waited for a core (run-queue delay, quota stops included),
+    or None where not readable.  Read at every step boundary by the thread that trains (``steps[].thread_cpu_us``,
+    ``thread_wait_us``): how much of its step the training thread itself computed and waited for its core,
+    which the process CPU (all threads) cannot say (docs/stragglers.md, "Thirteenth")."""
+    try:
+        with open("/proc/thread-self/schedstat") as fh:
+            cpu, wait = fh.read().split()[:2]
+        return threading.get_native_id(), int(cpu), int(wait)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def gpu_placement() -> dict[str, Any] | None:
     """The CUDA device this rank used, or None (no CUDA, or CUDA never initialised by the job).
 
@@ -417,6 +431,9 @@ class Recorder:
         self._cpu_clock = CpuClock()
         self._cpu_at_activation = self._cpu_clock.read()
         self._step_cpu: list[tuple[int, int | None]] = []
+        # the training thread's own CPU and run-queue wait at each step end (steps[].thread_cpu_us, thread_wait_us)
+        self._sched_at_activation = thread_schedstat()
+        self._step_sched: list[tuple[int, int, int] | None] = []
         self._profiled_steps: list[int] = []
         self._prof = None
         self._profiling = False
@@ -733,6 +750,7 @@ class Recorder:
             if len(self._step_end_ns) < MAX_STEP_RECORDS:
                 self._step_end_ns.append(now)
                 self._step_cpu.append(self._cpu_clock.read())
+                self._step_sched.append(thread_schedstat())
             if self._profiling:
                 self._marker(M.STEP_END)
                 self._profiled_steps.append(k)
@@ -936,6 +954,7 @@ class Recorder:
     def _step_records(self) -> list[dict[str, Any]]:
         profiled = set(self._profiled_steps)
         recs, prev, (pcpu, pthr) = [], self._t_activated, self._cpu_at_activation
+        psched = self._sched_at_activation
         for k, end in enumerate(self._step_end_ns):
             rec = {"step": k, "end_time_ns": end, "dur_us": (end - prev) / 1e3, "profiled": k in profiled}
             if k < len(self._step_cpu):
@@ -944,6 +963,13 @@ class Recorder:
                 if thr is not None and pthr is not None:
                     rec["throttled_us"] = round(max(0, thr - pthr) / 1e3, 1)
                 pcpu, pthr = cpu, thr
+            if k < len(self._step_sched):
+                cur = self._step_sched[k]
+                # the same thread at both ends of the step (the first step may start in another thread)
+                if cur is not None and psched is not None and cur[0] == psched[0]:
+                    rec["thread_cpu_us"] = round((cur[1] - psched[1]) / 1e3, 1)
+                    rec["thread_wait_us"] = round((cur[2] - psched[2]) / 1e3, 1)
+                psched = cur
             recs.append(rec)
             prev = end
         return recs
@@ -958,10 +984,15 @@ class Recorder:
         prof = [r["dur_us"] for r in recs if r["profiled"]]
         cpus = [r["cpu_us"] / r["dur_us"] for r in used if "cpu_us" in r and r["dur_us"] > 0]
         thr = [r["throttled_us"] for r in used if "throttled_us" in r]
+        tcpu = [r["thread_cpu_us"] / r["dur_us"] for r in used if "thread_cpu_us" in r and r["dur_us"] > 0]
+        twait = [r["thread_wait_us"] / r["dur_us"] for r in used if "thread_wait_us" in r and r["dur_us"] > 0]
         return {
             # CPUs the process used over an unprofiled step (all its threads), and how long per step its
             # cgroup's CPU quota stopped it (absent: not readable here)
             **({"median_cpus": round(statistics.median(cpus), 4)} if cpus else {}),
+            # the training thread alone: the part of an unprofiled step it ran, and waited for its core
+            **({"median_thread_cpus": round(statistics.median(tcpu), 4)} if tcpu else {}),
+            **({"median_thread_wait": round(statistics.median(twait), 4)} if twait else {}),
             **({"median_throttled_us": statistics.median(thr)} if thr else {}),
             # the mean too: a quota stops a rank in some steps only (Horovod at 1 CPU: 1-11 of 14 steps),
             # where the median says 0 (docs/horovod.md, "Accuracy")
