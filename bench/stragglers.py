@@ -324,6 +324,17 @@ def cpu_share_factor(trace: str, node: str, f: float, share: float = 1.0) -> tup
     return 1.0 + (f - 1.0) * max(c / share, w) / w, {"cpu_ms": round(c, 3), "compute_ms": round(w, 3), "share": share}
 
 
+def prof_args(trace: str, s: int, f: float, rate: float, base: int = 0) -> list[str]:
+    """Model "prof": ``--slow-host hostS=F --wire-mbps <rate>`` with how busy the host was taken from the balanced
+    profile itself (the collector's process CPU plus its training thread's wait for a core, ``dpro_kit.whatif.
+    host_cpu_split``); on a trace without the thread record and a base neighbour, ``--cpu-share`` says the half
+    core it had (docs/stragglers.md, "Thirteenth")."""
+    args = ["--slow-host", f"host{s}={f:.4g}", "--wire-mbps", f"{rate:g}"]
+    if base and (cpu_use(trace).get(f"host{s}/{s}") or {}).get("thread_wait") is None:
+        args += ["--cpu-share", f"host{s}={1024 / (1024 + base):.4g}"]
+    return args
+
+
 def busy_fraction(scheds: list[dict[str, dict]], host: str) -> float | None:
     """The part of its iteration ``host``'s training thread was runnable (running, or ready and waiting
     for its core or stopped by its quota) in the balanced jobs without the profiler: median over their
@@ -373,7 +384,7 @@ def repredict(rows_file: Path, only: str | None = None, predictors: str | None =
         note = ""
         if r["direction"] == "slow":
             # every model the run predicted the row with (CFS what-if, busy-loop factor, link), else its one
-            keys = ("replay_args_cfs", "replay_args_paced", "replay_args_busy", "replay_args_host", "replay_args_cpu", "replay_args_factor", "replay_args_nominal",
+            keys = ("replay_args_cfs", "replay_args_prof", "replay_args_paced", "replay_args_busy", "replay_args_host", "replay_args_cpu", "replay_args_factor", "replay_args_nominal",
                     "replay_args_link")
             extra_args = {}
             if r.get("slow_by") == "shares" and r["injected"].startswith("cpu host"):
@@ -381,6 +392,13 @@ def repredict(rows_file: Path, only: str | None = None, predictors: str | None =
                 s_ = int(r["injected"].split("host", 1)[1].split()[0])
                 F_ = float(r["injected"].rsplit("/", 1)[1])
                 b_ = busy_fraction(balanced_scheds(jobs, r["rate"]), f"host{s_}")
+                if not r.get("replay_args_prof"):
+                    # the run's base neighbour (--neighbour-base): the lightest one its balanced plain jobs had
+                    base_nb = min((sum((j.get("neighbours") or {}).values()) for j in jobs
+                                   if j["tag"].endswith("-plain") and all(x == r["rate"] for x in j["rates"])),
+                                  default=0)
+                    extra_args["replay_args_prof"] = " | ".join(" ".join(prof_args(t_, s_, F_, r["rate"], base_nb))
+                                                                for t_ in traces)
                 if b_ is not None and not r.get("replay_args_paced"):
                     extra_args["replay_args_paced"] = (f"--slow-host host{s_}={F_:g} --host-busy host{s_}={b_:.4g} "
                                                        f"--wire-mbps {r['rate']:g}")
@@ -412,14 +430,23 @@ def repredict(rows_file: Path, only: str | None = None, predictors: str | None =
             continue
         if r["direction"] == "fix":
             s = int(r["injected"].split("host", 1)[1].split()[0])
-            per, firsts = [], []
+            per, firsts, per_host = [], [], []
             for t_ in traces:           # every slowed profile (--reverse-profiles), median of their fixes
-                att = Bench.replay(t_, ["--stragglers"])["stragglers"]
+                rep = Bench.replay(t_, ["--stragglers"])
+                att = rep["stragglers"]
                 per.append(fix_speedup(att, s, t_))
                 firsts.append(att.get("first"))
+                if r.get("slow_by") == "shares" and (not predictors or "prof" in predictors.split(",")):
+                    per_host.append(fix_host(att, s, t_, r["rate"], rep["iteration_time_ms"]))
             now, then, m = statistics.median(per), r["predicted_speedup"], r["measured_speedup"]
             if m is None:
                 continue
+            if per_host:
+                ph = statistics.median(x for x, _ in per_host)
+                errs.append(abs(ph / m - 1))
+                print(f"| {r['rate']:g} | fix {r['injected']}, the host's CPU back (`{' | '.join(a_ for _, a_ in per_host)}`) | "
+                      f"{r.get('predicted_speedup_prof', float('nan')):.3f} | {ph:.3f} | {m:.3f} | {100 * (ph / m - 1):+.1f} % |",
+                      flush=True)
             note = f" (first named: then {r.get('attribution_first')}, now {', '.join(map(str, firsts))})"
         else:
             now_ms = statistics.median(base[t_]["iteration_time_ms"] for t_ in traces)
@@ -474,6 +501,21 @@ def fix_speedup(att: dict, rank: int, trace: str) -> float:
         if r.get("rank") == rank and r.get("like_median_ms"):
             return float(att["baseline_ms"]) / float(r["like_median_ms"])
     raise SystemExit(f"{trace}: the attribution has no replayed row for rank {rank}")
+
+
+def fix_host(att: dict, rank: int, trace: str, rate: float, slowed_ms: float) -> tuple[float, str]:
+    """Reverse model "prof": the predicted speed-up of giving the slowed host back its CPU, every thread of it
+    (``--slow-host hostS=1/F^ --wire-mbps <rate>`` on the slowed profile; ``dpro_kit.whatif.slow_hosts`` with F < 1:
+    its computation and the CPU part of its CPU-paced transfers shrink, its wire-paced transfers keep their time).
+    ``F^`` = the rank's traced computation over the median of the other workers' (the attribution's ``compute_ms``);
+    ``slowed_ms`` the slowed profile's own replay.  Returns the speed-up and the replay arguments."""
+    comp = {r["rank"]: r["compute_ms"] for r in att.get("ranks", []) if r.get("compute_ms")}
+    others = [v for k, v in comp.items() if k != rank]
+    if rank not in comp or not others:
+        raise SystemExit(f"{trace}: the attribution has no computation of rank {rank} or of another worker")
+    f_hat = comp[rank] / statistics.median(others)
+    args = ["--slow-host", f"host{rank}={1 / f_hat:.4g}", "--wire-mbps", f"{rate:g}"]
+    return slowed_ms / Bench.replay(trace, args)["iteration_time_ms"], " ".join(args)
 
 
 def pct(x: float) -> float:
@@ -573,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
                 if shares_mode:
                     variants[f"cpu host{S} x1/{F:g}"] = (
                         rates, base_cpus, {S: neighbour_weight(F, a.neighbour_base)},
-                        {"paced": F, "busy": F, "busy_cal": F, "host": F, "cpu": F, "factor": ["--slow-rank", f"{S}={F:g}"],
+                        {"prof": F, "paced": F, "busy": F, "busy_cal": F, "host": F, "cpu": F, "factor": ["--slow-rank", f"{S}={F:g}"],
                          "nominal": ["--slow-rank", f"{S}={F:g}"]})
                 else:
                     variants[f"cpu host{S} x1/{F:g}"] = (
@@ -675,7 +717,9 @@ def main(argv: list[str] | None = None) -> int:
                     stop = []
                     args_per = []
                     for p_ in profs:
-                        if name in ("busy", "busy_cal", "paced"):   # the same, with how busy the host was from --sched
+                        if name == "prof":      # everything from the profile itself: its CPU record, the links' rate
+                            args = prof_args(p_["trace"], S, float(extra), rate, a.neighbour_base)
+                        elif name in ("busy", "busy_cal", "paced"):   # the same, with how busy the host was from --sched
                             args = ["--slow-host", f"host{S}={float(extra):.4g}", "--host-busy", f"host{S}={busy:.4g}"]
                             if name == "paced":   # ... and the transfers the wire paced kept (the links' rate)
                                 args += ["--wire-mbps", f"{rate:g}"]
@@ -698,10 +742,10 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"predicted_slowdown_{name}"] = round(ps, 4)
                     row[f"per_profile_{name}"] = [round(x, 4) for x in per]
                     row[f"error_pct_{name}"] = pct(ps / ms - 1.0)
-                    row[f"replay_args_{name}"] = " | ".join(args_per) if name == "cpu" else args_per[0]
+                    row[f"replay_args_{name}"] = " | ".join(args_per) if name in ("cpu", "prof") else args_per[0]
                     if stop:
                         row["predicted_stopped_ms"] = [round(x, 3) for x in stop]
-                prim = next(x for x in ("cfs", "paced", "host", "busy", "cpu", "factor", "link") if f"predicted_slowdown_{x}" in row)
+                prim = next(x for x in ("cfs", "prof", "paced", "host", "busy", "cpu", "factor", "link") if f"predicted_slowdown_{x}" in row)
                 row.update(predicted_slowdown=row[f"predicted_slowdown_{prim}"], error_pct=row[f"error_pct_{prim}"],
                            replay_args=row[f"replay_args_{prim}"], prediction=prim)
                 rows.append(row)
@@ -717,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
                 F = a.reverse
                 k = f"cpu host{S} x1/{F:g}"
                 ms = statistics.median(meas[k]) / mb if k in meas else None
-                per_sp, firsts, slow_preds, atts = [], [], [], []
+                per_sp, firsts, slow_preds, atts, per_host, host_args = [], [], [], [], [], []
                 for sp in slowed_profs:
                     rep = b.replay(sp["trace"], ["--stragglers"])
                     att = rep.get("stragglers", {})
@@ -725,8 +769,13 @@ def main(argv: list[str] | None = None) -> int:
                     per_sp.append(fix_speedup(att, S, sp["trace"]))
                     firsts.append(att.get("first"))
                     atts.append(att)
+                    if shares_mode and (not a.predictors or "prof" in a.predictors.split(",")):
+                        x_, args_ = fix_host(att, S, sp["trace"], rate, rep["iteration_time_ms"])
+                        per_host.append(x_)
+                        host_args.append(args_)
                     print(f"  reverse profile {sp['tag']}: first named {att.get('first')}, fix predicted "
-                          f"x{per_sp[-1]:.3f}", flush=True)
+                          f"x{per_sp[-1]:.3f}" + (f" (--like-median); x{per_host[-1]:.3f} ({host_args[-1]})"
+                                                  if per_host else ""), flush=True)
                 pred = statistics.median(per_sp)
                 slow_pred = statistics.median(slow_preds)
                 rows.append({"model": model, "rate": rate, "injected": k, "direction": "fix", "pin": a.pin_layout,
@@ -734,6 +783,11 @@ def main(argv: list[str] | None = None) -> int:
                              "predicted_ms": round(slow_pred / pred, 3), "predicted_slowed_ms": round(slow_pred, 3),
                              "predicted_speedup": round(pred, 4),
                              "per_profile_speedup": [round(x, 4) for x in per_sp],
+                             **({"predicted_speedup_prof": round(statistics.median(per_host), 4),
+                                 "per_profile_speedup_prof": [round(x, 4) for x in per_host],
+                                 "replay_args_prof": " | ".join(host_args),
+                                 "error_pct_prof": pct(statistics.median(per_host) / ms - 1.0) if ms else None}
+                                if per_host else {}),
                              "per_profile_slowed_ms": [round(x, 3) for x in slow_preds],
                              "slowed_profiled_jobs_measured_ms": [round(sp["ms"], 3) for sp in slowed_profs],
                              "measured_speedup": round(ms, 4) if ms else None,
@@ -746,8 +800,9 @@ def main(argv: list[str] | None = None) -> int:
                                               for r in att_.get("ranks", [])] for att_ in atts],
                              "trace": slowed_profs[0]["trace"], "traces": [sp["trace"] for sp in slowed_profs]})
                 print(f"  reverse: profiled host{S} at 1/{F:g} x{len(slowed_profs)}: first named {firsts}, "
-                      f"fix predicted x{pred:.3f} (per profile {', '.join(f'{x:.3f}' for x in per_sp)}), "
-                      f"measured x{ms if ms else float('nan'):.3f}", flush=True)
+                      f"fix predicted x{pred:.3f} (per profile {', '.join(f'{x:.3f}' for x in per_sp)})"
+                      + (f", the host's CPU back (prof) x{statistics.median(per_host):.3f}" if per_host else "")
+                      + f", measured x{ms if ms else float('nan'):.3f}", flush=True)
             (a.out / "rows.json").write_text(json.dumps(rows, indent=1))
     print()
     print("| model | Mbit/s | injected | predicted slowdown (median of profiles) | measured slowdown (per round) | error |"
@@ -755,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["direction"] == "slow":
-            other = next((o for o in {"cfs": ["factor"], "paced": ["busy"], "busy": ["host"], "host": ["busy", "cpu"], "cpu": ["factor"],
+            other = next((o for o in {"cfs": ["factor"], "prof": ["paced"], "paced": ["busy"], "busy": ["host"], "host": ["busy", "cpu"], "cpu": ["factor"],
                                       "factor": ["nominal"]}.get(r["prediction"], []) if f"replay_args_{o}" in r), None)
             print(f"| {r['model']} | {r['rate']:g} | {r['injected']} (`{r['replay_args']}`) | "
                   f"{r['predicted_slowdown']:.3f} | {r['measured_slowdown']:.3f} "
@@ -772,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['model']} | {r['rate']:g} | balanced: predicted {r['predicted_ms']:.3f} ms vs measured "
                   f"{r['measured_ms']:.3f} ms | | | {r['error_pct']:+.1f} % | | "
                   + ", ".join(f"{x:.3f}" for x in r["per_profile_ms"]) + " |")
-    for name in ("cfs", "paced", "busy", "busy_cal", "host", "cpu", "factor", "nominal", "link"):
+    for name in ("cfs", "prof", "paced", "busy", "busy_cal", "host", "cpu", "factor", "nominal", "link"):
         e = [abs(r[f"error_pct_{name}"]) for r in rows if r["direction"] == "slow" and f"error_pct_{name}" in r]
         if e:
             print(f"|error| {name}: median {statistics.median(e):.1f} %, max {max(e):.1f} % ({len(e)} rows)")

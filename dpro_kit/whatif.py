@@ -779,23 +779,27 @@ def wire_bound_share(ts: TraceSet, model: CommModel, node: str, wire_mbps: float
     return (bound / total if total > 0 else 0.0), rho
 
 
-def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0,
+def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float | None = None,
                    busy: float | None = None) -> dict[str, dict[str, Any]]:
     """Where the CPU of each worker node of ``host`` went per iteration, from the collector's record
-    (:func:`slow_hosts` stretches each part): its computation ``W`` (traced), its CPU time ``C / s``
-    (``extra.cpu_use.cpus`` x the node's unprofiled iteration ``T``, at the part ``s`` of its core it got
-    while runnable: 1 alone on it, 1/2 beside a busy neighbour of equal weight), ``u`` the CPUs it used
-    while not computing (:func:`idle_cpu`: ``(C/s − W) / (T − W)`` clipped to [0, 1]) and the CPU time
-    spent during its transfers, ``u`` x their link-model time (:func:`transfer_time_ms`, at most
-    ``T − W``).  ms per iteration; ``cpu_ms`` None and ``u`` 0 without a CPU record.
+    (:func:`slow_hosts` stretches each part): its computation ``W`` (traced), the wall time ``C / s`` its CPU
+    work took (below), ``u`` the CPUs it used while not computing (:func:`idle_cpu`: ``(C/s − W) / (T − W)``
+    clipped to [0, 1]) and the CPU time spent during its transfers, ``u`` x their link-model time
+    (:func:`transfer_time_ms`, at most ``T − W``).  ms per iteration; ``cpu_ms`` None and ``u`` 0 without a
+    CPU record.
 
-    ``busy``: the part ``B`` of its iteration the host's training thread was runnable (running, or
-    ready and waiting for its core) in the job without the profiler, measured outside dpro (e.g.
-    ``/proc/TID/schedstat``: ``bench/stragglers.py --sched``); it replaces the collector's record,
-    ``C / s = B T`` (a rank that polls while it waits for a transfer is runnable through it; where its
-    transfers are paced by its CPU, beside a busy neighbour that whole time is slowed — 1000 Mbit/s in
-    docs/stragglers.md, "Eleventh run"; where the wire paces them the polling is not on the critical
-    path and this over-predicts — 200 Mbit/s there; :func:`slow_hosts` ``wire_mbps`` keeps those transfers).
+    ``C / s``, per unprofiled iteration ``T`` (``cpu_source`` in the result says which):
+
+    * ``"busy"``: ``B T`` with ``busy = B`` given, the part of its iteration the host's training thread was
+      runnable (running, or ready and waiting for its core) in the job without the profiler, measured outside
+      dpro (``bench/stragglers.py --sched``; replaces everything below);
+    * ``"share"``: ``C / s`` with ``share = s`` given, the part of its core it got while runnable (1 alone on
+      it, 1/2 beside a busy neighbour of equal weight), ``C`` the process's CPU (``extra.cpu_use.cpus`` x T);
+    * ``"process+wait"`` (the default where the collector recorded its training thread's schedstat):
+      ``C + D``, ``D`` the time per step that thread was runnable but waited for its core
+      (``extra.cpu_use.thread_wait`` x T): the wall time the host's CPU work took at the share it had,
+      measured in the profiled job itself (docs/stragglers.md, "Thirteenth");
+    * ``"process"``: ``C`` (older traces).
     """
     seen = cpu_seen(ts.manifest.facts, [n for n, i in ts.manifest.nodes.items() if i.host == host])
     out: dict[str, dict[str, Any]] = {}
@@ -807,14 +811,45 @@ def host_cpu_split(ts: TraceSet, model: CommModel, host: str, share: float = 1.0
             raise DproError(f"--host-busy {host}: node {n} has no unprofiled iteration time in its meta.json, and B "
                             "is a part of it", path=ts.path,
                             hint="re-profile with a few iterations outside the window, or leave --host-busy out")
+        wait = (ts.manifest.facts.cpu_use.get(n) or {}).get("thread_wait")
         if busy is not None:
-            cpus, share = float(busy), 1.0
-        c = float(cpus) * float(step) / share if cpus is not None and step else None
+            c, src = (float(busy) * float(step), "busy")
+        elif cpus is None or not step:
+            c, src = None, None
+        elif share is not None:
+            c, src = float(cpus) * float(step) / float(share), "share"
+        elif wait is not None:
+            # a quota's stops count as run-queue wait too: those are not a share of the core (idle_cpu takes them)
+            c, src = float(cpus) * float(step) + max(0.0, float(wait) * float(step) - float(thr or 0.0)), "process+wait"
+        else:
+            c, src = float(cpus) * float(step), "process"
         u = min(1.0, idle_cpu((c / float(step), float(step), thr, cap), w)) if c is not None else 0.0
         tr = min(transfer_time_ms(ts, model, n), max(0.0, float(step) - w)) if c is not None else 0.0
-        out[n] = {"compute_ms": w, "cpu_ms": c, "step_ms": step, "idle_cpu": u, "transfer_ms": tr,
+        out[n] = {"compute_ms": w, "cpu_ms": c, "cpu_source": src, "step_ms": step, "idle_cpu": u, "transfer_ms": tr,
                   "transfer_cpu_ms": min(max(0.0, c - w), u * tr) if c is not None else 0.0}
     return out
+
+
+def transfer_factor(f: float, u: float, p_w: float = 0.0) -> float:
+    """How much longer a host's transfers take when it gets ``1 / f`` of the CPU it had (:func:`slow_hosts`).
+
+    ``u``: the part of a transfer's time ``t`` the host's CPU worked (``u t`` of CPU wall time at the share it
+    had); ``p_w``: the part of its transfer time the wire's rate paced (:func:`wire_bound_share`).
+
+    * CPU-paced (the rest: latency, the peer, the host's CPU one after the other): the CPU part stretched,
+      ``t' = t (1 − u) + f u t``, factor ``1 + u (f − 1)``;
+    * wire-paced: the host's CPU work overlapped the bytes on the wire, ``t = max(t_wire, u t) = t_wire``; at
+      ``1 / f`` the work takes ``f u t``, and the transfer ends when both the wire and the work are done::
+
+          t' = max(t_wire, f u t) = t max(1, f u)
+
+      (unchanged while ``f u <= 1``: the slowed CPU still fits under the wire's time; ``f < 1`` never speeds up
+      a wire-paced transfer).
+
+    The host's factor is the mix, ``(1 − p_w)(1 + u (f − 1)) + p_w max(1, f u)``; docs/whatif.md, "Wire- or
+    CPU-paced", has the derivation.
+    """
+    return (1.0 - p_w) * (1.0 + u * (f - 1.0)) + p_w * max(1.0, f * u)
 
 
 def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
@@ -846,14 +881,16 @@ def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
 
     ``wire_mbps`` (the links' line rate when profiled) decides per collective whether the wire's rate or the
     hosts paced it (:func:`wire_bound_share`: its fastest profiled instance at the wire's time).  The wire
-    paces the share ``p_w`` of the host's transfer time: the host's CPU there overlaps bytes on the wire (it
-    polls or sleeps while the wire is the bottleneck), and is assumed to fit under the wire's time at 1/F
-    too, so only the rest is stretched::
+    paces the share ``p_w`` of the host's transfer time: the host's CPU work there overlaps the bytes on the
+    wire, and a wire-paced transfer takes ``max(t, F u t)`` at 1/F (:func:`transfer_factor`)::
 
-          t' = t (1 + (1 − p_w) u (F − 1))
+          t' = t ((1 − p_w)(1 + u (F − 1)) + p_w max(1, F u))
 
-    The CPU ``R_t`` inside the wire-paced transfers is charged nowhere (waiting, not work on the critical
-    path).  Derivation and what it gets: docs/whatif.md, "Wire- or CPU-paced".
+    (the twelfth pass kept wire-paced transfers at ``t`` whatever F; docs/stragglers.md, "Thirteenth").
+    Derivation and what it gets: docs/whatif.md, "Wire- or CPU-paced".
+
+    ``F < 1`` (the host given more CPU than it had: the fix of a slowed host from its slowed profile) applies
+    the same rules: its computation and CPU-paced transfers shrink, its wire-paced ones keep their time.
 
     Parameters
     ----------
@@ -864,7 +901,8 @@ def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
     factors : dict
         Host -> F (2: the host gets half the CPU it had).
     shares : dict, optional
-        Host -> the part of its core it got while runnable when profiled (default 1).
+        Host -> the part of its core it got while runnable when profiled (default: from the collector's
+        record of its training thread's run-queue wait where recorded, else 1; :func:`host_cpu_split`).
     busy : dict, optional
         Host -> the part of its iteration its training thread was runnable without the profiler
         (:func:`host_cpu_split`; replaces the collector's CPU record and ``shares`` for that host).
@@ -906,15 +944,16 @@ def slow_hosts(ts: TraceSet, model: CommModel, factors: dict[str, float],
     time_factor: dict[str, float] = {}
     for h, f in factors.items():
         f = float(f)
-        split = host_cpu_split(ts, model, h, float(shares.get(h, 1.0)), busy.get(h))
+        split = host_cpu_split(ts, model, h, float(shares[h]) if h in shares else None, busy.get(h))
         if not split:
             raise DproError(f"--slow-host {h}={f:g}: host {h} runs no worker", path=ts.path)
         wire = {n: wire_bound_share(ts, model, n, wire_mbps) for n in split} if wire_mbps is not None else {}
-        time_factor[h] = max(1.0 + (1.0 - (wire[n][0] if wire else 0.0)) * s["idle_cpu"] * (f - 1.0)
-                             for n, s in split.items())
+        time_factor[h] = max(transfer_factor(f, s["idle_cpu"], wire[n][0] if wire else 0.0) for n, s in split.items())
         for n, s in split.items():
             w, c = s["compute_ms"], s["cpu_ms"]
             cf = 1.0 + (f - 1.0) * max(c - s["transfer_cpu_ms"], w) / w if c is not None and w > 0 else f
+            # F < 1 (the host given more CPU): the CPU between ops shrinks with the ops, never below nothing
+            cf = max(cf, 1e-3)
             dur[comp & (nodes == n)] *= cf
             info[n] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in s.items()} | {
                 "factor": f, "compute_factor": round(cf, 4), "transfer_factor": round(time_factor[h], 4)}
@@ -1462,6 +1501,6 @@ def cpu_limit_nodes(ts: TraceSet, w: WhatIf) -> dict[str, float]:
 
 
 __all__ = ["CFS_PERIOD_MS", "COMPUTE_KINDS", "cfs_schedule", "cpu_seen", "dethrottle_factors", "full_speed_durations", "idle_cpu", "recorded_limits", "WIRE_BOUND_TOLERANCE", "fastest_collectives", "wire_bound_share", "cpu_limit_nodes", "cpu_limit_warnings", "cpu_limited_graph", "DDP_FIRST_BUCKET_BYTES", "HVD", "TCP_EFFICIENCY", "apply", "byteps_partition_bytes",
-           "like_median", "slow_links", "slow_ranks", "slow_hosts", "host_cpu_split", "computation_per_iteration_ms",
+           "like_median", "slow_links", "slow_ranks", "slow_hosts", "host_cpu_split", "transfer_factor", "computation_per_iteration_ms",
            "ddp_bucket_assignment", "HVD_ROUNDS", "horovod_knobs",
            "rebucket", "scale_servers", "scale_world", "WhatIf", "with_bandwidth"]
