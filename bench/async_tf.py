@@ -97,16 +97,19 @@ class _CpuSampler:
 # the last run, per role (ps, chief, worker): CPU s per step and CPUs used over the measured steps
 # (profiled: the chief's entry is the dpro profile process, not the job)
 RUN_CPU: dict[str, dict] = {}
+# the last run's measured steps (--step-times): [[worker clock at the step's start, when its gradients were ready], ...]
+STEP_TIMES: list[list[float]] = []
 
 
 def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: int, depth: int, batch: int,
             cpus: float | None, ps_cpus: float | None = None, num_ps: int = 1, prefix: str = "tfas",
-            timeout: float = 400.0, profile: tuple[Path, str] | None = None) -> float:
+            timeout: float = 400.0, profile: tuple[Path, str] | None = None, step_times: bool = False) -> float:
     """One real ParameterServerStrategy run; returns the coordinator's steps/s.
 
     ``cpus``: CPU quota of every host; ``ps_cpus``: the PS host's (default ``cpus``);
     ``profile``: ``(out, "START:END")`` runs the coordinator under ``dpro profile --framework
-    tensorflow`` (it traces the worker and PS tasks; docs/tensorflow.md)."""
+    tensorflow`` (it traces the worker and PS tasks; docs/tensorflow.md); ``step_times``: train.py
+    ``--step-times``, the steps' times into ``STEP_TIMES``."""
     from dpro_kit.cluster import EmulatedCluster
     from dpro_kit.jobs import CpuBudget
     hosts = workers + 1 + num_ps
@@ -131,6 +134,8 @@ def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: i
             servers += [start(2 + i, "worker", i, ["--serve", *common], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for i in range(workers)]
             job = [str(TRAIN), "--strategy", "ps", "--steps", str(steps), "--warmup", str(warmup), *common]
+            if step_times:
+                job.append("--step-times")
             if profile is not None:
                 job = ["-m", "dpro_kit.cli", "profile", "--framework", "tensorflow", "--out", str(profile[0]),
                        "--host", "host1", "--steps", profile[1], "--", PY, *job]
@@ -168,6 +173,7 @@ def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: i
             t_end, last = [(t, ln) for t, ln in lines if ln.strip()][-1]
             doc = json.loads(last)
             PLACEMENT.update(doc.get("placement") or {})
+            STEP_TIMES[:] = doc.get("step_times") or []
             # every task's CPU time over the measured steps (they end when train.py prints its line)
             both = sampler.between(t_end - float(doc["wall_s"]), t_end)
             n = len(servers) + 1
@@ -182,6 +188,46 @@ def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: i
         finally:
             if budget:
                 budget.close()
+
+
+def worker_steps(steps: list[list[float]], workers: int) -> list[list[tuple[float, float]]]:
+    """The ``--step-times`` steps of one run, [[start, gradients ready], ...], split into the workers' own
+    sequences: in order of start, a step goes to a worker whose last step's gradients were ready by then
+    (the longest-running such worker; any worker if none). The job does not say which worker ran a step;
+    a worker runs one at a time, so this holds while a worker's next step starts after its gradients."""
+    seqs: list[list[tuple[float, float]]] = [[] for _ in range(workers)]
+    for start, grads in sorted(map(tuple, steps)):
+        free = [w for w in range(workers) if not seqs[w] or seqs[w][-1][1] <= start] or list(range(workers))
+        w = min(free, key=lambda w: seqs[w][-1][0] if seqs[w] else float("-inf"))
+        seqs[w].append((start, grads))
+    return seqs
+
+
+def phasing(steps: list[list[float]]) -> dict[str, float | list[float]]:
+    """How two workers' steps interleave (W = 2, ``--step-times``): for every step of the first worker, where
+    the second's next start falls within it, as a fraction of the step (0: together, 0.5: half a step
+    apart, i.e. one downloads while the other uploads), and ``distance`` = min(p, 1 - p) per step; plus the
+    workers' median step period (start to start, ms) and the median download phase (start to gradients, ms)."""
+    a, b = ([s for s, _ in seq] for seq in worker_steps(steps, 2))
+    raw = []
+    for s0, s1 in zip(a, a[1:]):
+        nxt = [x for x in b if s0 <= x < s1]
+        if nxt:
+            raw.append((nxt[0] - s0) / (s1 - s0))
+    dist = [min(p, 1 - p) for p in raw]
+    periods = [y - x for seq in (a, b) for x, y in zip(seq, seq[1:])]
+    return {"phase": raw, "distance": dist,
+            "median_distance": statistics.median(dist) if dist else float("nan"),
+            "period_ms": 1e3 * statistics.median(periods) if periods else float("nan"),
+            "download_ms": 1e3 * statistics.median(g - s for s, g in steps) if steps else float("nan")}
+
+
+def steady_rate(steps: list[list[float]], workers: int) -> float:
+    """Steps/s of a ``--step-times`` run over its steady part (the paper's measurement, §4.1, which the
+    prediction's steady window is): the step starts after the first ``4 * workers``, (n - 1) / their span.
+    The bench's own steps/s counts every step from a common start (all workers' first steps together)."""
+    starts = sorted(s for s, _ in steps)[4 * workers:]
+    return (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 and starts[-1] > starts[0] else float("nan")
 
 
 def profile_step(out: Path, *, width: int, depth: int, batch: int) -> Path:
@@ -216,6 +262,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prefix", default="tfas", help="name prefix of the emulated cluster's namespaces and cgroups "
                                                     "(unique per concurrent user)")
     ap.add_argument("--measure-only", action="store_true")
+    ap.add_argument("--step-times", action="store_true",
+                    help="the job's measured steps also return their start / gradients-ready times (train.py "
+                         "--step-times), kept per run in OUT/step_times.json (how the workers interleave)")
     ap.add_argument("--calibrate", choices=["bandwidth", "overhead"], default="bandwidth",
                     help="what the measured W=1 fits (dpro async-predict --calibrate)")
     ap.add_argument("--link", type=Path, default=None,
@@ -230,6 +279,8 @@ def main(argv=None) -> int:
     measured: dict[str, list[float]] = json.loads(meas_path.read_text()) if meas_path.exists() else {}
     cpu_path = args.out / "cpu.json"     # per run and role: CPU s per step and CPUs used
     cpu_runs: dict[str, list[dict]] = json.loads(cpu_path.read_text()) if cpu_path.exists() else {}
+    st_path = args.out / "step_times.json"    # per run (--step-times): the steps' [start, gradients ready]
+    st_runs: dict[str, list] = json.loads(st_path.read_text()) if st_path.exists() else {}
     configs = [(b, w) for b in bws for w in ws]
     for r in range(args.rounds):
         order = configs if r % 2 == 0 else list(reversed(configs))   # alternate the order every round
@@ -240,12 +291,34 @@ def main(argv=None) -> int:
             t = time.time()
             sps = run_pss(w, b, steps=args.steps, warmup=args.warmup, width=args.width, depth=args.depth,
                           batch=args.batch, cpus=args.cpus_per_host, ps_cpus=args.ps_cpus, num_ps=args.ps,
-                          prefix=args.prefix)
+                          prefix=args.prefix, step_times=args.step_times)
             measured.setdefault(key, []).append(sps)
+            if args.step_times:
+                st_runs.setdefault(key, []).append(list(STEP_TIMES))
+                st_path.write_text(json.dumps(st_runs))
             meas_path.write_text(json.dumps(measured, indent=1))
             cpu_runs.setdefault(key, []).append(dict(RUN_CPU))
             cpu_path.write_text(json.dumps(cpu_runs, indent=1))
             print(f"round {r} {b:g} Mbit/s W={w}: {sps:.3f} steps/s ({time.time() - t:.0f} s)", flush=True)
+    if st_runs:    # --step-times: how the W = 2 runs' workers interleaved (docs/async.md)
+        print("\n| Mbit/s | W | run | steady period per worker, ms | download phase, ms | W = 2: phase distance "
+              "min(p, 1 - p) per step, median (share >= 0.4) | first 8 steps |")
+        print("|---|---|---|---|---|---|---|")
+        for key in sorted(st_runs, key=lambda k: (float(k.split(":")[0]), int(k.split(":")[1]))):
+            b, w = key.split(":")
+            for r, steps in enumerate(st_runs[key]):
+                if not steps or int(w) > 2:
+                    continue
+                if w == "1":
+                    seq = sorted(steps)
+                    per = 1e3 * statistics.median(y[0] - x[0] for x, y in zip(seq, seq[1:]))
+                    dl = 1e3 * statistics.median(g - s for s, g in steps)
+                    print(f"| {b} | 1 | {r} | {per:.1f} | {dl:.1f} | — | — |")
+                    continue
+                ph = phasing(steps)
+                d = ph["distance"]
+                print(f"| {b} | 2 | {r} | {ph['period_ms']:.1f} | {ph['download_ms']:.1f} | {ph['median_distance']:.2f} "
+                      f"({sum(x >= 0.4 for x in d) / max(1, len(d)):.0%}) | {' '.join(f'{x:.2f}' for x in d[:8])} |")
     if args.measure_only:
         return 0
     from dpro_kit.async_ps import calibrate, link_model, predict, template_from_trace
@@ -309,6 +382,7 @@ def main(argv=None) -> int:
           " | ".join(f"{names[v]} | error" for v in variants) + " | CPUs used / quota (median of runs) |")
     print("|---|---|---|" + "---|---|" * len(variants) + "---|")
     errs: dict = {v: [] for v in variants}
+    steady_rows = []     # (b, w, steady part of each measured run, the equal-window rule's prediction)
     for b in bws:
         one = statistics.median(measured[f"{b:g}:1"])
         tpl = templates[b]
@@ -339,6 +413,9 @@ def main(argv=None) -> int:
                     errs[v].append(abs(e))
                 cols.append(f"{p.steps_per_s:.2f} ({p.low:.2f} .. {p.high:.2f}) | {e:+.1f} %")
             print(f"| {b:g} | {w} | {m:.2f} ({allm}) | " + " | ".join(cols) + f" | {cpu_use(f'{b:g}:{w}')} |")
+            if st_runs.get(f"{b:g}:{w}"):
+                steady_rows.append((b, w, [steady_rate(x, w) for x in st_runs[f"{b:g}:{w}"] if x],
+                                    preds[("window", "steady")][w].steps_per_s))
         print(f"| {b:g} | | calibrated on W=1 ({args.calibrate}): effective {fit['bandwidth_mbit']:.1f} Mbit/s, "
               f"step overhead {fit['step_overhead_us'] / 1e3:.1f} ms |" + " | |" * len(variants) + " |")
         if lm:
@@ -350,6 +427,18 @@ def main(argv=None) -> int:
     for v in variants:
         e = errs[v] or [0.0]
         print(f"{names[v]}: W > 1 median |error| {statistics.median(e):.1f} %, max {max(e):.1f} %")
+    if steady_rows:   # --step-times runs: the same predictions against the runs' steady part
+        print("\n| Mbit/s | W | measured steps/s, steady part (after the first 4 W steps; median; all) | "
+              "equal sharing + equal-window rule, steady | error |\n|---|---|---|---|---|")
+        es = []
+        for b, w, runs, pw in steady_rows:
+            m = statistics.median(runs)
+            if w > 1:
+                es.append(abs(100 * (pw / m - 1)))
+            print(f"| {b:g} | {w} | {m:.2f} ({', '.join(f'{x:.2f}' for x in runs)}) | {pw:.2f} | {100 * (pw / m - 1):+.1f} % |")
+        if es:
+            print(f"\nagainst the steady part: W > 1 median |error| {statistics.median(es):.1f} %, max {max(es):.1f} %, "
+                  f"{sum(e <= 10 for e in es)} of {len(es)} rows within 10 %")
     return 0
 
 

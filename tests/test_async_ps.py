@@ -408,3 +408,24 @@ def test_reverse_tcpinfo_bench_on_a_real_emulated_link(tmp_path: Path):
     # samples: [time, srtt us, cwnd bytes, pacing Mbit/s, bytes acked, min rtt us, delivery Mbit/s, in flight bytes]
     assert all(len(s) == 8 and s[2] > 0 for s in doc["1"]["srv"][1] + doc["2"]["recs"][1][3])
     assert "rep 1: download" in r.stdout
+
+
+def test_phasing_of_two_workers_from_step_times():
+    """bench/async_tf.py's W = 2 phasing on hand-made step times: worker A starts every 100 ms, B 30 ms after it
+    (then, from the fourth step, 50 ms after it); gradients 40 ms after each start."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import async_tf
+    a = [0.0, 0.1, 0.2, 0.3, 0.4]
+    b = [0.03, 0.13, 0.23, 0.35]
+    steps = [[s, s + 0.04] for s in b + a]      # any order
+    seqs = async_tf.worker_steps(steps, 2)
+    assert [[s for s, _ in q] for q in seqs] == [a, b]
+    ph = async_tf.phasing(steps)
+    assert ph["phase"] == pytest.approx([0.3, 0.3, 0.3, 0.5])
+    assert ph["distance"] == pytest.approx([0.3, 0.3, 0.3, 0.5])
+    assert ph["period_ms"] == pytest.approx(100.0) and ph["download_ms"] == pytest.approx(40.0)
+    # the steady part: one worker starting every 100 ms, then a 50 ms pause before its last 2 steps; the first
+    # 4 starts (4 W) left out, the rest 0.4, 0.5, 0.65, 0.75 s: (n - 1) / span = 3 / 0.35 steps/s
+    one = [[0.1 * i, 0.1 * i + 0.04] for i in range(6)] + [[0.65, 0.69], [0.75, 0.79]]
+    assert async_tf.steady_rate(one, 1) == pytest.approx(3 / 0.35)
+    assert async_tf.steady_rate(one[:4], 1) != async_tf.steady_rate(one[:4], 1)     # nothing left: nan

@@ -199,3 +199,21 @@ def test_async_predict_calibrates_on_the_traced_job(ps_trace):
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     assert not doc["measured_1w_from_trace"] and doc["predicted"][0]["steps_per_s"] == pytest.approx(one / 2, rel=1e-6)
+
+
+def test_step_times_of_a_real_two_worker_job():
+    """bench/async_tf.py ``--step-times`` (train.py ``--step-times``) on a real 2-worker job, unprofiled: every
+    measured step comes back with its worker's clock at its start and when its gradients were ready, the steps
+    split into two workers' sequences, and a phase per step (docs/async.md, the W = 2 phasing)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import async_tf
+    sps = async_tf.run_pss(2, 300, steps=8, warmup=3, width=256, depth=2, batch=32, cpus=None, prefix="tfpsst",
+                           step_times=True)
+    steps = async_tf.STEP_TIMES
+    assert sps > 0 and len(steps) == 8 and all(s < g for s, g in steps)
+    seqs = async_tf.worker_steps(steps, 2)
+    assert sum(map(len, seqs)) == 8 and all(seqs)
+    for seq in seqs:     # a worker's steps do not overlap
+        assert all(g <= s2 for (_, g), (s2, _) in zip(seq, seq[1:]))
+    ph = async_tf.phasing(steps)
+    assert ph["distance"] and all(0.0 <= d <= 0.5 for d in ph["distance"]) and ph["period_ms"] > ph["download_ms"] > 0

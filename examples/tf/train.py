@@ -8,7 +8,9 @@
   process is the coordinator, ``TF_CONFIG`` names ``worker``/``ps`` tasks that run
   ``--serve``); ``--serve``: run this process's ``TF_CONFIG`` task as a ``tf.distribute.Server``.
 * Prints one JSON line at the end: ``{"steps", "wall_s", "steps_per_s", "step_ms": [...]}``
-  (``steps_per_s`` over the steps after ``--warmup``).
+  (``steps_per_s`` over the steps after ``--warmup``); ``--strategy ps`` prints ``placement`` instead
+  of ``step_ms``, and with ``--step-times`` each measured step's worker clock at its start and when its
+  gradients are ready (``step_times``: how the workers' steps interleave).
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="intra- and inter-op threads")
+    ap.add_argument("--step-times", action="store_true",
+                    help="--strategy ps: each measured step also returns its worker's clock at its start (before "
+                         "its reads) and when its gradients are ready; printed as \"step_times\" [[start, grads], ...]")
     args = ap.parse_args(argv)
 
     import tensorflow as tf
@@ -92,18 +97,31 @@ def main(argv=None) -> int:
         if args.strategy == "ps":
             coord = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
+            def timed_step(x, y):    # --step-times: the same step between two reads of the worker's clock
+                t_start = tf.timestamp()
+                with tf.control_dependencies([t_start]):     # before the variables' reads
+                    with tf.GradientTape() as tape:
+                        loss = lossf(y, model(x))
+                    grads = tape.gradient(loss, model.trainable_variables)
+                with tf.control_dependencies(grads):
+                    t_grads = tf.timestamp()
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+                return loss, t_start, t_grads
+
             @tf.function
             def worker_fn():
-                return strategy.run(train_step, args=(x, y))
+                return strategy.run(timed_step if args.step_times else train_step, args=(x, y))
 
             for _ in range(args.warmup):   # traced and warm on every worker
                 coord.schedule(worker_fn)
             coord.join()
             t0 = time.perf_counter()
-            for _ in range(args.steps):
-                coord.schedule(worker_fn)
+            results = [coord.schedule(worker_fn) for _ in range(args.steps)]
             coord.join()
             wall = time.perf_counter() - t0
+            extra = {}
+            if args.step_times:      # one clock on emulated hosts (one machine): comparable across workers
+                extra["step_times"] = [[float(v) for v in r.fetch()[1:]] for r in results]
             # where each variable lives (task index of its PS): ParameterServerStrategy's own placement
             placement = {}
             for v in list(model.variables) + list(opt.variables):
@@ -112,7 +130,7 @@ def main(argv=None) -> int:
                 if "/job:ps" in dev and "/task:" in dev:
                     placement[tv.name] = int(dev.split("/task:")[1].split("/")[0])
             print(json.dumps({"steps": args.steps, "wall_s": wall, "steps_per_s": args.steps / wall,
-                              "placement": placement}), flush=True)
+                              "placement": placement, **extra}), flush=True)
             return 0
         t0 = time.perf_counter()
         for _ in range(args.steps):
