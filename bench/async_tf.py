@@ -22,6 +22,8 @@ with the link's measured sharing (``--sharing arrival``), each as the steady win
 start offsets and as the bench's own run (``--steps`` steps from a common start), next to equal
 sharing; every run also records each host group's CFS throttled time (docs/async.md). Every table
 also has equal sharing with the equal-window rule (``dpro async-predict --reverse-path window``).
+``--step-times`` also keeps every measured step's start and gradients-ready times (``OUT/step_times.json``)
+and prints the W = 2 phasing and the runs' steady part against the prediction (docs/async.md, "TF W = 2").
 """
 from __future__ import annotations
 
