@@ -296,18 +296,28 @@ def calibrate(a: argparse.Namespace, rows: dict[str, Any], models: list[str]) ->
               f"{budget(a)}", flush=True)
         c: dict[str, Any] = {"width_div": a.width_div, "rate": rate, "started_utc": time.strftime(
             "%Y-%m-%d %H:%M:%S", time.gmtime())}
-        c["profile"] = b.job(model, None, 1, None, profile=True, batch=batch, width_div=a.width_div)
-        c["profiles_at_batch"] = []
-        if a.profile_batches == "auto":
+        old = cal.get(model) or {}
+        if a.keep_profiles and old.get("width_div") == a.width_div and old.get("profile"):
+            c["profile"], c["profiles_at_batch"] = old["profile"], old.get("profiles_at_batch", [])
+            c["profiles_from"] = old.get("started_utc")
+        else:
+            c["profile"] = b.job(model, None, 1, None, profile=True, batch=batch, width_div=a.width_div)
+            c["profiles_at_batch"] = []
+        if a.profile_batches == "auto" and "profiles_from" not in c:
             for x in rank_fractions(sfiles):
                 bx = batch * x
                 if abs(bx - round(bx)) < 1e-9 and round(bx) >= 1:
                     c["profiles_at_batch"].append(b.job(model, None, 1, None, profile=True, batch=int(round(bx)),
                                                         width_div=a.width_div))
         c["strategies"] = {}
+        runs: dict[str, list[dict[str, Any]]] = {sf.stem: [] for sf in sfiles}
+        for rnd in range(a.cal_rounds):    # alternating order, as the timed rows' rounds
+            for sf in (sfiles if rnd % 2 == 0 else sfiles[::-1]):
+                runs[sf.stem].append(b.job(model, sf, strategy_ranks(sf), rate, width_div=a.width_div))
         for sf in sfiles:
-            j = b.job(model, sf, strategy_ranks(sf), rate, width_div=a.width_div)
-            c["strategies"][sf.stem] = {"strategy_file": str(sf), "measured_ms": j["ms"], "tag": j["tag"]}
+            js = runs[sf.stem]
+            c["strategies"][sf.stem] = {"strategy_file": str(sf), "measured_ms": statistics.median(j["ms"] for j in js),
+                                        "rounds_ms": [j["ms"] for j in js], "tag": js[0]["tag"]}
         c["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         cal[model] = c
         save(a, rows)
@@ -537,6 +547,11 @@ def main(argv: list[str] | None = None) -> int:
                          "hosts: needs the lock), then predict ROWS's measurements with them (--runtime-overhead); "
                          "writes --out/rows.json")
     ap.add_argument("--width-div", type=int, default=16, help="--calibrate: the tiny twin's width divisor")
+    ap.add_argument("--cal-rounds", type=int, default=1,
+                    help="--calibrate: runs per strategy of the twin (alternating order; measured = their median)")
+    ap.add_argument("--keep-profiles", action="store_true",
+                    help="--calibrate: reuse the twin profiles ROWS already has (same --width-div) instead of "
+                         "profiling again; only the strategies run")
     ap.add_argument("--no-predict", action="store_true",
                     help="run the jobs and stop (no dpro simulate / replay: those need no lock on a shared machine); "
                          "predict later with --repredict OUT/rows.json")
