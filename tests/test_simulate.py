@@ -156,6 +156,28 @@ def test_pipeline_bubble_equal_stages(schedule):
     assert sorted({tuple(c["group"]) for c in sends}) == [("h0/0", "h1/1"), ("h1/1", "h0/0")]
 
 
+@pytest.mark.parametrize("schedule,expect_us", [("gpipe", 9600.0), ("1f1b", 9400.0)])
+def test_pipeline_rendezvous_hand_computed(schedule, expect_us):
+    """gloo's p2p is a rendezvous: the bytes leave at max(send posted, receive posted + alpha) (the
+    receiver's ready notice), and torch's schedules post a receive only right before the action that
+    needs it (p2p_steps).  4 layers (fwd 1 ms, bwd 2 ms) on 2 stages, m = 2: f = 1000, b = 2000 us per
+    stage and micro-batch; every transfer (and notice) alpha = 100 us.
+
+    GPipe: r1 posts recv act0 at 0 (notice 100); act0 leaves at max(1000, 100), in at 1100; r1 F0
+    1100-2100, posts recv act1 at 2100 (notice 2200): act1 leaves at max(2000, 2200) = 2200, F1
+    2300-3300, B0 -3300-5300, B1 -7300.  r0 waits its sends (2200), posts recv grad0 at 2200: grad0
+    leaves at 5300, B0 5400-7400; recv grad1 posted at 7400, notice 7500, grad1 leaves at max(7300,
+    7500), B1 7600-9600.  1F1B: r0 F0, F1 0-2000, posts send act1 + recv grad0 at 2000; r1 F0 1100-2100,
+    B0 -4100, posts send grad0 + recv act1 at 4100 (notice 4200): act1 leaves at 4200, grad0 at
+    max(4100, 2100); r0 B0 4200-6200, posts recv grad1 at 6200; r1 F1 4300-5300, B1 -7300, grad1 in
+    at 7400, r0 B1 7400-9400.  Without the rendezvous both took 9200 us (each transfer leaving at its
+    send): GPipe now pays a notice and a transfer on r1's second forward and r0's second backward,
+    1F1B one transfer fewer where its receive was posted early (r0's recv grad0)."""
+    p = run(chain_model(4), {"ranks": 2, "hosts": 2, "latency_us": 100, "strategy": {
+        "pipeline": {"stages": 2, "micro_batches": 2, "schedule": schedule}}})
+    assert p.iteration_ms * 1e3 == pytest.approx(expect_us, abs=1e-6)
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_runtime_overhead_per_action(schedule):
     """The pipeline above with a measured runtime overhead of 4 ms per rank and iteration: 2m = 8

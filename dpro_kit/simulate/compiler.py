@@ -249,6 +249,87 @@ def schedule_order(stage: int, stages: int, m: int, schedule: str, max_in_flight
     return out
 
 
+def p2p_steps(stage: int, stages: int, m: int, schedule: str, max_in_flight: int | None) -> list[tuple]:
+    """A stage's program as ``torch.distributed.pipelining`` runs it: its actions and the points where
+    it posts and waits for its point-to-point transfers (torch 2.13 ``schedules.py``).
+
+    Steps: ``("run", "F"|"B", j)``; ``("post", ops)``; ``("wait", ops)``; an op is ``("recv"|"send",
+    "act"|"grad", j)`` (``act``: micro-batch ``j``'s activation, from stage ``s-1`` / to ``s+1``;
+    ``grad``: its gradient, from ``s+1`` / to ``s-1``).  Where a receive is posted matters: gloo's
+    transport is a rendezvous (a send's bytes leave only once the receiver has posted its receive,
+    ``gloo/transport/tcp/pair.cc``), so a transfer starts at the later of the two posts.
+
+    * fill-drain (GPipe, every micro-batch in flight: ``ScheduleGPipe``): each receive is posted right
+      before the action that needs it and waited for at once; each send is posted right after its
+      action and waited for only at the end of the phase (all forward sends before the first backward
+      receive, all backward sends at the end).
+    * otherwise (``Schedule1F1B``, warm-up ``c`` = :func:`in_flight`): warm-up forwards as above, each
+      send waited for after the next forward; in the steady state an action's send is posted together
+      with the next action's receive and the rank waits for both before that action; cool-down
+      backwards wait for the previous backward's send after their own compute.
+
+    Examples
+    --------
+    >>> p2p_steps(1, 2, 2, "gpipe", None)  # doctest: +NORMALIZE_WHITESPACE
+    [('post', [('recv', 'act', 0)]), ('wait', [('recv', 'act', 0)]), ('run', 'F', 0), ('post', []),
+     ('post', [('recv', 'act', 1)]), ('wait', [('recv', 'act', 1)]), ('run', 'F', 1), ('post', []),
+     ('wait', []), ('post', []), ('wait', []), ('run', 'B', 0), ('post', [('send', 'grad', 0)]),
+     ('post', []), ('wait', []), ('run', 'B', 1), ('post', [('send', 'grad', 1)]),
+     ('wait', [('send', 'grad', 0), ('send', 'grad', 1)])]
+    >>> [x for x in p2p_steps(0, 2, 2, "1f1b", None) if x[0] != "run" and x[1]]  # doctest: +NORMALIZE_WHITESPACE
+    [('post', [('send', 'act', 0)]), ('wait', [('send', 'act', 0)]),
+     ('post', [('send', 'act', 1), ('recv', 'grad', 0)]), ('wait', [('send', 'act', 1), ('recv', 'grad', 0)]),
+     ('post', [('recv', 'grad', 1)]), ('wait', [('recv', 'grad', 1)])]
+    """
+    first, last = stage == 0, stage == stages - 1
+    frecv = lambda j: [] if first else [("recv", "act", j)]   # noqa: E731
+    fsend = lambda j: [] if last else [("send", "act", j)]    # noqa: E731
+    brecv = lambda j: [] if last else [("recv", "grad", j)]   # noqa: E731
+    bsend = lambda j: [] if first else [("send", "grad", j)]  # noqa: E731
+    c = in_flight(stage, stages, m, schedule, max_in_flight)
+    out: list[tuple] = []
+    if c == m and schedule == "gpipe":                     # ScheduleGPipe._step_microbatches
+        for phase, recv, send in (("F", frecv, fsend), ("B", brecv, bsend)):
+            pending: list[tuple] = []
+            for j in range(m):
+                out += [("post", recv(j)), ("wait", recv(j)), ("run", phase, j), ("post", send(j))]
+                pending += send(j)
+            out.append(("wait", pending))
+        return out
+    send_work: list[tuple] = []                            # Schedule1F1B._step_microbatches
+    fwd_sends: list[tuple] = []
+    fi = bi = 0
+    for k in range(c):                                     # warm-up
+        out += [("post", frecv(fi)), ("wait", frecv(fi)), ("run", "F", fi), ("wait", send_work)]
+        send_work = []
+        if k != c - 1:
+            send_work = fsend(fi)
+            out.append(("post", send_work))
+        else:
+            fwd_sends = fsend(fi)
+        fi += 1
+    while True:                                            # 1B1F
+        ops = fwd_sends + brecv(bi)
+        out += [("post", ops), ("wait", ops), ("run", "B", bi)]
+        bwd_sends = bsend(bi)
+        bi += 1
+        if fi == m:
+            break
+        ops = bwd_sends + frecv(fi)
+        out += [("post", ops), ("wait", ops), ("run", "F", fi)]
+        fwd_sends = fsend(fi)
+        fi += 1
+    out.append(("post", bwd_sends))
+    send_work = bwd_sends
+    while bi < m:                                          # cool-down
+        out += [("post", brecv(bi)), ("wait", brecv(bi)), ("run", "B", bi), ("wait", send_work)]
+        send_work = bsend(bi)
+        out.append(("post", send_work))
+        bi += 1
+    out.append(("wait", send_work))
+    return out
+
+
 def in_flight(stage: int, stages: int, m: int, schedule: str, max_in_flight: int | None) -> int:
     """Forward micro-batches a stage holds at most (its activations' multiplier)."""
     c = m if schedule == "gpipe" else stages - stage
@@ -418,8 +499,15 @@ class _Builder:
                 _mem(self.g, kout, free=scratch)
         return out
 
-    def p2p(self, src: str, dst: str, nbytes: float, deps: list[str], tag: str) -> str:
-        """One point-to-point transfer after ``deps`` on ``src``; returns the RECV op on ``dst``."""
+    def p2p(self, src: str, dst: str, nbytes: float, deps: list[str], tag: str,
+            rendezvous: tuple[str | None, str | None, list[str], list[str]] | None = None) -> str:
+        """One point-to-point transfer after ``deps`` on ``src``; returns the RECV op on ``dst``.
+
+        ``rendezvous`` = (the op after which ``src`` posts the send, the op after which ``dst`` posts the
+        receive, the ops that wait for the send's completion, those that wait for the receive's): the
+        bytes leave at the later of the send's post and the receive's post plus the link's latency (the
+        receiver's ready notice travelling back, gloo's ``NOTIFY_RECV_READY``); the send is complete
+        then (gloo sizes the socket's buffer to the message), the receive when the bytes are in."""
         self.n_coll += 1
         tensor = f"{tag}#{self.n_coll}"
         coll = Collective(tensor=tensor, op="send", bytes=int(round(nbytes)), participants=[src, dst])
@@ -428,7 +516,27 @@ class _Builder:
         ks, kr = self.ctx.transfer(coll, phase="p2p", step=0, chunk=0, src=src, dst=dst, nbytes=int(round(nbytes)))
         for dep in deps:
             self.g.add_edge(dep, ks)
+        if rendezvous is not None:
+            q, p, send_waits, recv_waits = rendezvous
+            link = self.ctx.links.device(dst, src)
+            notice = add_op(self.g, op_key(dst, f"recv ready {tensor}"), node=dst, kind=OpKind.VIRTUAL.value,
+                            name="recv ready", dur=self.ctx.model.transfer_us(0, link), tensor=tensor)
+            sent = add_op(self.g, op_key(src, f"send start {tensor}"), node=src, kind=OpKind.VIRTUAL.value,
+                          name="send start", tensor=tensor)
+            for a, z in ((q, sent), (p, notice), (notice, sent), (sent, ks)):
+                if a is not None:
+                    self.g.add_edge(a, z)
+            for w in send_waits:
+                self.g.add_edge(sent, w)
+            for w in recv_waits:
+                self.g.add_edge(kr, w)
         return kr
+
+
+def _rendezvous(posted: dict, waited: dict, src: str, dst: str, what: tuple[str, int]) -> tuple:
+    """:meth:`_Builder.p2p`'s ``rendezvous`` for transfer ``what`` = (``"act"|"grad"``, micro-batch)."""
+    snd, rcv = (src, ("send", *what)), (dst, ("recv", *what))
+    return posted.get(snd), posted.get(rcv), waited.get(snd, []), waited.get(rcv, [])
 
 
 #: gloo's ring all-reduce sends at most this many bytes per send/recv (``AllreduceOptionsImpl::kMaxSegmentSize``)
@@ -544,6 +652,11 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
     opt_ratio = model.optimizer_state_bytes / total_p
     stage_of = [r // (dp * tp) for r in range(st.ranks)]
     memory: list[dict[str, float]] = [{} for _ in range(st.ranks)]
+    # pipeline transfers: (node, ("recv"|"send", "act"|"grad", j)) -> the op after which the rank posts it,
+    # the gates (virtual ops) that wait for it; end_of: the rank's last op before its optimizer step
+    posted: dict[tuple[str, tuple], str] = {}
+    waited: dict[tuple[str, tuple], list[str]] = {}
+    end_of: dict[str, str] = {}
     # per rank: keys of its compute ops
     for s, plans in enumerate(stage_plans):
         L = len(plans)
@@ -555,9 +668,24 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                 other = b.compute(node, "other (data, zero_grad)", model.other_time(1.0 / dp), kind=OpKind.OTHER.value)
                 last = other
                 chain = [other]
-                order = schedule_order(s, S, m, st.schedule, st.max_in_flight)
-                # units in schedule order; each unit = list of compute ops (keys), built now, chained
-                for kind_, j in order:
+                # units in schedule order; each unit = list of compute ops (keys), built now, chained; with
+                # pipeline stages, the points where the rank posts and waits for its transfers (p2p_steps)
+                for step in p2p_steps(s, S, m, st.schedule, st.max_in_flight) if S > 1 else \
+                        [("run", k_, j_) for k_, j_ in schedule_order(s, S, m, st.schedule, st.max_in_flight)]:
+                    if step[0] == "post":
+                        for op in step[1]:
+                            posted[(node, op)] = last
+                        continue
+                    if step[0] == "wait":
+                        if step[1]:
+                            gate = op_key(node, f"wait {' '.join(f'{a} {k_} mb{j_}' for a, k_, j_ in step[1])}")
+                            add_op(b.g, gate, node=node, kind=OpKind.VIRTUAL.value, name="p2p wait")
+                            b.g.add_edge(last, gate)
+                            for op in step[1]:
+                                waited.setdefault((node, op), []).append(gate)
+                            last = gate
+                        continue
+                    _, kind_, j = step
                     if runtime_us > 0:     # the runtime's own CPU time for this action (measured)
                         key = b.compute(node, f"runtime {kind_} mb{j}", runtime_us / (2 * m), kind=OpKind.OTHER.value)
                         b.g.add_edge(last, key)
@@ -589,6 +717,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
                                 chain.append(key)
                 if chains is not None:
                     chains[node] = chain
+                end_of[node] = last
     # data dependencies: TP all-reduces between segments, pipeline sends; a stage's forward output is
     # ready at fwd_tail (its last segment, or that segment's all-reduce), its input gradient at bwd_tail
     K = lambda node, nm: op_key(node, nm)  # noqa: E731
@@ -642,9 +771,11 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
             for t in range(tp):
                 src, dst = nodes[rank(s, d, t)], nodes[rank(s + 1, d, t)]
                 for j in range(m):
-                    kr = b.p2p(src, dst, act, [fwd_tail[(src, j)]], f"pp act mb{j} s{s}->{s + 1}")
+                    kr = b.p2p(src, dst, act, [fwd_tail[(src, j)]], f"pp act mb{j} s{s}->{s + 1}",
+                               rendezvous=_rendezvous(posted, waited, src, dst, ("act", j)))
                     b.g.add_edge(kr, K(dst, f"F mb{j} {nplans[0].layer.name} seg0"))
-                    kg = b.p2p(dst, src, act, bwd_tail[(dst, j)], f"pp grad mb{j} s{s + 1}->{s}")
+                    kg = b.p2p(dst, src, act, bwd_tail[(dst, j)], f"pp grad mb{j} s{s + 1}->{s}",
+                               rendezvous=_rendezvous(posted, waited, dst, src, ("grad", j)))
                     b.g.add_edge(kg, _first_bwd_key(src, j, plans))
                     if runtime_us > 0:   # the action's runtime work starts once its input has arrived
                         b.g.add_edge(kr, K(dst, f"runtime F mb{j}"))
@@ -663,7 +794,7 @@ def compile_strategy(model: ModelGraph, strategy: Strategy, *, bandwidth_Bps: fl
         for t in range(tp):
             group = [nodes[rank(s, d, t)] for d in range(dp)]
             # every backward of the rank is done before its step
-            upd_deps = {nd: [_last_bwd_key(nd, j, plans) for j in range(m)] for nd in group}
+            upd_deps = {nd: [_last_bwd_key(nd, j, plans) for j in range(m)] + [end_of[nd]] for nd in group}
             upd_scale = 0.0
             for pl in plans:
                 f = 1.0 / dp if pl.settings.sharding != "none" else 1.0
