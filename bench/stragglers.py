@@ -437,7 +437,7 @@ def repredict(rows_file: Path, only: str | None = None, predictors: str | None =
                 per.append(fix_speedup(att, s, t_))
                 firsts.append(att.get("first"))
                 if r.get("slow_by") == "shares" and (not predictors or "prof" in predictors.split(",")):
-                    per_host.append(fix_host(att, s, t_, r["rate"], rep["iteration_time_ms"],
+                    per_host.append(fix_host(att, s, t_, r["rate"], rep,
                                              sum((r.get("neighbours") or {}).values())))
             now, then, m = statistics.median(per), r["predicted_speedup"], r["measured_speedup"]
             if m is None:
@@ -504,13 +504,15 @@ def fix_speedup(att: dict, rank: int, trace: str) -> float:
     raise SystemExit(f"{trace}: the attribution has no replayed row for rank {rank}")
 
 
-def fix_host(att: dict, rank: int, trace: str, rate: float, slowed_ms: float,
+def fix_host(att: dict, rank: int, trace: str, rate: float, slowed: dict,
              neighbour: int = 0) -> tuple[float, str]:
     """Reverse model "prof": the predicted speed-up of giving the slowed host back its CPU, every thread of it
     (``--slow-host hostS=1/F^ --wire-mbps <rate>`` on the slowed profile; ``dpro_kit.whatif.slow_hosts`` with F < 1:
     its computation and the CPU part of its CPU-paced transfers shrink, its wire-paced transfers keep their time).
     ``F^`` = the rank's traced computation over the median of the other workers' (the attribution's ``compute_ms``);
-    ``slowed_ms`` the slowed profile's own replay; ``neighbour`` the cpu.shares of the busy neighbour beside the
+    ``slowed`` the slowed profile's own replay (``--json``).  Like the attribution's fix (``fix_speedup``) the
+    speed-up is taken over every profiled iteration (``all_iterations_ratio``; the median iteration's alone
+    where the replays have no per-iteration times); ``neighbour`` the cpu.shares of the busy neighbour beside the
     host in the slowed job: on a trace without the thread record ``--cpu-share`` says the part of its core it had
     (``1024 / (1024 + neighbour)``).  Returns the speed-up and the replay arguments."""
     comp = {r["rank"]: r["compute_ms"] for r in att.get("ranks", []) if r.get("compute_ms")}
@@ -521,7 +523,9 @@ def fix_host(att: dict, rank: int, trace: str, rate: float, slowed_ms: float,
     args = ["--slow-host", f"host{rank}={1 / f_hat:.4g}", "--wire-mbps", f"{rate:g}"]
     if neighbour and (cpu_use(trace).get(f"host{rank}/{rank}") or {}).get("thread_wait") is None:
         args += ["--cpu-share", f"host{rank}={1024 / (1024 + neighbour):.4g}"]
-    return slowed_ms / Bench.replay(trace, args)["iteration_time_ms"], " ".join(args)
+    fixed = Bench.replay(trace, args)
+    ratio = all_iterations_ratio(slowed, fixed)
+    return (1.0 / ratio if ratio else slowed["iteration_time_ms"] / fixed["iteration_time_ms"]), " ".join(args)
 
 
 def pct(x: float) -> float:
@@ -776,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
                     firsts.append(att.get("first"))
                     atts.append(att)
                     if shares_mode and (not a.predictors or "prof" in a.predictors.split(",")):
-                        x_, args_ = fix_host(att, S, sp["trace"], rate, rep["iteration_time_ms"],
+                        x_, args_ = fix_host(att, S, sp["trace"], rate, rep,
                                              sum((slow_nb or {}).values()))
                         per_host.append(x_)
                         host_args.append(args_)
