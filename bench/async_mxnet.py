@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 
-def measured_steps_per_s(keep: Path, workers: int, rate: str, rnd: int) -> float | None:
-    files = sorted(keep.glob(f"times-s1-w{workers}-{rate}mbit-r{rnd}-m-w*.json"))
+def measured_steps_per_s(keep: Path, workers: int, rate: str, rnd: int, servers: int = 1) -> float | None:
+    files = sorted(keep.glob(f"times-s{servers}-w{workers}-{rate}mbit-r{rnd}-m-w*.json"))
     if len(files) != workers:
         return None
     total = 0.0
@@ -35,10 +35,11 @@ def measured_steps_per_s(keep: Path, workers: int, rate: str, rnd: int) -> float
     return total
 
 
-def predicted(trace: Path, rate: str, ws: list[int], seeds: int, reverse_path: str = "none") -> dict[int, float] | None:
+def predicted(trace: Path, rate: str, ws: list[int], seeds: int, reverse_path: str = "none",
+              servers: int = 1) -> dict[int, float] | None:
     r = subprocess.run([sys.executable, "-m", "dpro_kit.cli", "async-predict", str(trace), "--bandwidth", rate,
                         "--workers", ",".join(map(str, ws)), "--seeds", str(seeds), "--json",
-                        "--reverse-path", reverse_path],
+                        "--reverse-path", reverse_path, "--ps", str(servers)],
                        capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         print(f"  {trace}: {r.stderr.strip()}", flush=True)
@@ -67,6 +68,8 @@ def main() -> None:
     ap.add_argument("--json", required=True, help="bench/ps_accuracy.py --json of a dist_async run with --workers 1,...")
     ap.add_argument("--keep", required=True, help="its --keep folder")
     ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--servers", type=int, default=1, help="the run's server count (its files are s<N>-...; "
+                    "dpro async-predict --ps N, each key on the server the trace shows)")
     ap.add_argument("--lockstep", action="store_true",
                     help="also the lockstep bound: the same model with every worker running the mean step from a "
                          "common start (equal sharing keeps them in lockstep; the real W=2 job stays near it)")
@@ -85,16 +88,17 @@ def main() -> None:
         lock = {w: [] for w in ws}
         win = {w: [] for w in ws}
         for rnd in range(int(a["rounds"])):
-            p = predicted(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws, args.seeds)
+            tr = keep / f"trace-s{args.servers}-w1-{rate}mbit-r{rnd}"
+            p = predicted(tr, rate, ws, args.seeds, servers=args.servers)
             if args.lockstep and p is not None:
-                for w, x in lockstep(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws).items():
+                for w, x in lockstep(tr, rate, ws).items():
                     lock[w].append(x)
-            pw = (predicted(keep / f"trace-s1-w1-{rate}mbit-r{rnd}", rate, ws, args.seeds, reverse_path="window")
+            pw = (predicted(tr, rate, ws, args.seeds, reverse_path="window", servers=args.servers)
                   if args.reverse_path == "window" else None)
             for w in ws:
                 if pw is not None:
                     win[w].append(pw[w])
-                m = measured_steps_per_s(keep, w, rate, rnd)
+                m = measured_steps_per_s(keep, w, rate, rnd, args.servers)
                 if m is not None:
                     meas[w].append(m)
                 if p is not None:
