@@ -137,10 +137,14 @@ class SchedPoll:
                 self.samples.append((now, snap))
             self._stop.wait(self.interval)
 
-    def summary(self, window_s: dict[str, float]) -> dict[str, dict[str, float]]:
+    def summary(self, window_s: dict[str, Any]) -> dict[str, dict[str, float]]:
         """Per host: the main thread's CPU, run-queue wait and the group's throttled time (ms) over its
-        training window (``window_s[host]`` seconds ending where its main thread stopped computing),
-        and the wait for a core as a fraction of the window."""
+        training window, and the wait for a core as a fraction of the window.
+
+        ``window_s[host]``: ``(start, end)`` on ``time.perf_counter()`` (the samples' clock; ``train.py``'s
+        ``train_window_perf_counter_s``): the samples nearest its ends; or a length in seconds (older jobs),
+        ending where the main thread stopped computing — which takes in the CPU the thread spends after
+        training (teardown, a trace export) and over-states its CPU (docs/stragglers.md, "Thirteenth")."""
         out: dict[str, dict[str, float]] = {}
         hosts = sorted({h for _, sn in self.samples for h in sn})
         for h in hosts:
@@ -150,13 +154,17 @@ class SchedPoll:
             last = seq[-1][1]["threads"]
             main = max(last, key=lambda tid: last[tid][0])
             seq = [(t, d) for t, d in seq if main in d["threads"]]
-            # the end of training: the last interval in which the main thread got more than 20 % of a CPU
-            end = len(seq) - 1
-            while end > 0 and (seq[end][1]["threads"][main][0] - seq[end - 1][1]["threads"][main][0]) / 1e9 \
-                    < 0.2 * (seq[end][0] - seq[end - 1][0]):
-                end -= 1
-            t_end = seq[end][0]
-            start = min(range(end + 1), key=lambda i: abs(seq[i][0] - (t_end - window_s[h])))
+            w = window_s[h]
+            if isinstance(w, (tuple, list)):
+                end = min(range(len(seq)), key=lambda i: abs(seq[i][0] - float(w[1])))
+                start = min(range(end + 1), key=lambda i: abs(seq[i][0] - float(w[0])))
+            else:
+                # the end of training: the last interval in which the main thread got more than 20 % of a CPU
+                end = len(seq) - 1
+                while end > 0 and (seq[end][1]["threads"][main][0] - seq[end - 1][1]["threads"][main][0]) / 1e9 \
+                        < 0.2 * (seq[end][0] - seq[end - 1][0]):
+                    end -= 1
+                start = min(range(end + 1), key=lambda i: abs(seq[i][0] - (seq[end][0] - float(w))))
             if end - start < 2:
                 continue
             a, b = seq[start][1], seq[end][1]
@@ -221,8 +229,10 @@ class Bench:
         if profile:
             row["trace"] = str(trace)
         if poll:
-            # the training window of each host: its rank's measured iterations (after the warm-up)
-            win = {f"host{r}": sum(ts) for r, ts in per_rank.items()}
+            # the training window of each host: its rank's measured iterations (after the warm-up), where train.py
+            # recorded them on the monotonic clock; else their length, ending where the main thread stops computing
+            wins = doc.get("train_window_perf_counter_s") or {}
+            win = {f"host{r}": (tuple(wins[str(r)]) if wins.get(str(r)) else sum(ts)) for r, ts in per_rank.items()}
             row["sched"] = poll.summary(win)
             print(f"    {tag} wait for a core (fraction of training): " + ", ".join(
                 f"{h} {v['core_wait_frac']} (throttled {v['throttled_ms']:.0f} ms of {v['window_ms']:.0f})"

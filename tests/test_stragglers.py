@@ -315,6 +315,30 @@ def test_bench_busy_fraction_from_sched_records():
     assert bench.busy_fraction(bench.balanced_scheds(two, 200.0), "host2") == pytest.approx(0.9)
 
 
+def test_bench_sched_window_from_train_py():
+    """bench/stragglers.py SchedPoll.summary: with train.py's training window (perf_counter start, end) the main
+    thread's CPU is taken over exactly that window; with its length alone the window ends at the last interval
+    the thread computed, which takes in a post-training burst.  Synthetic samples every 0.1 s: 0.44 CPU while
+    training (0 - 2 s), 0.95 for 0.8 s after it, then idle:
+
+        (0, 2):  880 ms of CPU in 2000 ms (0.44)
+        2 s:     the window slides to 0.8 - 2.8 s: 0.44 x 1200 + 0.95 x 800 = 1288 ms (0.644)
+    """
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import stragglers as bench
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    cpu = lambda t: 0.44 * min(t, 2.0) + 0.95 * min(max(t - 2.0, 0.0), 0.8)     # noqa: E731  seconds of CPU at t
+    poll = bench.SchedPoll("nothing")
+    poll.samples = [(100.0 + k / 10, {"host1": {"threads": {7: (round(cpu(k / 10) * 1e9), 1000 * k)}, "throttled": 0}})
+                    for k in range(31)]
+    new = poll.summary({"host1": (100.0, 102.0)})["host1"]
+    assert new["window_ms"] == pytest.approx(2000.0) and new["main_cpu_ms"] == pytest.approx(880.0)
+    old = poll.summary({"host1": 2.0})["host1"]
+    assert old["window_ms"] == pytest.approx(2000.0) and old["main_cpu_ms"] == pytest.approx(1288.0)
+
+
 def test_bench_prof_args(tmp_path):
     """bench/stragglers.py model "prof": --slow-host and the links' rate, how busy the host was from the profile;
     --cpu-share only where a base neighbour shared the host's core and the trace lacks the thread record."""

@@ -277,8 +277,13 @@ def train(args: argparse.Namespace) -> None:
     for i, k, what, t in list(stamps or ()):   # ms since the start of the iteration that launched it
         phases[i][what][str(k)] = (t - starts[i]) * 1e3
     measured = times[args.warmup:]
-    all_times = [None] * world
-    dist.all_gather_object(all_times, measured)
+    # the training window on this machine's monotonic clock (time.perf_counter is CLOCK_MONOTONIC on Linux, one
+    # clock for every process): the first measured iteration's start, the last one's end (bench/stragglers.py
+    # --sched takes its threads' CPU over exactly this window)
+    window = [starts[args.warmup], starts[-1] + times[-1]] if measured else None
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (measured, window))
+    all_times = [g[0] for g in gathered]
     if mem:
         mem.write(args, rank, world)
     if args.loss_log:
@@ -316,6 +321,7 @@ def train(args: argparse.Namespace) -> None:
                    "plan": {"file": args.plan, "mode": applied.mode, "description": applied.description}
                    if applied else None,
                    "iteration_times_s": {str(r): ts for r, ts in enumerate(all_times)},
+                   "train_window_perf_counter_s": {str(r): g[1] for r, g in enumerate(gathered)},
                    "median_iteration_s": med,
                    "median_slowest_rank_iteration_s": statistics.median(per_iter_max) if measured else None}
             tmp = args.json_out + f".tmp{os.getpid()}"
