@@ -111,6 +111,10 @@ def attribute(session: Any) -> dict[str, Any]:
         if any(v is not None for v in u.values()):
             row.update(cpus_used=u.get("cpus"), limit_cpus=u.get("limit_cpus"),
                        throttled_ms=round(u["throttled_us"] / 1e3, 3) if u.get("throttled_us") is not None else None)
+            if u.get("thread_wait") is not None:
+                # the part of its unprofiled step its training thread was runnable but waited for its core (a
+                # busy neighbour, ranks sharing a core, a quota's stops): a host slowed by its CPU, in the record
+                row["core_wait"] = u["thread_wait"]
         if k < MAX_REPLAYED_RANKS and len(workers) > 1:
             wi = replace(prior, like_median=sorted(set(prior.like_median) | {int(info.rank)}))
             fixed = session.derive(wi)   # shares the read trace, the fit and the per-iteration base replays
@@ -136,6 +140,7 @@ def attribute(session: Any) -> dict[str, Any]:
 def format_attribution(doc: dict[str, Any]) -> str:
     """The text block ``dpro replay --stragglers`` prints."""
     cpu = any("cpus_used" in r for r in doc["ranks"])
+    wait = any(r.get("core_wait") is not None for r in doc["ranks"])
 
     def held(r: dict[str, Any]) -> str:
         h = r.get("held_back_iterations")
@@ -145,14 +150,15 @@ def format_attribution(doc: dict[str, Any]) -> str:
              + (", over the profiled iterations; held back = iterations where that saves > 1 %):" if per_it else
                 ", one replay of mean durations):"),
              f"  {'node':<22}{'rank':>5}{'compute ms':>12}{'x median':>10}{'saved ms':>10}{'saved %':>9}{'held back':>11}{'late start ms':>15}"
-             + (f"{'CPU used/limit':>16}{'throttled ms':>14}" if cpu else "")]
+             + (f"{'CPU used/limit':>16}{'throttled ms':>14}" if cpu else "") + (f"{'core wait':>11}" if wait else "")]
     for r in doc["ranks"]:
         f = (lambda v, w, p: f"{v:>{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}")
         used = (f"{r['cpus_used']:.2f}" if r.get("cpus_used") is not None else "-") + "/" + \
             (f"{r['limit_cpus']:g}" if r.get("limit_cpus") is not None else "-")
         lines.append(f"  {r['node']:<22}{r['rank']:>5}{f(r['compute_ms'], 12, 3)}{f(r['compute_vs_median'], 10, 2)}"
                      f"{f(r.get('saved_ms'), 10, 3)}{f(r.get('saved_pct'), 9, 1)}{held(r):>11}{f(r.get('late_start_ms'), 15, 3)}"
-                     + (f"{used:>16}{f(r.get('throttled_ms'), 14, 2)}" if cpu else ""))
+                     + (f"{used:>16}{f(r.get('throttled_ms'), 14, 2)}" if cpu else "")
+                     + (f"{f(r.get('core_wait'), 11, 2)}" if wait else ""))
     lines.append(f"  -> {doc['first']} holds the job back most" if doc["first"] else
                  "  -> no rank costs the job more than 1 % of an iteration")
     return "\n".join(lines)

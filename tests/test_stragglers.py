@@ -315,6 +315,23 @@ def test_bench_busy_fraction_from_sched_records():
     assert bench.busy_fraction(bench.balanced_scheds(two, 200.0), "host2") == pytest.approx(0.9)
 
 
+def test_format_attribution_core_wait():
+    """The --stragglers text block adds a 'core wait' column where the record has the training thread's wait
+    for its core (the part of its step), '-' for a rank without it."""
+    from dpro_kit.stragglers import format_attribution
+    doc = {"baseline_ms": 65.5, "first": "host1/1", "ranks": [
+        {"node": "host1/1", "rank": 1, "compute_ms": 43.0, "compute_vs_median": 1.4, "saved_ms": 20.0,
+         "saved_pct": 30.5, "late_start_ms": 0.0, "cpus_used": 0.43, "limit_cpus": None, "throttled_ms": 0.0,
+         "core_wait": 0.342},
+        {"node": "host0/0", "rank": 0, "compute_ms": 17.8, "compute_vs_median": 0.6, "saved_ms": 0.1,
+         "saved_pct": 0.2, "late_start_ms": 1.0, "cpus_used": 0.39, "limit_cpus": None, "throttled_ms": 0.0}]}
+    lines = format_attribution(doc).splitlines()
+    assert lines[1].endswith("core wait") and lines[2].endswith("0.34") and lines[3].endswith("-")
+    no_wait = format_attribution({**doc, "ranks": [{k: v for k, v in r.items() if k != "core_wait"}
+                                                   for r in doc["ranks"]]})
+    assert "core wait" not in no_wait
+
+
 def test_bench_sched_window_from_train_py():
     """bench/stragglers.py SchedPoll.summary: with train.py's training window (perf_counter start, end) the main
     thread's CPU is taken over exactly that window; with its length alone the window ends at the last interval
@@ -493,8 +510,9 @@ def test_real_slowed_host_is_named_first(tmp_path):
         # machine so loaded that host1 could not even use its 0.5 CPU, the quota never stopped it: a
         # fresh-clone CI run beside three benches and a fuzz run, load ~10, recorded 0 ms.)
         assert h1["throttled_ms"] > 0 and h1["throttled_ms"] > by["host0/0"]["throttled_ms"], st
-        # the quota's stops are run-queue wait of the training thread
+        # the quota's stops are run-queue wait of the training thread, and the attribution shows it
         assert use["host1/1"]["thread_wait"] > use["host0/0"]["thread_wait"], use
+        assert h1["core_wait"] == use["host1/1"]["thread_wait"], st
         assert any(w.startswith("host1/1 is held back by its cgroup's CPU limit (0.5 CPU)")
                    for w in doc["warnings"]), doc["warnings"]
 
