@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,43 @@ def test_replicated_tables_job():
     ts, _ = scale.tables_job(20, template_ranks=3, layers=4, buckets=2, steps=2)
     assert ts.events["node"].nunique() == 20
     check(ts)
+
+
+def test_ops_without_predecessors_keep_their_first_appearance_order(monkeypatch):
+    """Several ops without predecessors per node (pairs dropped from the dependency lists): the position-major
+    numbering lists them in another order than their first appearance (every node's first, then every node's
+    second); compile_arrays is given them in first-appearance order, so the arrays are still networkx's."""
+    import scale
+    import dpro_kit.replay.engine as engine
+    ts, _ = scale.tables_job(6, template_ranks=3, layers=4, buckets=2, steps=2)
+    ts = replace(ts, edges={n: [e for i, e in enumerate(el) if i % 5 != 1] for n, el in ts.edges.items()})
+    seen = []
+    real = engine.compile_arrays
+    monkeypatch.setattr(engine, "compile_arrays", lambda *a, **k: seen.append(k.get("sources")) or real(*a, **k))
+    check(ts)
+    src = [x for x in seen if x is not None]                # (compile_trace's call; compile_graph's gives None)
+    assert len(src) == 1 and (np.diff(src[0]) < 0).any()    # not the index order: the order given matters
+
+
+def test_position_major_numbering():
+    """_position_major: ops given node by node (nodes of different sizes, node codes with gaps) renumbered every
+    node's first op in node order, then every node's second op, ...; perm and inv are inverse permutations;
+    nodes not in runs are refused."""
+    from dpro_kit.graph.arrays import _position_major
+    rng = np.random.default_rng(11)
+    sizes = rng.integers(1, 9, 40)
+    sizes[[3, 17]] = [20, 1]
+    codes = np.sort(rng.choice(100, 40, replace=False))
+    gnode = np.repeat(codes, sizes).astype(np.int32)
+    perm, inv = np.empty(gnode.size, dtype=np.int32), np.empty(gnode.size, dtype=np.int32)
+    g2 = gnode.copy()
+    assert _position_major(g2, perm, inv)
+    pos = np.arange(gnode.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    assert np.array_equal(inv, np.lexsort((gnode, pos)))          # new -> old: by position, then node
+    assert np.array_equal(perm[inv], np.arange(gnode.size))
+    assert np.array_equal(g2, gnode[inv])                          # the node codes in the new order, in place
+    g3 = gnode[::-1].copy()
+    assert not _position_major(g3, perm, inv) and np.array_equal(g3, gnode[::-1])
 
 
 def test_group_means_are_pandas_means():
@@ -230,6 +268,16 @@ def test_compile_arrays_is_generation_order_then_locality():
         n, src2.astype(np.int32), dst2.astype(np.int32), dedupe=True)), reuse=True)
     assert_same_compiled(none, zero)
     assert none.priority.dtype == np.float64 and not np.signbit(none.priority).any()
+    # the ops renumbered by any permutation (edges in the same order, so each op's successors keep theirs),
+    # the ops without predecessors given in their old order (sources): the same arrays
+    perm = rng.permutation(n)
+    at = np.empty(n, dtype=np.int64)
+    at[perm] = np.arange(n)                             # new -> old
+    src0 = np.flatnonzero(csr_from_edges(n, src2, dst2, dedupe=True)[2] == 0)
+    moved = compile_arrays([keys[i] for i in at], dur[at], prio[at], dev[at], names, perm[src2], perm[dst2], perm[it],
+                           dedupe=True, sources=perm[src0])
+    assert_same_compiled(moved, want)
+    assert not np.array_equal(np.sort(perm[src0]), perm[src0])      # (the order given is not the index order)
 
 
 def test_csr_drops_repeated_edges_at_first_occurrence():

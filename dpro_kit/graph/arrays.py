@@ -129,7 +129,23 @@ def _compile_trace(ts: TraceSet) -> Any:
     gstream, stream_u = _encode(ev["stream"], r0)  # stream only at each op's first row
     # arrays are dropped once used: memory freed during the call is reused by later arrays, and a first
     # call pays ~2 ms of system time per MB of fresh memory here (docs/scale.md "Sixth pass")
-    del nc, oc, kc, r0
+    del nc, oc, kc
+    # the ops, numbered in first-appearance order so far, renumbered position-major, node-minor where each
+    # node's ops are one run (:func:`_position_major`: ops close in time close in memory); ``inv``: new -> old
+    inv = None
+    if table is not None and r0.flags.writeable and gnode.flags.writeable:
+        perm = np.empty(ng, dtype=r0.dtype)
+        if _position_major(gnode, perm, r0):   # (gnode rewritten in the new order in place)
+            inv = r0                    # (written into r0's buffer, no longer needed)
+            _remap_table(table, perm)   # (the dependency lists and collectives are looked up in it)
+            o_op = perm.view(gop.dtype)[:ng] if gop.dtype.itemsize <= perm.dtype.itemsize else np.empty_like(gop)
+            del perm
+            o_kind, o_stream, o_sums = np.empty_like(gkind), np.empty_like(gstream), np.empty(sums.size)
+            _gather4(inv, gop, gkind, gstream, mean, o_op, o_kind, o_stream, o_sums)
+            gop, gkind, gstream, sums = o_op, o_kind, o_stream, o_sums    # (sums: room for the virtual ops)
+            mean = sums[:ng]
+            del o_op, o_kind, o_stream, o_sums
+    del r0
     node_idx: dict[str, int] = {n: i for i, n in enumerate(node_u)}
     op_idx: dict[str, int] = {o: i for i, o in enumerate(op_u)}
     names = list(node_u)
@@ -265,7 +281,7 @@ def _compile_trace(ts: TraceSet) -> Any:
     s_all = np.empty(n_dep + n_c + n0, dtype=dt)
     d_all = np.empty(n_dep + n_c + n0, dtype=dt)
     if table is not None:
-        if _pairs_dense(table, nop, n_ev_nodes, seg_node, seg_var, vstart, vlen, vcodes, s_all, d_all) < 0:
+        if _pairs_dense(table, nop, n_ev_nodes, seg_node, seg_var, vstart, vlen, vcodes, s_all, d_all, 64) < 0:
             return None                 # an op only in the dependency list: contracted by the builder
     else:
         ends = find(seg_node, vlen[seg_var], np.concatenate([variants[v] for v in node_var]) if node_var
@@ -282,7 +298,7 @@ def _compile_trace(ts: TraceSet) -> Any:
     del c_src, c_dst
     s_arr, d_arr = s_all[:n_dep + n_c], d_all[:n_dep + n_c]
     owner = np.concatenate([gnode.astype(dt, copy=False), np.asarray(v_owner, dtype=dt)])
-    has_succ, has_pred = _local_ends(s_arr, d_arr, owner)      # (repeated edges: compile_arrays drops them)
+    has_succ, has_pred = _local_ends(s_arr, d_arr, owner, n_dep)  # (repeated edges: compile_arrays drops them)
     not_first_kind = np.array([k in _NOT_FIRST for k in kind_u], dtype=bool)
     not_first = np.concatenate([not_first_kind[gkind] if kind_u else np.zeros(0, dtype=bool),
                                 np.ones(len(v_left), dtype=bool)])
@@ -355,47 +371,139 @@ def _compile_trace(ts: TraceSet) -> Any:
     # given up to it (a list it empties, reuse=True): renumbered into the buffers of these arrays
     csr = list(csr_from_edges(ntot, s_arr, d_arr, dedupe=True))
     del s_arr, d_arr, s_all, d_all
-    return compile_arrays(keys, dur, prio, dev0, list(dev_names), None, None, it_pairs, csr=csr, reuse=True)
+    sources = None
+    if inv is not None:                 # the ops without predecessors, in first-appearance order
+        z = np.flatnonzero(csr[2] == 0)
+        zt = z[z < ng]
+        sources = np.concatenate([zt[np.argsort(inv[zt], kind="stable")], z[z >= ng]])
+        del z, zt, inv
+    return compile_arrays(keys, dur, prio, dev0, list(dev_names), None, None, it_pairs, csr=csr, reuse=True,
+                          sources=sources)
 
 
 @njit(cache=True)
-def _local_ends(src, dst, owner):  # pragma: no cover - compiled
+def _position_major(gnode, perm, inv):  # pragma: no cover - compiled
+    """Ops ``g`` given node by node (``gnode``: each op's node code, non-decreasing: every node's ops one run)
+    numbered position-major, node-minor instead: every node's first op, in node order, then every node's second
+    op, ... (a counting sort by position in the node).  Writes ``perm`` (old -> new index) and ``inv`` (new ->
+    old) and rewrites ``gnode`` in the new order; returns False (nothing written) when ``gnode`` decreases
+    somewhere.
+
+    Why: ranks' ops at one position run at about the same time, so that ``compile_arrays``' passes over the ops
+    in generation order and in time order read neighbouring memory, not one place per rank (docs/scale.md
+    "Tenth pass").  The caller keeps each op's successors in their order and gives ``compile_arrays`` the ops
+    without predecessors in their old order: the compiled result is the same."""
+    n = gnode.size
+    nn = 0
+    kmax = 0
+    run = 0
+    for g in range(n):
+        if g == 0 or gnode[g] != gnode[g - 1]:
+            if g > 0 and gnode[g] < gnode[g - 1]:
+                return False
+            run = 0
+            nn += 1
+        run += 1
+        if run > kmax:
+            kmax = run
+    pstart = np.zeros(kmax + 1, dtype=np.int64)
+    nfirst = np.empty(nn, dtype=np.int64)
+    nk = np.zeros(nn, dtype=np.int64)
+    m = -1
+    for g in range(n):
+        if g == 0 or gnode[g] != gnode[g - 1]:
+            m += 1
+            nfirst[m] = g
+        pstart[nk[m] + 1] += 1
+        nk[m] += 1
+    for p in range(kmax):
+        pstart[p + 1] += pstart[p]
+    cur = pstart[:kmax].copy()
+    for m in range(nn):
+        g0 = nfirst[m]
+        for p in range(nk[m]):
+            perm[g0 + p] = cur[p]
+            cur[p] += 1
+    code = gnode[nfirst]
+    i = 0
+    for p in range(kmax):
+        for m in range(nn):
+            if nk[m] > p:
+                inv[i] = nfirst[m] + p
+                gnode[i] = code[m]
+                i += 1
+    return True
+
+
+@njit(cache=True)
+def _gather4(idx, a, b, c, d, oa, ob, oc, od):  # pragma: no cover - compiled
+    """``out[i] = x[idx[i]]`` for four arrays in one pass."""
+    for i in range(idx.size):
+        j = idx[i]
+        oa[i] = a[j]
+        ob[i] = b[j]
+        oc[i] = c[j]
+        od[i] = d[j]
+
+
+@njit(cache=True)
+def _remap_table(table, perm):  # pragma: no cover - compiled
+    """``table[c] = perm[table[c]]`` where it names an op (-1: none)."""
+    for c in range(table.size):
+        g = table[c]
+        if g >= 0:
+            table[c] = perm[g]
+
+
+@njit(cache=True)
+def _local_ends(src, dst, owner, n_local):  # pragma: no cover - compiled
     """Per op: has it a successor / a predecessor on its own node (``owner``; edges between two ops of
-    one node)."""
+    one node; the first ``n_local`` edges are known to be such: a node's dependency list)."""
     n = owner.size
     has_succ = np.zeros(n, dtype=np.bool_)
     has_pred = np.zeros(n, dtype=np.bool_)
     for k in range(src.size):
         u = src[k]
         v = dst[k]
-        if owner[u] == owner[v]:
+        if k < n_local or owner[u] == owner[v]:
             has_succ[u] = True
             has_pred[v] = True
     return has_succ, has_pred
 
 
 @njit(cache=True)
-def _pairs_dense(table, nop, n_ev_nodes, seg_node, seg_var, vstart, vlen, vcodes, s_out, d_out):  # pragma: no cover - compiled
+def _pairs_dense(table, nop, n_ev_nodes, seg_node, seg_var, vstart, vlen, vcodes, s_out, d_out, tile):  # pragma: no cover - compiled
     """The dependency edges as op indices, into ``s_out``/``d_out``: node ``i``'s list is the
     ``(u, v)`` op-name codes ``vcodes[vstart[seg_var[i]]:][:vlen[seg_var[i]]]`` (interleaved; nodes with
     equal lists share them), looked up in the dense ``node x op`` table.  Returns the edges written,
-    or -1 if an op was not traced."""
+    or -1 if an op was not traced.
+
+    Written ``tile`` nodes at a time, pair by pair across the tile's nodes (their first pairs, their second
+    pairs, ...): each node's edges stay in their order, which is all that the CSR keeps of it, and with ops
+    numbered position-major (:func:`_position_major`) neighbouring edges have neighbouring sources."""
     k = 0
-    for i in range(seg_node.size):
-        nd = seg_node[i]
-        a = vstart[seg_var[i]]
-        for q in range(a, a + vlen[seg_var[i]], 2):
-            cu = vcodes[q]
-            cv = vcodes[q + 1]
-            if nd >= n_ev_nodes or cu < 0 or cv < 0:
-                return -1
-            u = table[nd * nop + cu]
-            v = table[nd * nop + cv]
-            if u < 0 or v < 0:
-                return -1
-            s_out[k] = u
-            d_out[k] = v
-            k += 1
+    for t0 in range(0, seg_node.size, tile):
+        t1 = min(t0 + tile, seg_node.size)
+        lmax = 0
+        for i in range(t0, t1):
+            lmax = max(lmax, vlen[seg_var[i]])
+        for q in range(0, lmax, 2):
+            for i in range(t0, t1):
+                if q >= vlen[seg_var[i]]:
+                    continue
+                nd = seg_node[i]
+                a = vstart[seg_var[i]] + q
+                cu = vcodes[a]
+                cv = vcodes[a + 1]
+                if nd >= n_ev_nodes or cu < 0 or cv < 0:
+                    return -1
+                u = table[nd * nop + cu]
+                v = table[nd * nop + cv]
+                if u < 0 or v < 0:
+                    return -1
+                s_out[k] = u
+                d_out[k] = v
+                k += 1
     return k
 
 

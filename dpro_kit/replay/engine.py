@@ -276,9 +276,11 @@ def induced_subgraph(g: nx.DiGraph, ops: Iterable[str]) -> nx.DiGraph:
 
 
 @njit(cache=True)
-def _generations_and_starts(indptr, succ, indeg0, dur, dev0, ndev):  # pragma: no cover - compiled
+def _generations_and_starts(indptr, succ, indeg0, dur, dev0, ndev, sources):  # pragma: no cover - compiled
     """``nx.topological_sort``'s order (generation by generation, children in edge insertion order)
-    on a CSR built from the edges in insertion order (shorter than n if there is a cycle) and, in
+    on a CSR built from the edges in insertion order (shorter than n if there is a cycle; ``sources``,
+    if not empty, are the ops without predecessors in insertion order, else they are taken in index
+    order; a wrong count of them gives the short order too) and, in
     the same pass, the earliest starts (:func:`_earliest_starts`) in that order: when
     op ``u`` is taken (generation by generation) all its predecessors were, so its earliest start is
     final; it is written at ``u``'s place in the order and pushed to its successors.  Also the devices
@@ -298,6 +300,11 @@ def _generations_and_starts(indptr, succ, indeg0, dur, dev0, ndev):  # pragma: n
         if indeg0[i] == 0:
             order[m] = i
             m += 1
+    if sources.size:
+        if sources.size != m:
+            return order[:0], np.empty(0), np.full(ndev, -1, dtype=np.int64), np.empty(0, dtype=np.int64)
+        for j in range(m):
+            order[j] = sources[j]
     out = np.empty(n)
     remap = np.full(ndev, -1, dtype=np.int64)
     by_first = np.empty(ndev, dtype=np.int64)
@@ -379,7 +386,7 @@ def compile_graph(g: nx.DiGraph, ops: Iterable[str] | None = None) -> CompiledGr
 def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray | None, dev0: np.ndarray, dev_names: list[str],
                    src0: np.ndarray | None, dst0: np.ndarray | None, iter_pairs: np.ndarray, dedupe: bool = False,
                    csr: tuple[np.ndarray, np.ndarray, np.ndarray] | list[np.ndarray] | None = None,
-                   reuse: bool = False) -> CompiledGraph | None:
+                   reuse: bool = False, sources: np.ndarray | None = None) -> CompiledGraph | None:
     """The :class:`CompiledGraph` of ops given as arrays in insertion order (what :func:`compile_graph` reads
     from a networkx graph; :mod:`dpro_kit.graph.arrays` builds them from the trace tables directly).
 
@@ -411,6 +418,10 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray | None, dev0: np.n
         keys' code arrays: they are used as buffers of the renumbered arrays, their contents undefined
         afterwards.  The result is the same; the call needs ~28 bytes per op less fresh memory (what a
         first call pays for, docs/scale.md "Seventh pass").
+    sources : numpy.ndarray or None
+        The ops without predecessors, in insertion order, when that is not their index order (a caller
+        that numbered its ops for locality rather than in insertion order, keeping each op's successors
+        in insertion order: :func:`dpro_kit.graph.arrays.compile_trace`); None: index order.
 
     Returns None when the edges have a cycle (the caller names it).
 
@@ -430,7 +441,9 @@ def compile_arrays(keys0, dur0: np.ndarray, prio0: np.ndarray | None, dev0: np.n
         csr.clear()
     del csr
     dev0 = np.asarray(dev0, dtype=s0.dtype)         # (int32 where the edges came as int32 and fit)
-    order, est, remap, by_first = _generations_and_starts(ip0, s0, deg0, dur0, dev0, max(len(dev_names), 1))
+    src_order = np.zeros(0, dtype=s0.dtype) if sources is None else np.asarray(sources, dtype=s0.dtype)
+    order, est, remap, by_first = _generations_and_starts(ip0, s0, deg0, dur0, dev0, max(len(dev_names), 1),
+                                                          src_order)
     if order.size < n:
         return None
     bad = ~np.isfinite(dur0) | (dur0 < 0)
