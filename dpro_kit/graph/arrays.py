@@ -133,7 +133,8 @@ def _compile_trace(ts: TraceSet) -> Any:
     # the ops, numbered in first-appearance order so far, renumbered position-major, node-minor where each
     # node's ops are one run (:func:`_position_major`: ops close in time close in memory); ``inv``: new -> old
     inv = None
-    if table is not None and r0.flags.writeable and gnode.flags.writeable:
+    if (table is not None and r0.flags.writeable and gnode.flags.writeable and gop.dtype.itemsize <= 4
+            and gkind.dtype == np.int16 and gstream.dtype == np.int16):
         perm = np.empty(ng, dtype=r0.dtype)
         if _position_major(gnode, perm, r0):   # (gnode rewritten in the new order in place)
             inv = r0                    # (written into r0's buffer, no longer needed)
@@ -437,13 +438,23 @@ def _position_major(gnode, perm, inv):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _gather4(idx, a, b, c, d, oa, ob, oc, od):  # pragma: no cover - compiled
-    """``out[i] = x[idx[i]]`` for four arrays in one pass."""
-    for i in range(idx.size):
+    """``out[i] = x[idx[i]]`` for three integer arrays and a float64 one: packed first into one 16-byte row per
+    element (sequential), so that the gather, whose reads are one place per rank, reads one cache line per
+    element instead of four."""
+    n = idx.size
+    rec = np.empty((n, 2), dtype=np.int64)
+    dv = d.view(np.int64)
+    for j in range(n):
+        rec[j, 0] = dv[j]
+        rec[j, 1] = (np.int64(a[j]) << 32) | ((np.int64(b[j]) & 0xFFFF) << 16) | (np.int64(c[j]) & 0xFFFF)
+    odv = od.view(np.int64)
+    for i in range(n):
         j = idx[i]
-        oa[i] = a[j]
-        ob[i] = b[j]
-        oc[i] = c[j]
-        od[i] = d[j]
+        odv[i] = rec[j, 0]
+        x = rec[j, 1]
+        oa[i] = x >> 32
+        ob[i] = np.int16((x >> 16) & 0xFFFF)
+        oc[i] = np.int16(x & 0xFFFF)
 
 
 @njit(cache=True)
