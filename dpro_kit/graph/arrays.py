@@ -75,6 +75,9 @@ def compile_trace(ts: TraceSet) -> Any:
     (``Job.from_trace``'s ``groupby(sort=False)``), their mean durations summed as pandas does
     (:func:`_group_reduce`); dependency lists and collectives become integer edge arrays
     through those codes; the keys stay codes into two name tables (:class:`~dpro_kit.replay.engine.OpKeys`).
+    Where every node's rows are one run, the ops are then renumbered position-major (:func:`_position_major`) for
+    the memory locality of ``compile_arrays``' passes, which gets the ops without predecessors in first-appearance
+    order (``sources``), so the result is the same.
     """
     from ..replay.engine import small_pages
     gc_was = gc.isenabled()
@@ -438,9 +441,9 @@ def _position_major(gnode, perm, inv):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _gather4(idx, a, b, c, d, oa, ob, oc, od):  # pragma: no cover - compiled
-    """``out[i] = x[idx[i]]`` for three integer arrays and a float64 one: packed first into one 16-byte row per
-    element (sequential), so that the gather, whose reads are one place per rank, reads one cache line per
-    element instead of four."""
+    """``out[i] = x[idx[i]]`` for three arrays of codes (``a`` below 2**31, ``b`` and ``c`` int16, all >= 0) and a
+    float64 one: packed first into one 16-byte row per element (sequential), so that the gather, whose reads are
+    one place per rank, reads one cache line per element instead of four."""
     n = idx.size
     rec = np.empty((n, 2), dtype=np.int64)
     dv = d.view(np.int64)
