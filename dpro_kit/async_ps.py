@@ -830,7 +830,10 @@ def calibrate(tpl: StepTemplate, measured_1w: float, *, how: str = "bandwidth", 
     **kw
         The other :func:`simulate` arguments (``bandwidth_mbit`` required).
 
-    Returns ``{"bandwidth_mbit": ..., "step_overhead_us": ...}`` to pass on to :func:`predict`.
+    Returns ``{"bandwidth_mbit": ..., "step_overhead_us": ..., "reached": ...}``: the first two to pass on
+    to :func:`predict`; ``reached`` False when the simulated W=1 stays slower than the measurement at any
+    bandwidth and with no overhead (the traced step itself is slower than the measured one, e.g. the
+    profiler's cost on a loaded machine): then W=1 is not calibrated and the predictions are low.
     """
     kw = dict(kw)
     b = float(kw.pop("bandwidth_mbit"))
@@ -844,6 +847,7 @@ def calibrate(tpl: StepTemplate, measured_1w: float, *, how: str = "bandwidth", 
                 lo = mid
             else:
                 hi = mid
-        return {"bandwidth_mbit": (lo * hi) ** 0.5, "step_overhead_us": 0.0}
+        return {"bandwidth_mbit": (lo * hi) ** 0.5, "step_overhead_us": 0.0, "reached": True}
     base = one(b)
-    return {"bandwidth_mbit": b, "step_overhead_us": max(0.0, 1e6 / measured_1w - 1e6 / base)}
+    c = 1e6 / measured_1w - 1e6 / base
+    return {"bandwidth_mbit": b, "step_overhead_us": max(0.0, c), "reached": c >= 0.0}

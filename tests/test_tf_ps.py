@@ -192,7 +192,11 @@ def test_async_predict_calibrates_on_the_traced_job(ps_trace):
     doc = json.loads(r.stdout)
     assert doc["measured_1w_from_trace"] and doc["measured_1w"] == pytest.approx(one, rel=1e-12)
     (w1,) = [p for p in doc["predicted"] if p["workers"] == 1]
-    assert w1["steps_per_s"] == pytest.approx(one, rel=1e-6)                # W=1 is the calibration
+    if doc["calibrated"]:
+        assert w1["steps_per_s"] == pytest.approx(one, rel=1e-6)            # W=1 is the calibration
+    else:   # the traced step was slower than the unprofiled one at any bandwidth (seen once, CI 14:30 UTC on a
+        # slow machine: 9.76 predicted vs 23.83 measured): said, and W=1 below the measurement, never above it
+        assert w1["steps_per_s"] < one and "W = 1 is not calibrated" in r.stderr
     assert [p["workers"] for p in doc["predicted"]] == [1, 2]
     # a measurement given on the command line wins over the trace's
     r = subprocess.run(cmd + ["--measured-1w", str(one / 2)], capture_output=True, text=True, timeout=300)

@@ -147,9 +147,15 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     if link is not None:
         kw.update(newcomer_share=link["newcomer_share"], goodput=link["goodput"])
     ovh_us = (step_overhead_ms or 0.0) * 1e3
+    calibrated = None
     if measured is not None:
         fit = calibrate(tpl, measured, how=calibrate_how, **kw)
-        kw["bandwidth_mbit"], ovh_us = fit["bandwidth_mbit"], fit["step_overhead_us"]
+        kw["bandwidth_mbit"], ovh_us, calibrated = fit["bandwidth_mbit"], fit["step_overhead_us"], fit["reached"]
+        if not calibrated:
+            click.echo(f"dpro: warning: {trace_dir}: the traced step is slower than the measured 1-worker step "
+                       f"({1e3 / measured:.1f} ms) at any bandwidth (the profiler's cost, or a loaded machine when "
+                       "profiled): W = 1 is not calibrated and every prediction is low; re-profile on a quiet "
+                       "machine, or give --measured-1w from a run like the traced one", err=True)
     if run_steps is not None:
         kw["total_steps"] = run_steps
     preds = predict(tpl, ws, seeds=seeds, step_overhead_us=ovh_us, **kw)
@@ -157,7 +163,7 @@ def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, 
     sat = saturation(rows)
     doc = {"trace": str(trace_dir), "bandwidth_mbit": bandwidth, "effective_bandwidth_mbit": kw["bandwidth_mbit"],
            "ps": num_ps, "step_overhead_ms": ovh_us / 1e3, "measured_1w": measured,
-           "measured_1w_from_trace": from_trace is not None,
+           "measured_1w_from_trace": from_trace is not None, "calibrated": calibrated,
            "trace_workers": tpl.trace_workers, "worker": tpl.node, "note": many,
            "bytes_down_per_step": tpl.total_bytes("down"), "bytes_up_per_step": tpl.total_bytes("up"),
            "seeds": seeds, "saturation_workers": sat, "sharing": sharing, "run_steps": run_steps,
