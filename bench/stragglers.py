@@ -179,6 +179,118 @@ class SchedPoll:
         return out
 
 
+class Switcher:
+    """``--ab``: inside one running job, turn host S's straggler on and off in phases of ``phase_s`` seconds.
+
+    The cycle is balanced, cut F1, balanced, F2, ... (``cuts``); ``log`` gets ``(time.perf_counter(), F)`` at
+    every switch (F None: balanced), on the clock of ``train.py``'s ``train_window_perf_counter_s``.  With
+    ``mode`` "shares" the job's busy neighbour on host S's core (group ``nb<S>``, started by ``CpuBudget``) gets
+    ``cpu.shares`` ``neighbour_weight(F, base)`` and runs; balanced, it is stopped (SIGSTOP: not runnable at all,
+    the balanced job exactly) or, with a ``base`` weight, runs at that.  With "quota" host S's group gets
+    ``cpu.cfs_period_us`` ``period_us`` and a quota of ``period_us / F`` (balanced: none).  Balanced and slowed
+    steps then come from one process, interleaved within seconds: launch-to-launch differences and drifting
+    load fall on both alike (docs/stragglers.md, "Fourteenth")."""
+
+    def __init__(self, prefix: str, host: int, cuts: list[float], phase_s: float, mode: str = "shares",
+                 base: int = 0, period_us: int = 2000) -> None:
+        import threading
+        self.glob = f"{prefix}-{os.getpid()}-*"
+        self.host, self.cuts, self.phase_s, self.mode, self.base, self.period_us = host, cuts, phase_s, mode, base, period_us
+        self.log: list[tuple[float, float | None]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Switcher":
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+    def _set(self, g: Path, F: float | None) -> None:
+        import signal
+        from dpro_kit.jobs import neighbour_weight
+        if self.mode == "quota":
+            (g / "cpu.cfs_period_us").write_text(str(self.period_us))
+            (g / "cpu.cfs_quota_us").write_text("-1" if F is None else str(int(round(self.period_us / F))))
+            return
+        pids = [int(x) for x in (g / "cgroup.procs").read_text().split()]
+        if F is None and not self.base:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            return
+        (g / "cpu.shares").write_text(str(neighbour_weight(F or 1.0, self.base)))
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+    def _run(self) -> None:
+        name = f"nb{self.host}" if self.mode == "shares" else f"host{self.host}"
+        root = Path("/sys/fs/cgroup/cpu")
+        g = None
+        while g is None and not self._stop.is_set():
+            hits = [x for x in root.glob(f"{self.glob}/{name}") if self.mode == "quota" or (x / "cgroup.procs").read_text().strip()]
+            g = hits[0] if hits else None
+            if g is None:
+                self._stop.wait(0.02)
+        cycle = [c for F in self.cuts for c in (None, F)]
+        i = 0
+        while g is not None and not self._stop.is_set():
+            F = cycle[i % len(cycle)]
+            try:
+                self._set(g, F)
+            except OSError:          # the job ended and its groups went
+                break
+            self.log.append((time.perf_counter(), F))
+            i += 1
+            self._stop.wait(self.phase_s)
+
+
+def ab_split(doc: dict[str, Any], log: list[tuple[float, float | None]], settle: int = 1
+             ) -> tuple[dict[float | None, list[float]], list[tuple[float | None, float]]]:
+    """The steps of an ``--ab`` job by phase: ``{F: [ms, ...]}`` (None: balanced) and per phase ``(F, median ms)`` in order.
+
+    Each rank's measured steps are back to back from its ``train_window_perf_counter_s`` start (``train.py``), so
+    step k runs from ``start + sum(times[:k])``; a step counts for a phase when it lies wholly between two switches
+    (``log``) and is not one of the phase's first ``settle`` steps.  A step's time is the slowest rank's (the ranks
+    meet in every allreduce); it is placed by rank 0's clock.
+    >>> doc = {"iteration_times_s": {"0": [0.1] * 10, "1": [0.1] * 5 + [0.2] * 5},
+    ...        "train_window_perf_counter_s": {"0": [10.0, 11.0], "1": [10.0, 11.5]}}
+    >>> steps, phases = ab_split(doc, [(9.0, None), (10.45, 2.0), (10.75, None)], settle=0)
+    >>> steps
+    {None: [100.0, 100.0, 100.0, 100.0, 200.0, 200.0], 2.0: [200.0, 200.0]}
+    >>> phases
+    [(None, 100.0), (2.0, 200.0), (None, 200.0)]
+    """
+    times = {int(r): ts for r, ts in doc["iteration_times_s"].items()}
+    start = float(doc["train_window_perf_counter_s"]["0"][0])
+    n = min(len(ts) for ts in times.values())
+    out: dict[float | None, list[float]] = {}
+    phases: list[tuple[float | None, float]] = []
+    t = start
+    ends = [x for x, _ in log[1:]] + [float("inf")]
+    j, kept = -1, 0
+    cur: list[float] = []
+    for k in range(n):
+        a, b = t, t + times[0][k]
+        t = b
+        while j + 1 < len(log) and log[j + 1][0] <= a:
+            if cur:
+                phases.append((log[j][1], statistics.median(cur)))
+            j, kept, cur = j + 1, 0, []
+        if j < 0 or b > ends[j]:
+            continue
+        kept += 1
+        if kept <= settle:
+            continue
+        ms = max(ts[k] for ts in times.values()) * 1e3
+        out.setdefault(log[j][1], []).append(round(ms, 3))
+        cur.append(ms)
+    if cur:
+        phases.append((log[j][1], statistics.median(cur)))
+    return out, phases
+
+
 class Bench:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
@@ -303,6 +415,53 @@ def effective_shares_cuts(cuts: list[float], base: int, period_us: int, shares: 
             b2 = busy_speed(None, period_us, shares, secs, prefix, cpuset, base or None)
             out[F].append(round(0.5 * (b1 + b2) / c, 4))
     return out
+
+
+BURSTS = ("import json, time\nwork = {work}\ndef burst():\n    n = 0\n    for _ in range(work):\n        n += 1\n"
+          "for _ in range(3):\n    burst()\nout = []\nend = time.perf_counter() + {secs}\n"
+          "while time.perf_counter() < end:\n    t = time.perf_counter()\n    burst()\n    out.append(time.perf_counter() - t)\n"
+          "    time.sleep({sleep})\nprint(json.dumps(out))")
+
+
+def burst_probe(emulations: list[tuple[str, float]], burst_ms: float = 17.0, sleep_ms: float = 25.0, secs: float = 2.5,
+                prefix: str = "strg", cpuset: str = "1", period_us: int = 10000, shares: int = 262144
+                ) -> list[dict[str, Any]]:
+    """``--probe``: does a CPU cut behave like a slower CPU for a thread that computes and then waits?
+
+    A thread on ``cpuset`` alternates a fixed amount of pure-Python work (``burst_ms`` when alone) with a
+    ``sleep_ms`` sleep (the training thread's compute and its wait for the allreduce: 17 and 25 ms on 2 hosts at
+    200 Mbit/s), ``secs`` seconds per emulation; a CPU that is F times slower makes every burst exactly F times as
+    long.  Emulations: ``("alone", 1)``; ``("shares", F)``: a busy neighbour of ``neighbour_weight(F)`` on the core
+    (the ``--slow-by shares`` cut); ``("quota", F)``: no neighbour, the thread's group at ``1/F`` CPU with
+    ``cpu.cfs_period_us`` = ``period_us`` (``("quota2ms", F)``: 2 ms, the shortest a 1/2 quota allows — the
+    kernel refuses quotas under 1 ms).  Returns per emulation the bursts' median over the alone median
+    (``ratio``), their p10 / p90 and the bursts' count."""
+    from dpro_kit.jobs import CpuBudget, neighbour_weight
+    rows: list[dict[str, Any]] = []
+    alone = None
+    work = 0
+    for kind, F in emulations:
+        if not work:      # calibrate the burst alone on the core: the loop's speed at 1 ms bursts, scaled to burst_ms
+            with CpuBudget(1, None, prefix=prefix + "prb", shares=shares, cpusets=[cpuset]) as cb:
+                p = subprocess.run([PY, "-c", BURSTS.format(work=50_000, secs=0.5, sleep=0.001)], capture_output=True,
+                                   text=True, preexec_fn=cb.preexec(0), timeout=120)
+            work = max(1000, int(50_000 * burst_ms / 1e3 / min(json.loads(p.stdout))))
+            code = BURSTS.format(work=work, secs=secs, sleep=sleep_ms / 1e3)
+        per = {"quota": period_us, "quota2ms": 2000}.get(kind, period_us)
+        with CpuBudget(1, [1.0 / F] if kind.startswith("quota") and F != 1 else None, prefix=prefix + "prb",
+                       period_us=per, shares=shares, cpusets=[cpuset],
+                       neighbours={0: neighbour_weight(F)} if kind == "shares" and F != 1 else None) as cb:
+            p = subprocess.run([PY, "-c", code], capture_output=True, text=True, preexec_fn=cb.preexec(0), timeout=120)
+        b = sorted(x * 1e3 for x in json.loads(p.stdout))
+        med = statistics.median(b)
+        if alone is None:
+            alone = med
+        rows.append({"emulation": kind, "F": F, "period_us": per if kind.startswith("quota") else None,
+                     "bursts": len(b), "median_ms": round(med, 2), "ratio": round(med / alone, 4),
+                     "p10_ratio": round(b[len(b) // 10] / alone, 4), "p90_ratio": round(b[9 * len(b) // 10] / alone, 4)})
+        print(f"  probe {kind:<8} F={F:<5g} bursts {len(b):3d}: median {med:7.2f} ms = x{med / alone:.3f} "
+              f"(p10 x{rows[-1]['p10_ratio']:.3f}, p90 x{rows[-1]['p90_ratio']:.3f})", flush=True)
+    return rows
 
 
 def cpu_share_factor(trace: str, node: str, f: float, share: float = 1.0) -> tuple[float, dict[str, float]]:
@@ -579,6 +738,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--neighbour-base", type=int, default=0, metavar="W",
                     help="--slow-by shares: cpu.shares of a busy neighbour on host S's core already in the balanced job "
                          "(0: none; 1024 with 3 hosts on 2 cores, --pin 0,0,1, gives host2 the half core the others get)")
+    ap.add_argument("--ab", type=float, default=0.0, metavar="SECS",
+                    help="measure every CPU cut inside each plain job: host S's straggler switched on and off in phases "
+                         "of SECS s (balanced, 1/F1, balanced, 1/F2, ...; class Switcher); a round is one such job and "
+                         "its slowdown the median of the cut's steps over the median of the balanced ones (set --iters "
+                         "so a job spans several cycles); no link cuts")
+    ap.add_argument("--ab-period-us", type=int, default=2000,
+                    help="--ab with --slow-by quota: host S's cpu.cfs_period_us during a cut (quota period / F)")
+    ap.add_argument("--probe", action="store_true",
+                    help="no jobs: the burst probe (burst_probe) of each cut under both emulations, on the slowed host's core")
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--job-timeout", type=float, default=400)
     ap.add_argument("--prefix", default="strg", help="name prefix of the emulated hosts' network namespaces and cgroups "
@@ -598,6 +766,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.sched_summary is not None:
         return sched_summary(a.sched_summary)
+    if a.probe:
+        cs = [float(x) for x in a.cuts.split(",") if x]
+        core = (a.pin or "0,1").split(",")[-1]
+        res = burst_probe([("alone", 1.0)] + [(k, F) for k in ("shares", "quota", "quota2ms") for F in cs] + [("alone", 1.0)],
+                          prefix=a.prefix, cpuset=core, period_us=a.period_us, shares=a.shares)
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "probe.json").write_text(json.dumps(res, indent=1))
+        return 0
     if a.repredict is not None:
         return repredict(a.repredict, a.only, a.predictors)
     H = a.hosts
@@ -607,6 +783,8 @@ def main(argv: list[str] | None = None) -> int:
         a.pin_layout = [x.strip() for x in a.pin.split(",")]
         if len(a.pin_layout) != H:
             ap.error(f"--pin {a.pin}: {len(a.pin_layout)} cpu lists for {H} hosts (one per host, e.g. 0,0,1)")
+    if a.ab and (a.link_cuts or not a.pin_layout):
+        ap.error("--ab needs --pin and --link-cuts \"\" (it switches CPU cuts only)")
     if a.slow_by == "shares" and not a.pin_layout:
         ap.error("--slow-by shares needs --pin (the neighbour shares the slowed host's core)")
     from dpro_kit.jobs import neighbour_weight
@@ -697,7 +875,30 @@ def main(argv: list[str] | None = None) -> int:
                 profile_slowed()
             meas: dict[str, list[float]] = {k: [] for k in variants}
             scheds: dict[str, list[dict]] = {k: [] for k in variants}
+            ab: dict[str, list[float]] = {k: [] for k in variants}     # --ab: per job, median cut step / median balanced
             for rnd in range(a.rounds):
+                if a.ab:
+                    nb = {S: neighbour_weight(max(cuts), a.neighbour_base)} if shares_mode else None
+                    with Switcher(a.prefix, S, cuts, a.ab, a.slow_by, a.neighbour_base, a.ab_period_us) as sw:
+                        j = b.job(model, rates, [None] * H, profile=False, neighbours=nb)
+                    steps, phases = ab_split(json.loads((b.out / j["tag"] / "times.json").read_text()), sw.log)
+                    (b.out / j["tag"] / "ab.json").write_text(json.dumps({"log": sw.log, "steps": {str(k): v for k, v in steps.items()},
+                                                                           "phases": phases}))
+                    mbj = statistics.median(steps[None])
+                    meas["balanced"].append(mbj)
+                    line = f"  round {rnd + 1} (one job, phases of {a.ab:g} s) balanced {mbj:.3f} ms ({len(steps[None])} steps)"
+                    for F in cuts:
+                        k = f"cpu host{S} x1/{F:g}"
+                        v = steps.get(F) or [float("nan")]
+                        meas[k].append(statistics.median(v))
+                        ab[k].append(statistics.median(v) / mbj)
+                        line += f"; 1/{F:g} {meas[k][-1]:.3f} ms x{ab[k][-1]:.3f} ({len(v)} steps)"
+                    print(line, flush=True)
+                    if rnd in prof_after:
+                        profile_balanced()
+                    if a.reverse and rnd in rev_after:
+                        profile_slowed()
+                    continue
                 order = list(variants) if rnd % 2 == 0 else list(reversed(variants))
                 for k in order:
                     r_, c_, nb_, _ = variants[k]
@@ -721,12 +922,13 @@ def main(argv: list[str] | None = None) -> int:
                 if k == "balanced":
                     continue
                 m = statistics.median(meas[k])
-                ms = m / mb
-                pairs = [x / y for x, y in zip(meas[k], meas["balanced"])]
+                ms = statistics.median(ab[k]) if a.ab else m / mb
+                pairs = ab[k] if a.ab else [x / y for x, y in zip(meas[k], meas["balanced"])]
                 row: dict[str, Any] = {"model": model, "rate": rate, "injected": k, "direction": "slow", "pin": a.pin_layout,
                                        "slow_by": a.slow_by, "neighbours": variants[k][2],
                                        "measured_ms": round(m, 3), "measured_balanced_ms": round(mb, 3),
                                        "measured_slowdown": round(ms, 4), "round_ratios": [round(x, 4) for x in pairs],
+                                       "measured_by": f"ab {a.ab:g} s" if a.ab else "jobs",
                                        "traces": [p_["trace"] for p_ in profs],
                                        "effective_factor": eff.get(float(k.rsplit("/", 1)[1])) if k.startswith("cpu ") else None,
                                        "host_busy": busy}
@@ -780,7 +982,7 @@ def main(argv: list[str] | None = None) -> int:
             if a.reverse:
                 F = a.reverse
                 k = f"cpu host{S} x1/{F:g}"
-                ms = statistics.median(meas[k]) / mb if k in meas else None
+                ms = (statistics.median(ab[k]) if a.ab else statistics.median(meas[k]) / mb) if k in meas else None
                 per_sp, firsts, slow_preds, atts, per_host, host_args = [], [], [], [], [], []
                 for sp in slowed_profs:
                     rep = b.replay(sp["trace"], ["--stragglers"])

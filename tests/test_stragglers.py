@@ -373,6 +373,29 @@ def test_bench_prof_args(tmp_path):
     assert bench.prof_args(str(new), 2, 2.0, 1000.0, 1024) == ["--slow-host", "host2=2", "--wire-mbps", "1000"]
 
 
+def test_bench_ab_split():
+    """bench/stragglers.py --ab: the steps of one job by the phase they lie wholly in (rank 0's clock, the slowest
+    rank's time), less each phase's first `settle` steps; a step across a switch counts for neither phase.
+
+        rank 0: ten 100 ms steps from 10.0 s; rank 1 (same steps) 100 ms x 5, then 200 ms x 5
+        switches: balanced at 9.0, 1/2 at 10.45, balanced at 10.75
+        10.0-10.4: 4 balanced steps of 100 ms; 10.4-10.5 across a switch; 10.5-10.7: 2 at 1/2 (200 ms, rank 1's);
+        10.7-10.8 across; 10.8-11.0: 2 balanced of 200 ms.  settle=1 drops the first of each phase."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import stragglers as bench
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    doc = {"iteration_times_s": {"0": [0.1] * 10, "1": [0.1] * 5 + [0.2] * 5},
+           "train_window_perf_counter_s": {"0": [10.0, 11.0], "1": [10.0, 11.5]}}
+    log = [(9.0, None), (10.45, 2.0), (10.75, None)]
+    steps, phases = bench.ab_split(doc, log, settle=0)
+    assert steps == {None: [100.0] * 4 + [200.0] * 2, 2.0: [200.0] * 2}
+    assert phases == [(None, 100.0), (2.0, 200.0), (None, 200.0)]
+    steps, _ = bench.ab_split(doc, log, settle=1)
+    assert steps == {None: [100.0] * 3 + [200.0], 2.0: [200.0]}
+
+
 def test_cli_slow_host():
     """Through the CLI: the recorded 2-host trace has no CPU record, so --slow-host is --slow-rank of its
     rank; bad input is one line and exit 2."""
