@@ -182,7 +182,8 @@ class SchedPoll:
 class Switcher:
     """``--ab``: inside one running job, turn host S's straggler on and off in phases of ``phase_s`` seconds.
 
-    The cycle is balanced, cut F1, balanced, F2, ... (``cuts``); ``log`` gets ``(time.perf_counter(), F)`` at
+    ``cycle``: the phases' cuts in turn, e.g. ``[None, 1.25, None, 2.0]`` (None: balanced; ``[2.0]``: host S at 1/2 for
+    the whole job, the slowed profile of ``--slow-by quota --ab``); ``log`` gets ``(time.perf_counter(), F)`` at
     every switch (F None: balanced), on the clock of ``train.py``'s ``train_window_perf_counter_s``.  With
     ``mode`` "shares" the job's busy neighbour on host S's core (group ``nb<S>``, started by ``CpuBudget``) gets
     ``cpu.shares`` ``neighbour_weight(F, base)`` and runs; balanced, it is stopped (SIGSTOP: not runnable at all,
@@ -191,11 +192,11 @@ class Switcher:
     steps then come from one process, interleaved within seconds: launch-to-launch differences and drifting
     load fall on both alike (docs/stragglers.md, "Fourteenth")."""
 
-    def __init__(self, prefix: str, host: int, cuts: list[float], phase_s: float, mode: str = "shares",
+    def __init__(self, prefix: str, host: int, cycle: list[float | None], phase_s: float, mode: str = "shares",
                  base: int = 0, period_us: int = 2000) -> None:
         import threading
         self.glob = f"{prefix}-{os.getpid()}-*"
-        self.host, self.cuts, self.phase_s, self.mode, self.base, self.period_us = host, cuts, phase_s, mode, base, period_us
+        self.host, self.cycle, self.phase_s, self.mode, self.base, self.period_us = host, cycle, phase_s, mode, base, period_us
         self.log: list[tuple[float, float | None]] = []
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -233,7 +234,7 @@ class Switcher:
             g = hits[0] if hits else None
             if g is None:
                 self._stop.wait(0.02)
-        cycle = [c for F in self.cuts for c in (None, F)]
+        cycle = self.cycle
         i = 0
         while g is not None and not self._stop.is_set():
             F = cycle[i % len(cycle)]
@@ -804,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     for model in a.models.split(","):
         for rate in [float(r) for r in a.rates.split(",")]:
             rates = [rate] * H
-            base_cpus: list[float | None] = [None] * H if shares_mode else [a.cpus] * H
+            base_cpus: list[float | None] = [None] * H if shares_mode or a.ab else [a.cpus] * H
             base_nb = {S: a.neighbour_base} if shares_mode and a.neighbour_base else None
             # variant -> (link rates, CPU budgets, busy neighbours, {prediction model: replay arguments})
             variants: dict[str, tuple[list[float], list[float | None], dict[int, int] | None, dict[str, list[str]]]] = {
@@ -819,16 +820,18 @@ def main(argv: list[str] | None = None) -> int:
                     variants[f"cpu host{S} x1/{F:g}"] = (
                         rates, [a.cpus / F if i == S else a.cpus for i in range(H)], None,
                         {"cfs": ["--cpu-limit", f"host{S}={a.cpus / F:.4g}", "--cpu-period-ms", period_ms],
-                         "factor": ["--slow-rank", f"{S}={F:g}"]})
+                         "factor": ["--slow-rank", f"{S}={F:g}"], **({"prof": F} if a.ab else {})})
             for f in lcuts:
                 variants[f"link host{S} x{f:g}"] = ([rate * f if i == S else rate for i in range(H)], base_cpus, base_nb,
                                                     {"link": ["--slow-link", f"host{S}={f:g}"]})
             print(f"== {model} {rate:g} Mbit/s, {H} hosts "
                   + (f"without quotas, slowed by a busy neighbour on host{S}'s core (cpu.shares "
                      f"{', '.join(f'1/{F:g}: {neighbour_weight(F, a.neighbour_base)}' for F in cuts)}; balanced: "
-                     f"{a.neighbour_base or 'none'})" if shares_mode else f"at {a.cpus:g} CPU (period {a.period_us} us)")
+                     f"{a.neighbour_base or 'none'})" if shares_mode else
+                     f"without quotas, slowed by host{S}'s quota {a.ab_period_us} us / F per {a.ab_period_us} us period"
+                     if a.ab else f"at {a.cpus:g} CPU (period {a.period_us} us)")
                   + (f", pinned {a.pin_layout} (host{S}, the slowed one, on CPU {a.pin_layout[S]}"
-                     + ("" if shares_mode else f"; balanced quota per core {core_load(a.pin_layout, base_cpus)}")
+                     + ("" if shares_mode or a.ab else f"; balanced quota per core {core_load(a.pin_layout, base_cpus)}")
                      + ")" if a.pin_layout else ""), flush=True)
             if shares_mode:
                 eff = effective_shares_cuts(cuts, a.neighbour_base, a.period_us, a.shares, a.calib_reps, a.prefix,
@@ -865,7 +868,11 @@ def main(argv: list[str] | None = None) -> int:
                 slow_cpus, slow_nb = base_cpus, {S: neighbour_weight(a.reverse, a.neighbour_base)}
 
             def profile_slowed() -> None:
-                sp = b.job(model, rates, slow_cpus, profile=True, neighbours=slow_nb)
+                if a.ab and not shares_mode:     # host S's quota at 1/F of the --ab-period-us for the whole job
+                    with Switcher(a.prefix, S, [a.reverse], 1e9, "quota", 0, a.ab_period_us):
+                        sp = b.job(model, rates, base_cpus, profile=True)
+                else:
+                    sp = b.job(model, rates, slow_cpus, profile=True, neighbours=slow_nb)
                 slowed_profs.append(sp)
                 print(f"  slowed profile {sp['tag']} (host{S} at 1/{a.reverse:g}; measured without the profiler "
                       f"in that job: {sp['ms']:.3f} ms)", flush=True)
@@ -879,7 +886,8 @@ def main(argv: list[str] | None = None) -> int:
             for rnd in range(a.rounds):
                 if a.ab:
                     nb = {S: neighbour_weight(max(cuts), a.neighbour_base)} if shares_mode else None
-                    with Switcher(a.prefix, S, cuts, a.ab, a.slow_by, a.neighbour_base, a.ab_period_us) as sw:
+                    with Switcher(a.prefix, S, [c for F in cuts for c in (None, F)], a.ab, a.slow_by, a.neighbour_base,
+                                  a.ab_period_us) as sw:
                         j = b.job(model, rates, [None] * H, profile=False, neighbours=nb)
                     steps, phases = ab_split(json.loads((b.out / j["tag"] / "times.json").read_text()), sw.log)
                     (b.out / j["tag"] / "ab.json").write_text(json.dumps({"log": sw.log, "steps": {str(k): v for k, v in steps.items()},
@@ -991,7 +999,7 @@ def main(argv: list[str] | None = None) -> int:
                     per_sp.append(fix_speedup(att, S, sp["trace"]))
                     firsts.append(att.get("first"))
                     atts.append(att)
-                    if shares_mode and (not a.predictors or "prof" in a.predictors.split(",")):
+                    if (shares_mode or a.ab) and (not a.predictors or "prof" in a.predictors.split(",")):
                         x_, args_ = fix_host(att, S, sp["trace"], rate, rep,
                                              sum((slow_nb or {}).values()))
                         per_host.append(x_)
