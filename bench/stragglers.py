@@ -750,8 +750,6 @@ def main(argv: list[str] | None = None) -> int:
                          "of SECS s (balanced, 1/F1, balanced, 1/F2, ...; class Switcher); a round is one such job and "
                          "its slowdown the median of the cut's steps over the median of the balanced ones (set --iters "
                          "so a job spans several cycles); no link cuts")
-    ap.add_argument("--ab-period-us", type=int, default=2000,
-                    help="--ab with --slow-by quota: host S's cpu.cfs_period_us during a cut (quota period / F)")
     ap.add_argument("--probe", action="store_true",
                     help="no jobs: the burst probe (burst_probe) of each cut under both emulations, on the slowed host's core")
     ap.add_argument("--bucket-mb", type=float, default=None)
@@ -834,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"without quotas, slowed by a busy neighbour on host{S}'s core (cpu.shares "
                      f"{', '.join(f'1/{F:g}: {neighbour_weight(F, a.neighbour_base)}' for F in cuts)}; balanced: "
                      f"{a.neighbour_base or 'none'})" if shares_mode else
-                     f"without quotas, slowed by host{S}'s quota {a.ab_period_us} us / F per {a.ab_period_us} us period"
+                     f"without quotas, slowed by host{S}'s quota {a.period_us} us / F per {a.period_us} us period"
                      if a.ab else f"at {a.cpus:g} CPU (period {a.period_us} us)")
                   + (f", pinned {a.pin_layout} (host{S}, the slowed one, on CPU {a.pin_layout[S]}"
                      + ("" if shares_mode or a.ab else f"; balanced quota per core {core_load(a.pin_layout, base_cpus)}")
@@ -875,7 +873,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def profile_slowed() -> None:
                 if a.ab and not shares_mode:     # host S's quota at 1/F of the --ab-period-us for the whole job
-                    with Switcher(a.prefix, S, [a.reverse], 1e9, "quota", 0, a.ab_period_us):
+                    with Switcher(a.prefix, S, [a.reverse], 1e9, "quota", 0, a.period_us):
                         sp = b.job(model, rates, base_cpus, profile=True)
                 else:
                     sp = b.job(model, rates, slow_cpus, profile=True, neighbours=slow_nb)
@@ -893,7 +891,7 @@ def main(argv: list[str] | None = None) -> int:
                 if a.ab:
                     nb = {S: neighbour_weight(max(cuts), a.neighbour_base)} if shares_mode else None
                     with Switcher(a.prefix, S, [c for F in cuts for c in (None, F)], a.ab, a.slow_by, a.neighbour_base,
-                                  a.ab_period_us) as sw:
+                                  a.period_us) as sw:
                         j = b.job(model, rates, [None] * H, profile=False, neighbours=nb)
                     steps, phases = ab_split(json.loads((b.out / j["tag"] / "times.json").read_text()), sw.log)
                     (b.out / j["tag"] / "ab.json").write_text(json.dumps({"log": sw.log, "steps": {str(k): v for k, v in steps.items()},
