@@ -298,6 +298,21 @@ def ab_split(doc: dict[str, Any], log: list[tuple[float, float | None]], settle:
     return out, phases
 
 
+def phase_ratios(phases: list[tuple[float | None, float]]) -> dict[float, list[float]]:
+    """``--ab``: per cut, each of its phases' median step over the mean of the balanced phases on either side (how much
+    one phase of a few seconds says; ``ab_split``'s second result).
+
+    >>> phase_ratios([(None, 50.0), (2.0, 80.0), (None, 30.0), (1.5, 45.0)])
+    {2.0: [2.0]}
+    """
+    out: dict[float, list[float]] = {}
+    for i in range(1, len(phases) - 1):
+        (fa, a), (f, m), (fb, b) = phases[i - 1], phases[i], phases[i + 1]
+        if f is not None and fa is None and fb is None:
+            out.setdefault(f, []).append(round(2 * m / (a + b), 4))
+    return out
+
+
 class Bench:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
@@ -887,6 +902,7 @@ def main(argv: list[str] | None = None) -> int:
             meas: dict[str, list[float]] = {k: [] for k in variants}
             scheds: dict[str, list[dict]] = {k: [] for k in variants}
             ab: dict[str, list[float]] = {k: [] for k in variants}     # --ab: per job, median cut step / median balanced
+            ab_phases: dict[str, list[float]] = {}                      # --ab: every cut phase over its balanced neighbours
             for rnd in range(a.rounds):
                 if a.ab:
                     nb = {S: neighbour_weight(max(cuts), a.neighbour_base)} if shares_mode else None
@@ -896,6 +912,8 @@ def main(argv: list[str] | None = None) -> int:
                     steps, phases = ab_split(json.loads((b.out / j["tag"] / "times.json").read_text()), sw.log)
                     (b.out / j["tag"] / "ab.json").write_text(json.dumps({"log": sw.log, "steps": {str(k): v for k, v in steps.items()},
                                                                            "phases": phases}))
+                    for F, v in phase_ratios(phases).items():
+                        ab_phases.setdefault(f"cpu host{S} x1/{F:g}", []).extend(v)
                     mbj = statistics.median(steps[None])
                     meas["balanced"].append(mbj)
                     line = f"  round {rnd + 1} (one job, phases of {a.ab:g} s) balanced {mbj:.3f} ms ({len(steps[None])} steps)"
@@ -941,6 +959,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "measured_ms": round(m, 3), "measured_balanced_ms": round(mb, 3),
                                        "measured_slowdown": round(ms, 4), "round_ratios": [round(x, 4) for x in pairs],
                                        "measured_by": f"ab {a.ab:g} s" if a.ab else "jobs",
+                                       **({"phase_ratios": ab_phases.get(k, [])} if a.ab else {}),
                                        "traces": [p_["trace"] for p_ in profs],
                                        "effective_factor": eff.get(float(k.rsplit("/", 1)[1])) if k.startswith("cpu ") else None,
                                        "host_busy": busy}
