@@ -179,7 +179,12 @@ class CpuBudget:
         iteration as stalls, often between ops and in communication waits, not as slower
         computation.  With 10 ms the stalls (measured here, HZ=250: 4-8 ms each) fall inside every
         busy stretch, so computation runs at ``cpus`` of its speed (a CPU-bound loop: 0.499 of
-        wall at ``cpus=0.5``); the kernel refuses quotas under 1 ms.
+        wall at ``cpus=0.5``); the kernel refuses quotas under 1 ms.  That holds for a thread that never
+        sleeps: one that computes and then waits (a training thread, 18 ms bursts between 25 ms sleeps) is
+        slowed by x0.99 / x1.33 / x1.67 at 1/1.25, 1/1.5, 1/2 of a core with 10 ms, and a shorter period is
+        no slower CPU either: with 2 ms the tick lets the group overrun its quota, which it repays at the
+        quota's rate (x1.97 / x2.37 / x2.63); a busy neighbour's ``cpu.shares`` gives x1.25 / x1.44 / x1.89
+        (``bench/stragglers.py --probe``, docs/stragglers.md "Fourteenth").
     prefix:
         Name prefix of the parent group (``<prefix>-<pid>-<n>``).
     shares:
