@@ -313,6 +313,39 @@ def phase_ratios(phases: list[tuple[float | None, float]]) -> dict[float, list[f
     return out
 
 
+def ab_summary(dirs: list[Path], at_ms: tuple[float, ...] = (42.0, 50.0)) -> int:
+    """``--ab-summary RUN ...``: every cut phase of the ``--ab`` jobs kept in these runs (``*/ab.json``) over the mean of
+    the balanced phases either side, per cut: the median and p10-p90 of those ratios, and their least-squares line
+    against that balanced step time (how busy the rest of the machine was shows in it), read at ``at_ms``."""
+    pts: dict[float, list[tuple[float, float]]] = {}
+    for d in dirs:
+        for f in sorted(Path(d).glob("*/ab.json")):
+            ph = json.loads(f.read_text())["phases"]
+            for i in range(1, len(ph) - 1):
+                (fa, a), (F, m), (fb, b) = ph[i - 1], ph[i], ph[i + 1]
+                if F is not None and fa is None and fb is None:
+                    pts.setdefault(F, []).append(((a + b) / 2, 2 * m / (a + b)))
+    print("| cut | phases | ratio median (p10-p90) | balanced phases (ms) | slope per 10 ms | r | "
+          + " | ".join(f"line at {x:g} ms" for x in at_ms) + " |")
+    print("|---|---|---|---|---|---|" + "---|" * len(at_ms))
+    for F in sorted(pts):
+        xs = [x for x, _ in pts[F]]
+        ys = sorted(y for _, y in pts[F])
+        n = len(ys)
+        if n < 3:
+            continue
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        vx = sum((x - mx) ** 2 for x in xs)
+        vy = sum((y - my) ** 2 for y in ys)
+        cov = sum((x - mx) * (y - my) for x, y in pts[F])
+        k = cov / vx if vx else 0.0
+        r = cov / (vx * vy) ** 0.5 if vx and vy else 0.0
+        print(f"| 1/{F:g} | {n} | {statistics.median(ys):.3f} ({ys[n // 10]:.3f}-{ys[9 * n // 10]:.3f}) | "
+              f"{min(xs):.1f}-{max(xs):.1f} | {10 * k:+.3f} | {r:.2f} | "
+              + " | ".join(f"{my + k * (x - mx):.3f}" for x in at_ms) + " |")
+    return 0
+
+
 class Bench:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
@@ -765,6 +798,9 @@ def main(argv: list[str] | None = None) -> int:
                          "of SECS s (balanced, 1/F1, balanced, 1/F2, ...; class Switcher); a round is one such job and "
                          "its slowdown the median of the cut's steps over the median of the balanced ones (set --iters "
                          "so a job spans several cycles); no link cuts")
+    ap.add_argument("--ab-summary", type=Path, nargs="+", default=None, metavar="RUN",
+                    help="no jobs: every cut phase of these runs' --ab jobs over its balanced neighbours, and against "
+                         "the balanced step time (ab_summary)")
     ap.add_argument("--probe", action="store_true",
                     help="no jobs: the burst probe (burst_probe) of each cut under both emulations, on the slowed host's core")
     ap.add_argument("--bucket-mb", type=float, default=None)
@@ -786,6 +822,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.sched_summary is not None:
         return sched_summary(a.sched_summary)
+    if a.ab_summary:
+        return ab_summary(a.ab_summary)
     if a.probe:
         cs = [float(x) for x in a.cuts.split(",") if x]
         core = (a.pin or "0,1").split(",")[-1]
