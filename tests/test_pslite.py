@@ -176,7 +176,7 @@ def test_real_benchmark_on_emulated_hosts_is_read_and_replayed(tmp_path):
     length, keys, workers = 256000, 4, 2
     trace = tmp_path / "trace"
     res = pslite_job.run(binary, trace=trace, workers=workers, servers=1, rate_mbit=200, length=length,
-                         keys_per_server=keys, rounds=10, port=9310, log_dir=tmp_path / "logs")
+                         keys_per_server=keys, rounds=6, port=9310, log_dir=tmp_path / "logs")
     got = check_pairs(trace, length, workers=workers, keys=keys)
     # the trace's own round per worker (previous round's last response handled -> this round's) is the
     # round the program timed with its own clock
