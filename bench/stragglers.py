@@ -46,6 +46,13 @@ Model "paced" (primary when recorded): "busy" plus ``--wire-mbps <rate>``, so th
 the wire's rate in the balanced profile keep their time (docs/whatif.md, "Wire- or CPU-paced"; docs/stragglers.md,
 "Twelfth"). ``--predictors paced,busy,link`` limits the models (fewer replays inside the bench lock).
 
+``--ab SECS`` measures every CPU cut inside each plain job: host S's straggler is switched on and off in phases of
+SECS seconds (``Switcher``: the busy neighbour stopped or at the cut's weight; with ``--slow-by quota`` host S's
+quota), and a round's slowdown is the median of the cut's steps over the balanced ones of the same job
+(``ab_split``); ``--ab-summary RUN ...`` sets every cut phase against the balanced step of the same moment.
+``--probe`` asks whether a cut acts like a slower CPU for a thread that computes and sleeps (``burst_probe``).
+docs/stragglers.md, "Fourteenth".
+
 The CFS period is 10 ms (``--period-us``): with the kernel's 100 ms, a cut budget stalls a
 ~30 ms iteration between ops and in communication waits instead of slowing the computation
 (docs/stragglers.md).  The job's parent cgroup gets ``cpu.shares`` ``--shares`` so other load on
