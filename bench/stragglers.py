@@ -197,10 +197,11 @@ class Switcher:
     the balanced job exactly) or, with a ``base`` weight, runs at that.  With "quota" host S's group gets
     ``cpu.cfs_period_us`` ``period_us`` and a quota of ``period_us / F`` (balanced: none).  Balanced and slowed
     steps then come from one process, interleaved within seconds: launch-to-launch differences and drifting
-    load fall on both alike (docs/stragglers.md, "Fourteenth")."""
+    load fall on both alike (not the load's larger toll on the slowed host at 1/2: docs/stragglers.md,
+    "Fourteenth")."""
 
     def __init__(self, prefix: str, host: int, cycle: list[float | None], phase_s: float, mode: str = "shares",
-                 base: int = 0, period_us: int = 2000) -> None:
+                 base: int = 0, period_us: int = 10000) -> None:
         import threading
         self.glob = f"{prefix}-{os.getpid()}-*"
         self.host, self.cycle, self.phase_s, self.mode, self.base, self.period_us = host, cycle, phase_s, mode, base, period_us
