@@ -343,9 +343,10 @@ def test_op_keys_behave_as_the_list():
     assert r1.to_frame()["key"].tolist() == keys and r1.key(5) == keys[5]
 
 
-def test_radix_argsort_is_numpys_stable_argsort():
-    """The locality sort (LSD radix on the bits of non-negative floats) orders as np.argsort(kind="stable"):
-    ties kept in index order, -0.0 equal to 0.0, tiny and huge magnitudes, inf; empty and one value."""
+def test_locality_sort_is_numpys_stable_argsort():
+    """The locality sort (buckets by value, then insertion or merge sorts) orders as np.argsort(kind="stable"):
+    ties kept in index order, -0.0 equal to 0.0, tiny and huge magnitudes, inf; empty and one value; values
+    piled up in one bucket or sub-bucket; int32 indices."""
     from dpro_kit.replay.engine import stable_argsort_nonneg
     rng = np.random.default_rng(11)
     x = np.round(rng.exponential(50.0, 300_000), 1)                      # many ties
@@ -353,8 +354,11 @@ def test_radix_argsort_is_numpys_stable_argsort():
     x[rng.integers(0, x.size, 2000)] = -0.0
     x[rng.integers(0, x.size, 50)] = np.inf
     x[rng.integers(0, x.size, 500)] = rng.lognormal(0.0, 30.0, 500)     # 1e-30 .. 1e30
-    for v in (x, x[:1], x[:0], np.zeros(1000), np.full(7, 3.5)):
+    piled = rng.random(20_000) * 1e-9 + 5.0                             # all in one bucket and few sub-buckets
+    piled[::97] = 1e6
+    for v in (x, x[:1], x[:0], np.zeros(1000), np.full(7, 3.5), np.full(3, np.inf), piled, rng.random(50_000)):
         assert np.array_equal(stable_argsort_nonneg(v), np.argsort(v, kind="stable"))
+    assert np.array_equal(stable_argsort_nonneg(x, np.int32), np.argsort(x, kind="stable"))
 
 
 def test_encode_buffers_is_arrows_dictionary_encode():
