@@ -192,6 +192,23 @@ def test_small_pages_restores_numpys_advice(monkeypatch):
         _set_madvise_hugepage(was)
 
 
+def test_small_pages_keeps_freed_arrays_in_the_heap(monkeypatch):
+    """Inside the block glibc's mmap of large arrays is off (mallopt(M_MMAP_MAX, 0)) and its default is put
+    back by the outermost block; a user's MALLOC_MMAP_MAX_ is left alone."""
+    from dpro_kit.replay import engine
+    calls = []
+    monkeypatch.setitem(engine._pages, "mallopt", lambda p, v: calls.append((p, v)) or 1)
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    with engine.small_pages():
+        with engine.small_pages():
+            assert calls == [(-4, 0)]
+    assert calls == [(-4, 0), (-4, 65536)]
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")
+    with engine.small_pages():
+        pass
+    assert len(calls) == 2
+
+
 def _generations_reference(indptr, succ, indeg0):
     """Generation order written out (``nx.topological_sort``'s: generation by generation, children in
     the CSR's order; a duplicated edge counts twice, as in the CSR)."""
