@@ -206,6 +206,9 @@ class Switcher:
         self.glob = f"{prefix}-{os.getpid()}-*"
         self.host, self.cycle, self.phase_s, self.mode, self.base, self.period_us = host, cycle, phase_s, mode, base, period_us
         self.log: list[tuple[float, float | None]] = []
+        #: at every switch, the machine's CPU time so far (``/proc/stat``'s first line: user nice system idle iowait
+        #: irq softirq steal, in 1/100 s): what the rest of the machine did in each phase, softirq included
+        self.proc_stat: list[list[int]] = []
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
@@ -257,6 +260,10 @@ class Switcher:
             except OSError:          # the job ended and its groups went
                 break
             self.log.append((time.perf_counter(), F))
+            try:
+                self.proc_stat.append([int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]])
+            except (OSError, ValueError):
+                self.proc_stat.append([])
             i += 1
             self._stop.wait(self.phase_s)
 
@@ -957,7 +964,7 @@ def main(argv: list[str] | None = None) -> int:
                         j = b.job(model, rates, [None] * H, profile=False, neighbours=nb)
                     steps, phases = ab_split(json.loads((b.out / j["tag"] / "times.json").read_text()), sw.log)
                     (b.out / j["tag"] / "ab.json").write_text(json.dumps({"log": sw.log, "steps": {str(k): v for k, v in steps.items()},
-                                                                           "phases": phases}))
+                                                                           "phases": phases, "proc_stat": sw.proc_stat}))
                     for F, v in phase_ratios(phases).items():
                         ab_phases.setdefault(f"cpu host{S} x1/{F:g}", []).extend(v)
                     mbj = statistics.median(steps[None])
