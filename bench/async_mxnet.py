@@ -47,19 +47,21 @@ def predicted(trace: Path, rate: str, ws: list[int], seeds: int, reverse_path: s
     return {p["workers"]: p["steps_per_s"] for p in json.loads(r.stdout)["predicted"]}
 
 
-def lockstep(trace: Path, rate: str, ws: list[int]) -> dict[int, float]:
+def lockstep(trace: Path, rate: str, ws: list[int], servers: int = 1) -> dict[int, float]:
     """Steps/s if the W workers stayed in lockstep: every worker runs the mean profiled step, all start at 0
-    (with equal sharing such a start stays in lockstep, docs/async.md), calibrated as async-predict is."""
+    (with equal sharing such a start stays in lockstep, docs/async.md), calibrated as async-predict is;
+    ``servers``: the run's server count (each key on the server its trace shows, as ``--ps N``)."""
     import statistics as st
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from dpro_kit.async_ps import StepTemplate, calibrate, simulate, template_from_trace
     from dpro_kit.trace import load_trace
-    tpl = template_from_trace(trace)
+    tpl = template_from_trace(trace, num_ps=servers)
     mean = StepTemplate(ops=tpl.ops, samples=[[st.mean(s[i] for s in tpl.samples) for i in range(len(tpl.ops))]],
                         variables=tpl.variables)
     measured = 1e3 / float(load_trace(trace).manifest.extra["measured_iteration_ms"])
-    bw = calibrate(tpl, measured, bandwidth_mbit=float(rate))["bandwidth_mbit"]
-    return {w: simulate(mean, w, bandwidth_mbit=bw, steps=60, warmup=10, start_offsets_us=[0.0] * w).steps_per_s
+    cal = calibrate(tpl, measured, bandwidth_mbit=float(rate), num_ps=servers)
+    return {w: simulate(mean, w, bandwidth_mbit=cal["bandwidth_mbit"], step_overhead_us=cal["step_overhead_us"],
+                        num_ps=servers, steps=60, warmup=10, start_offsets_us=[0.0] * w).steps_per_s
             for w in ws}
 
 
@@ -91,7 +93,7 @@ def main() -> None:
             tr = keep / f"trace-s{args.servers}-w1-{rate}mbit-r{rnd}"
             p = predicted(tr, rate, ws, args.seeds, servers=args.servers)
             if args.lockstep and p is not None:
-                for w, x in lockstep(tr, rate, ws).items():
+                for w, x in lockstep(tr, rate, ws, args.servers).items():
                     lock[w].append(x)
             pw = (predicted(tr, rate, ws, args.seeds, reverse_path="window", servers=args.servers)
                   if args.reverse_path == "window" else None)
