@@ -150,6 +150,8 @@ def main() -> int:
             rows[(s, w, r)]["predicted"].append(p)
             rows[(s, w, r)]["trace"].append(str(trace))
             print(f"{tag}: measured {m} ms, predicted {p} ms", flush=True)
+        if rnd + 1 < args.rounds:   # the tables (and --json) so far: a run stopped later keeps its finished rounds
+            report(args, rows, configs)
     return report(args, rows, configs)
 
 
