@@ -370,7 +370,7 @@ def main(argv=None) -> int:
                 for role in ("ps", "chief", "worker"))
         return out
     link_doc = json.loads(args.link.read_text()) if args.link else None
-    # the prediction variants: (sharing, protocol); "steady" = random start offsets, steady window (the
+    # the prediction variants: (sharing, protocol); "steady" = evenly spread start offsets, steady window (the
     # paper's measurement), "run" = the bench's own run: --steps steps scheduled at once after a join,
     # all workers starting together, steps/s = steps / time until the last one ends (docs/async.md)
     # "window": equal sharing plus the equal-window rule (dpro async-predict --reverse-path window)
@@ -393,6 +393,9 @@ def main(argv=None) -> int:
             print(f"| {b:g} | | the profiled 1-worker job's own unprofiled steps: "
                   f"{1e3 / man['extra']['measured_iteration_ms']:.2f} steps/s |" + " | |" * len(variants) + " |")
         fit = calibrate(tpl, one, how=args.calibrate, bandwidth_mbit=b, num_ps=args.ps)   # W=1 only (docs/async.md)
+        if not fit.pop("reached"):
+            print(f"| {b:g} | | W = 1 is not calibrated: the traced step is slower than the measured one, every "
+                  "prediction is low |" + " | |" * len(variants) + " |")
         lm = link_model(link_doc, b, path=args.link) if link_doc else None
         preds = {}
         for sh, proto in variants:

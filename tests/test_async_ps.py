@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dpro_kit.async_ps import StepOp, StepTemplate, link_model, simulate
+from dpro_kit.async_ps import StepOp, StepTemplate, link_model, predict, simulate, start_offsets
 from dpro_kit.errors import DproError
 from dpro_kit.cli.async_predict import parse_range, saturation
 
@@ -48,6 +48,17 @@ def test_interleaved_workers_overlap_down_and_up():
     one = simulate(t, 1, bandwidth_mbit=80, steps=40, warmup=4).steps_per_s
     two = simulate(t, 2, bandwidth_mbit=80, steps=40, warmup=4, start_spread_us=1e-9).steps_per_s
     assert one < two <= 2 * one + 1e-9
+
+
+def test_prediction_averages_over_evenly_spread_start_offsets():
+    # the offsets of workers 2..W: a low-discrepancy set, no gap in [0, 1) wider than 2/n (d = 1), every
+    # quarter of [0, 1)^2 hit (d = 2); the prediction is their mean, the same on every call
+    one = sorted(x for (x,) in start_offsets(8, 1))
+    assert all(0.0 <= x < 1.0 for x in one) and max(b - a for a, b in zip([one[-1] - 1] + one, one + [one[0] + 1])) < 2 / 8
+    assert {(int(2 * x), int(2 * y)) for x, y in start_offsets(8, 2)} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    t = _tpl([StepOp("d", "down", 1 * MB), StepOp("u", "up", 1 * MB, [0])])
+    a, b = (predict(t, [1, 2], seeds=4, bandwidth_mbit=80, steps=30, warmup=3) for _ in range(2))
+    assert a == b and a[0].low <= a[1].low and a[1].low <= a[1].steps_per_s <= a[1].high
 
 
 def test_http2_window_serves_a_large_stream_in_two_chunks():

@@ -63,7 +63,8 @@ def saturation(rows: list[tuple[int, float]], gain: float = 0.05) -> int | None:
 @click.option("--steps", default=200, show_default=True, type=click.IntRange(min=10),
               help="Steps simulated per worker.")
 @click.option("--seeds", default=8, show_default=True, type=click.IntRange(min=1),
-              help="Simulations per W (random start offsets within one step); the mean is the prediction.")
+              help="Simulations per W (start offsets within one step spread evenly, a low-discrepancy set); the mean "
+                   "is the prediction.")
 @click.option("--sharing", type=click.Choice(["equal", "arrival"]), default="equal", show_default=True,
               help="How concurrent transfers share a link: equally (the paper's model) or by arrival order "
                    "with the newcomer share and goodput measured on the link (--link; docs/async.md, "
@@ -81,7 +82,7 @@ def saturation(rows: list[tuple[int, float]], gain: float = 0.05) -> int | None:
 @click.option("--run-steps", type=click.IntRange(min=1), default=None, metavar="N",
               help="Predict a run of N steps that all workers start together (ClusterCoordinator.schedule N "
                    "times, then join(): steps/s = N / time until the last ends) instead of the steady window "
-                   "after random start offsets. With --sharing equal such a start stays in lockstep.")
+                   "after evenly spread start offsets. With --sharing equal such a start stays in lockstep.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def async_predict(trace_dir: Path, bandwidth: float, workers: str, num_ps: int, placement: Path | None,
                   measured: float | None, step_overhead_ms: float | None, win_mb: float, alpha_us_per_mb: float,
