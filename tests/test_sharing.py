@@ -139,6 +139,33 @@ def test_overlap_factor_on_a_hand_schedule():
     assert close(shared(g, overlap_factor=0.25)["E"], (0, 2.5))
 
 
+def test_token_bucket_links_hand_computed():
+    """Bucket 5 us on every NIC resource, floor 1 us.  A (8 us on h0->h1) at 0: buckets full, 5 covered,
+    3 left: ends at 3; egress:h0 / ingress:h1 empty.  B (8 us) after 4 us of compute P: the buckets refilled
+    for 4 - 3 = 1 us since A ended: 1 covered, ends at 4 + 7 = 11.  C (2 us) after Q (20 us) on the same
+    host: full again (5 > 2 - floor 1), so it takes the 1 us floor: 20 to 21.  D (8 us, h1->h0, the other
+    direction: its own full buckets) at 0: ends at 3 beside A.  Without buckets A and B share the link
+    from 4 (A's last 4 us at rate 1/2: 12; B's last 4 alone: 16), D 0-8, C 20-22."""
+    g = nx.DiGraph()
+    add_op(g, "A", device="link:h0->h1", dur=8, kind="SEND")
+    add_op(g, "D", device="link:h1->h0", dur=8, kind="SEND")
+    add_op(g, "P", device="h0/0:compute", dur=4)
+    add_op(g, "B", device="link:h0->h1", dur=8, kind="SEND")
+    add_op(g, "Q", device="h0/1:compute", dur=20)
+    add_op(g, "C", device="link:h0->h1", dur=2, kind="SEND")
+    g.add_edge("P", "B")
+    g.add_edge("Q", "C")
+    t = shared(g, token_bucket_us=5.0, token_floor_us=1.0)
+    assert close(t["A"], (0, 3)) and close(t["D"], (0, 3)) and close(t["B"], (4, 11)) and close(t["C"], (20, 21))
+    t = shared(g)
+    assert close(t["A"], (0, 12)) and close(t["D"], (0, 8)) and close(t["B"], (4, 16)) and close(t["C"], (20, 22))
+    # per resource: only h0's egress has a bucket -> A and B are covered by nothing (h1's ingress has none)
+    t = shared(g, token_bucket_us={"egress:h0": 5.0}, token_floor_us=1.0)
+    assert close(t["A"], (0, 12)) and close(t["B"], (4, 16))
+    with pytest.raises(GraphError, match="no link of the graph uses"):
+        shared(g, token_bucket_us={"egress:h9": 5.0})
+
+
 def test_overlap_starts_mid_op():
     # C (10) from 0; T (4) after P (2, on host1) from 2 to 6: C at rate 1/(1+1) = 0.5 during 2..6
     # -> 2 + 2 + 6 = 10 us of work by 2 + 4 + 6 = 12.  P is on host1 (receiver side, idle before T).

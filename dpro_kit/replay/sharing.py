@@ -157,7 +157,7 @@ def topology(devices: Sequence[str], hosts: Mapping[str, str] | None = None, *,
 @njit(cache=True)
 def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebreak,  # pragma: no cover - compiled
               share, is_link, is_comm, res_ptr, res_idx, res_cap, rd_ptr, rd_idx, comp_grp, grp_ptr, grp_idx,
-              ngrp, gc_ptr, gc_idx, gamma):
+              ngrp, gc_ptr, gc_idx, gamma, tok_cap, tok_floor):
     """The fluid replay (module docstring).  Returns ``start, end, crit_pred, dev_prev, n_done``
     like :func:`._kernel.simulate`; a shared transfer has no device predecessor (``dev_prev`` -1).
 
@@ -167,6 +167,9 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
     ``rd_ptr``/``rd_idx``: resource -> link devices) of the links whose transfers changed; ``gc_ptr``/``gc_idx`` list each host group's computation devices, whose
     running ops get the group's rate (1/(1+gamma) while a transfer touching it is in flight) at the end
     of every instant at which a transfer of the group or one of its computation ops started or ended.
+    ``tok_cap`` (per resource, us of solo-speed transfer; 0: none) are token buckets: a transfer starting
+    on resources that all hold tokens has that much of its work (beyond ``tok_floor``) done at once; a
+    resource's bucket refills at its capacity while no transfer runs on it (:func:`run_shared`).
     """
     n = dur.shape[0]
     nres = res_cap.shape[0]
@@ -233,6 +236,14 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
     cap_left = np.empty(max(nres, 1))
     cnt = np.zeros(max(nres, 1), np.int64)
     frozen = np.zeros(n, np.bool_)
+    # token buckets per resource: tokens (us of work) at idle_since, transfers running on it
+    tokens = tok_cap.copy()
+    idle_since = np.zeros(max(nres, 1))
+    res_run = np.zeros(max(nres, 1), np.int64)
+    any_tok = False
+    for r in range(nres):
+        if tok_cap[r] > 0.0:
+            any_tok = True
 
     for i in range(n):
         if indeg[i] == 0:
@@ -272,6 +283,12 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                 if d >= 0:
                     if inlist[o]:
                         inlist[o] = False
+                        if any_tok:
+                            for rr in range(res_ptr[d], res_ptr[d + 1]):
+                                r = res_idx[rr]
+                                res_run[r] -= 1
+                                if res_run[r] == 0:
+                                    idle_since[r] = t
                         if prv[o] >= 0:
                             nxt[prv[o]] = nxt[o]
                         else:
@@ -319,7 +336,27 @@ def _executor(dur, device, priority, indptr, succ, indeg0, ready0, ndev, tiebrea
                     start[x] = t
                     crit[x] = rpred[x]
                     rate[x] = 1.0
-                    te[x] = t + dur[x]
+                    work = dur[x]
+                    if any_tok and d >= 0 and work > 0.0:    # token buckets: what all its resources cover
+                        cov = np.inf
+                        for rr in range(res_ptr[d], res_ptr[d + 1]):
+                            r = res_idx[rr]
+                            if tok_cap[r] <= 0.0:
+                                cov = 0.0
+                                break
+                            if res_run[r] == 0:
+                                tokens[r] = min(tok_cap[r], tokens[r] + (t - idle_since[r]) * res_cap[r])
+                            if tokens[r] < cov:
+                                cov = tokens[r]
+                        if cov > work - tok_floor:
+                            cov = work - tok_floor
+                        if cov > 0.0:
+                            work -= cov
+                            for rr in range(res_ptr[d], res_ptr[d + 1]):
+                                tokens[res_idx[rr]] -= cov
+                        for rr in range(res_ptr[d], res_ptr[d + 1]):
+                            res_run[res_idx[rr]] += 1
+                    te[x] = t + work
                     running[x] = True
                     if ne == cap:
                         ne = _compact(e_t, e_k, running, te, n)
@@ -557,7 +594,8 @@ def _compact(e_t, e_k, running, te, n):  # pragma: no cover - compiled
 
 def run_shared(cg, *, share: bool = True, overlap_factor: float = 0.0, hosts: Mapping[str, str] | None = None,
                capacity: Mapping[str, float] | None = None, fabric_capacity: float | None = None,
-               comm_devices: Sequence[str] = ()) -> tuple:
+               comm_devices: Sequence[str] = (), token_bucket_us: float | Mapping[str, float] | None = None,
+               token_floor_us: float = 0.0) -> tuple:
     """Run the executor on a (possibly unrolled) :class:`~dpro_kit.replay.engine.CompiledGraph`.
 
     Parameters
@@ -577,6 +615,17 @@ def run_shared(cg, *, share: bool = True, overlap_factor: float = 0.0, hosts: Ma
         Capacity of one ``fabric`` resource every inter-host transfer crosses (None: no fabric limit).
     comm_devices : sequence of str
         Non-link devices that run communication (:func:`topology`).
+    token_bucket_us : float or mapping, optional
+        Token-bucket links (``share=True`` only), in microseconds of a transfer at its solo speed
+        (= the bucket's bytes / the line rate): a number gives every host NIC resource (``egress:H``,
+        ``ingress:H``) that bucket, a mapping names resources.  A bucket starts full and refills at the
+        resource's capacity while no transfer runs on it; a transfer starting when all its resources
+        hold tokens has that much of its duration (beyond ``token_floor_us``) done at once, taken from
+        each bucket -- a shaper's burst (the emulated cluster's tbf: ``dpro_kit.cluster.tbf_params``)
+        lets a short message after a pause leave at the wire's speed.  A resource without a bucket
+        (loopback ports, or not named) covers nothing.
+    token_floor_us : float
+        What a transfer takes at least however many tokens there are (the link's latency).
 
     Returns ``start, end, crit_pred, dev_prev, n_done`` as :func:`._kernel.simulate`.
     """
@@ -604,9 +653,27 @@ def run_shared(cg, *, share: bool = True, overlap_factor: float = 0.0, hosts: Ma
     rd_idx = dev_of[o2].astype(np.int64)
     rd_ptr = np.zeros(max(nres, 1) + 1, np.int64)
     np.cumsum(np.bincount(res_idx, minlength=max(nres, 1)), out=rd_ptr[1:])
+    tok = np.zeros(max(nres, 1))
+    if token_bucket_us is not None and share:
+        names = topo["resources"]
+        if isinstance(token_bucket_us, Mapping):
+            unknown = sorted(set(token_bucket_us) - set(names))
+            if unknown:
+                raise GraphError(f"token_bucket_us names resource {unknown[0]!r}, which no link of the graph uses",
+                                 hint="known: " + ", ".join(names) if names else "the graph has no link")
+            per = {k: float(v) for k, v in token_bucket_us.items()}
+        else:
+            per = {r: float(token_bucket_us) for r in names if r.startswith(("egress:", "ingress:"))}
+        for r, i in ((r, i) for i, r in enumerate(names) if r in per):
+            if not np.isfinite(per[r]) or per[r] < 0:
+                raise GraphError(f"token bucket of resource {r!r} must be a number >= 0, got {per[r]!r}")
+            tok[i] = per[r]
+    floor = float(token_floor_us)
+    if not np.isfinite(floor) or floor < 0:
+        raise GraphError(f"token_floor_us must be a number >= 0, got {token_floor_us!r}")
     return _executor(cg.dur, cg.device, cg.priority, cg.indptr, cg.succ, cg.indeg, np.zeros(cg.n), ndev,
                      cg.tiebreak, bool(share), is_link, is_comm, res_ptr, res_idx, topo["res_cap"], rd_ptr, rd_idx,
-                     comp_grp, grp_ptr, topo["grp_idx"], ngrp, gc_ptr, gc_idx, gamma)
+                     comp_grp, grp_ptr, topo["grp_idx"], ngrp, gc_ptr, gc_idx, gamma, tok, floor)
 
 
 __all__ = ["link_resources", "run_shared", "topology"]
