@@ -45,6 +45,8 @@ provoked: the job's allocations are not capped), predicted = ``dpro simulate --m
     python bench/simulate_accuracy.py --remeasure-memory bench-simulate/rows.json --out bench-memory   # memory only
     python bench/simulate_accuracy.py --calibrate bench-simulate/rows.json --pin 0,1 --no-predict --out bench-cal
     python bench/simulate_accuracy.py --repredict bench-cal/rows.json   # predicted with the runtimes' overheads
+    python bench/simulate_accuracy.py --calibrate-memory bench-cal/rows.json --memory-rounds 3 --out bench-cmem
+    python bench/simulate_accuracy.py --repredict bench-cal/rows.json --link-burst   # links with the tbf's burst
 
 ``--calibrate ROWS`` measures what each strategy's runtime costs besides the model's ops (DTensor
 dispatch, FSDP2's copies and per-call collective cost, the pipelining schedule) on each model's tiny
@@ -52,6 +54,9 @@ twin (``train.py --width-div 16``: the same layers and ops on tiny tensors): the
 run under every strategy once, and the overhead is its measured iteration minus ``dpro simulate``'s
 prediction of it; ``--repredict`` then passes it as ``--runtime-overhead NAME=MS`` (docs/simulate.md
 "Runtime overheads").  Measured once per model and machine, never on the rows it predicts.
+``--calibrate-memory ROWS`` does the same for memory: the twin's single process and every strategy under
+``train.py --memory`` (loopback, nice 19, no lock); a strategy's runtime memory is the twin's measured peak
+minus ``dpro simulate``'s prediction of it, passed as ``--runtime-memory NAME=BYTES`` to the memory rows.
 
 Writes ``OUT/rows.json`` (every measurement, kept traces) after every job, so a cut-off run keeps
 what it measured.
@@ -134,14 +139,23 @@ def rank_fractions(sfiles: list[Path]) -> list[float]:
 
 
 def simulate(trace: str, sfile: Path, rate: float, cap_bytes: int | None, at_batch: list[str] = (),
-             profiled_peak: int | None = None, overhead_ms: float | None = None) -> dict[str, Any]:
+             profiled_peak: int | None = None, overhead_ms: float | None = None,
+             runtime_memory: int | None = None, burst: bool = False) -> dict[str, Any]:
     """``dpro simulate --json``: predicted ms, peak bytes (largest device), OOM verdict (with a cap);
     ``profiled_peak``: the single process's measured peak (``--profiled-peak``); ``overhead_ms``: the
-    strategy runtime's measured overhead (``--runtime-overhead``, from ``--calibrate``)."""
+    strategy runtime's measured overhead (``--runtime-overhead``, from ``--calibrate``); ``runtime_memory``: its
+    measured memory (``--runtime-memory``, from ``--calibrate-memory``); ``burst``: the emulated links' tbf burst
+    at ``rate`` (``dpro_kit.cluster.tbf_params``) as ``--link-burst``."""
     cmd = DPRO + ["simulate", trace] + [a for t in at_batch for a in ("--profile-at-batch", t)] + [
         "--strategy", str(sfile), "--bandwidth-mbps", f"{rate:g}", "--json"]
     if overhead_ms is not None:
         cmd += ["--runtime-overhead", f"{strategy_name(sfile)}={overhead_ms:.3f}"]
+    if burst:
+        from dpro_kit.cluster import tbf_params
+        cmd += ["--link-burst", str(tbf_params(rate)["burst"])]
+    if runtime_memory is not None:
+        cmd += ["--runtime-memory", f"{strategy_name(sfile)}={int(runtime_memory)}" if runtime_memory > 0
+                else f"{strategy_name(sfile)}=0"]
     if cap_bytes is not None:
         cmd += ["--memory-limit", str(int(cap_bytes))]
     if profiled_peak is not None:
@@ -265,18 +279,25 @@ def predict(rows: dict[str, Any], at_batch: bool = True) -> None:
     ovh = calibrated_overheads(rows, at_batch) if rows.get("calibration") else {}
     if ovh:
         rows["simulate"] += " with --runtime-overhead from --calibrate"
+    burst = bool(rows.get("link_burst"))
+    if burst:
+        rows["simulate"] += ", --link-burst = the emulated links' tbf burst"
     for r in rows["time"]:
         trace = rows["profiles"][r["model"]]["trace"]
         cap = rows["caps"].get(r["model"])
         r["pred"] = simulate(trace, _sfile(r), r["rate"], cap, [p["trace"] for p in extra.get(r["model"], [])],
-                             overhead_ms=(ovh.get(r["model"]) or {}).get(r["strategy"]))
+                             overhead_ms=(ovh.get(r["model"]) or {}).get(r["strategy"]), burst=burst)
     single = rows.get("single_memory") or {}
+    rmem = calibrated_memory(rows, at_batch)
+    if rmem:
+        rows["simulate"] += ", --runtime-memory from --calibrate-memory"
     for r in rows["memory"]:
         trace = rows["profiles"][r["model"]]["trace"]
         rate = rows["rates"][0]
         r["pred"] = simulate(trace, _sfile(r), rate, rows["caps"].get(r["model"]),
                              [p["trace"] for p in extra.get(r["model"], [])],
-                             (single.get(r["model"]) or {}).get("peak_bytes"))
+                             (single.get(r["model"]) or {}).get("peak_bytes"),
+                             runtime_memory=(rmem.get(r["model"]) or {}).get(r["strategy"]))
 
 
 def calibrate(a: argparse.Namespace, rows: dict[str, Any], models: list[str]) -> None:
@@ -335,7 +356,7 @@ def calibrated_overheads(rows: dict[str, Any], at_batch: bool = True) -> dict[st
         for name, sr in c["strategies"].items():
             sf = Path(sr["strategy_file"])
             sf = sf if sf.exists() else STRATS / sf.name
-            pr = simulate(c["profile"]["trace"], sf, c["rate"], None, extra)
+            pr = simulate(c["profile"]["trace"], sf, c["rate"], None, extra, burst=bool(rows.get("link_burst")))
             sr["predicted_ms"] = pr.get("ms")
             sr["overhead_ms"] = None if pr.get("ms") is None else round(max(0.0, sr["measured_ms"] - pr["ms"]), 3)
             if sr["overhead_ms"] is not None:
@@ -343,24 +364,34 @@ def calibrated_overheads(rows: dict[str, Any], at_batch: bool = True) -> dict[st
     return out
 
 
-def memory_run(model: str, sfile: Path | None, ranks: int, out: Path, iters: int, warmup: int) -> dict[str, Any]:
-    """One ``train.py --memory`` run on loopback under ``nice -n 19`` (memory does not depend on the CPU
-    share or the link: the emulated hosts are not needed, and the run takes no bench lock): the largest
-    rank's ``peak_bytes``."""
+def memory_run(model: str, sfile: Path | None, ranks: int, out: Path, iters: int, warmup: int, width_div: int = 1,
+               rounds: int = 1) -> dict[str, Any]:
+    """``rounds`` ``train.py --memory`` runs on loopback under ``nice -n 19`` (memory does not depend on the CPU
+    share or the link: the emulated hosts are not needed, and the run takes no bench lock): the largest rank's
+    ``peak_bytes``, the median over the rounds (a run's peak moves by ~0.1-0.5 MiB: docs/simulate.md)."""
     out.mkdir(parents=True, exist_ok=True)
-    tag = f"{model}-{sfile.stem if sfile else 'single'}"
-    times = out / f"mem-{tag}.json"
-    argv = ["nice", "-n", "19", PY, str(TRAIN), "--model", model, "--memory", "--ranks", str(ranks), "--warmup",
-            str(warmup), "--iters", str(iters), "--threads", "1", "--quiet", "--json-out", str(times)]
-    if sfile is not None:
-        argv += ["--strategy", str(sfile)]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=900, env={**os.environ, **ENV})
-    if p.returncode != 0 or not times.exists():
-        raise RuntimeError(f"memory run {tag} failed (exit {p.returncode}): {p.stderr.strip()[-300:]}")
-    doc = json.loads(times.read_text())
-    print(f"  memory {tag}: {max(doc['peak_bytes'].values()) / 2**20:.2f} MiB", flush=True)
-    return {"peak_bytes": max(doc["peak_bytes"].values()), "per_rank": doc["peak_bytes"],
-            "peak_rss_mib": doc["peak_rss_mib"], "cmd": " ".join(argv[3:])}
+    tag = f"{model}-{sfile.stem if sfile else 'single'}" + (f"-w{width_div}" if width_div > 1 else "")
+    peaks, per_rank, rss, argv = [], [], [], []
+    for k in range(rounds):
+        times = out / f"mem-{tag}{f'-{k}' if k else ''}.json"
+        argv = ["nice", "-n", "19", PY, str(TRAIN), "--model", model, "--memory", "--ranks", str(ranks), "--warmup",
+                str(warmup), "--iters", str(iters), "--threads", "1", "--quiet", "--json-out", str(times)]
+        if sfile is not None:
+            argv += ["--strategy", str(sfile)]
+        if width_div > 1:
+            argv += ["--width-div", str(width_div)]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=900, env={**os.environ, **ENV})
+        if p.returncode != 0 or not times.exists():
+            raise RuntimeError(f"memory run {tag} failed (exit {p.returncode}): {p.stderr.strip()[-300:]}")
+        doc = json.loads(times.read_text())
+        peaks.append(max(doc["peak_bytes"].values()))
+        per_rank.append(doc["peak_bytes"])
+        rss.append(doc["peak_rss_mib"])
+    peak = int(statistics.median(peaks))
+    print(f"  memory {tag}: {peak / 2**20:.2f} MiB" + (f" (median of {', '.join(f'{x / 2**20:.2f}' for x in peaks)})"
+                                                      if rounds > 1 else ""), flush=True)
+    return {"peak_bytes": peak, "rounds_bytes": peaks, "per_rank": per_rank[peaks.index(sorted(peaks)[len(peaks) // 2])],
+            "peak_rss_mib": rss[0], "cmd": " ".join(argv[3:])}
 
 
 def remeasure_memory(a: argparse.Namespace, rows: dict[str, Any], models: list[str]) -> None:
@@ -368,14 +399,61 @@ def remeasure_memory(a: argparse.Namespace, rows: dict[str, Any], models: list[s
     ``--profiled-peak``), with this checkout's ``train.py``; caps recomputed from the new peaks."""
     rows.setdefault("single_memory", {})
     for model in models:
-        rows["single_memory"][model] = memory_run(model, None, 1, a.out, a.iters, a.warmup)
+        rows["single_memory"][model] = memory_run(model, None, 1, a.out, a.iters, a.warmup, rounds=a.memory_rounds)
         for r in rows["memory"]:
             if r["model"] == model:
-                j = memory_run(model, _sfile(r), strategy_ranks(_sfile(r)), a.out, a.iters, a.warmup)
-                r.update(measured_peak_bytes=j["peak_bytes"], peak_rss_mib=j["peak_rss_mib"], memory_cmd=j["cmd"])
+                j = memory_run(model, _sfile(r), strategy_ranks(_sfile(r)), a.out, a.iters, a.warmup,
+                               rounds=a.memory_rounds)
+                r.update(measured_peak_bytes=j["peak_bytes"], peak_rss_mib=j["peak_rss_mib"], memory_cmd=j["cmd"],
+                         rounds_bytes=j["rounds_bytes"])
         peaks = sorted(r["measured_peak_bytes"] for r in rows["memory"] if r["model"] == model)
         k = max(1, len(peaks) // 2)
         rows["caps"][model] = int(a.cap_mib * 2**20) if a.cap_mib else int((peaks[k - 1] + peaks[min(k, len(peaks) - 1)]) / 2)
+
+
+def calibrate_memory(a: argparse.Namespace, rows: dict[str, Any], models: list[str]) -> None:
+    """The strategy runtimes' own memory, measured once per model on its tiny twin (the twin of ``--calibrate``:
+    its profiles and width, which ``rows`` must hold): the single process and every strategy of ``rows`` with
+    ``train.py --memory --width-div`` (:func:`memory_run`: loopback, nice 19, no lock).  Stored in
+    ``rows["calibration"][model]["memory"]``; :func:`calibrated_memory` turns them into bytes (no job)."""
+    sfiles = sorted({_sfile(r) for r in rows["memory"]})
+    for model in models:
+        c = (rows.get("calibration") or {}).get(model)
+        if not c:
+            raise SystemExit(f"{model}: no twin in ROWS (run --calibrate first: its profiles are the twin's model)")
+        w = c["width_div"]
+        print(f"== {model} / {w} (tiny twin): peak memory, single process and every strategy", flush=True)
+        cm: dict[str, Any] = {"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "strategies": {}}
+        cm["single"] = memory_run(model, None, 1, a.out, a.iters, a.warmup, width_div=w, rounds=a.memory_rounds)
+        for sf in sfiles:
+            cm["strategies"][sf.stem] = {"strategy_file": str(sf), **memory_run(
+                model, sf, strategy_ranks(sf), a.out, a.iters, a.warmup, width_div=w, rounds=a.memory_rounds)}
+        cm["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        c["memory"] = cm
+        save(a, rows)
+
+
+def calibrated_memory(rows: dict[str, Any], at_batch: bool = True) -> dict[str, dict[str, int]]:
+    """Per model and strategy: the runtime memory (bytes per rank) = the tiny twin's measured peak (largest rank)
+    minus ``dpro simulate``'s prediction of it (its own profiles, ``--profiled-peak`` = the twin's single process),
+    at least 0 -- what a strategy's runtime holds that the single process does not and no part of the model is
+    (DTensor's and FSDP2's Python state, the pipelining runtime's buffers).  Measured once per model, never on
+    the rows it predicts.  Stored back into ``rows["calibration"][model]["memory"]``."""
+    out: dict[str, dict[str, int]] = {}
+    for model, c in (rows.get("calibration") or {}).items():
+        cm = c.get("memory")
+        if not cm:
+            continue
+        extra = [p["trace"] for p in c.get("profiles_at_batch", [])] if at_batch else []
+        for name, sr in cm["strategies"].items():
+            sf = Path(sr["strategy_file"])
+            sf = sf if sf.exists() else STRATS / sf.name
+            pr = simulate(c["profile"]["trace"], sf, c["rate"], None, extra, cm["single"]["peak_bytes"])
+            sr["predicted_bytes"] = pr.get("peak_bytes")
+            if pr.get("peak_bytes") is not None:
+                sr["runtime_memory_bytes"] = int(max(0, sr["peak_bytes"] - pr["peak_bytes"]))
+                out.setdefault(model, {})[name] = sr["runtime_memory_bytes"]
+    return out
 
 
 def f(x: float | None, fmt: str = "{:.2f}") -> str:
@@ -418,6 +496,18 @@ def tables(rows: dict[str, Any]) -> str:
             for name, sr in c["strategies"].items():
                 out.append(f"| {model} | {c['width_div']} | {name} | {c['rate']:g} | {sr['measured_ms']:.2f} | "
                            f"{f(sr.get('predicted_ms'))} | {f(sr.get('overhead_ms'))} |")
+    if any(c.get("memory") for c in (rows.get("calibration") or {}).values()):
+        out += ["", "runtime memory (tiny twins, `--calibrate-memory`): measured vs predicted without it", "",
+                "| model | width / | strategy | tiny measured MiB | tiny predicted MiB | runtime memory MiB |",
+                "|---|---|---|---|---|---|"]
+        for model, c in rows["calibration"].items():
+            cm = c.get("memory") or {}
+            if cm:
+                out.append(f"| {model} | {c['width_div']} | single | {cm['single']['peak_bytes'] / 2**20:.2f} | - | - |")
+            for name, sr in (cm.get("strategies") or {}).items():
+                pb, rb = sr.get("predicted_bytes"), sr.get("runtime_memory_bytes")
+                out.append(f"| {model} | {c['width_div']} | {name} | {sr['peak_bytes'] / 2**20:.2f} | "
+                           f"{f(pb / 2**20 if pb is not None else None)} | {f(rb / 2**20 if rb is not None else None)} |")
     if rows.get("single"):
         out += ["", "single process, no profiler, one host at the same budget, vs `dpro replay` of its profile:", "",
                 "| model | batch | measured ms | profiled window ms | unprofiled steps of the profiled run ms | "
@@ -546,6 +636,17 @@ def main(argv: list[str] | None = None) -> int:
                          "twin (train.py --width-div; profiles + one run per strategy at the first rate, the same "
                          "hosts: needs the lock), then predict ROWS's measurements with them (--runtime-overhead); "
                          "writes --out/rows.json")
+    ap.add_argument("--calibrate-memory", type=Path, default=None, metavar="ROWS",
+                    help="rows.json with a --calibrate twin: measure the strategy runtimes' memory on each model's "
+                         "tiny twin (train.py --memory --width-div, the single process and every strategy, loopback "
+                         "at nice 19: no lock needed), then predict ROWS's memory rows with it (--runtime-memory); "
+                         "writes --out/rows.json")
+    ap.add_argument("--link-burst", action="store_true",
+                    help="predict with the emulated links' token bucket (dpro simulate --link-burst = the tbf burst "
+                         "of dpro_kit.cluster.tbf_params at each rate; the twins' overheads likewise); stored in "
+                         "rows.json, so --repredict keeps it")
+    ap.add_argument("--memory-rounds", type=int, default=1,
+                    help="--remeasure-memory, --calibrate-memory: runs per configuration (measured = the median)")
     ap.add_argument("--width-div", type=int, default=16, help="--calibrate: the tiny twin's width divisor")
     ap.add_argument("--cal-rounds", type=int, default=1,
                     help="--calibrate: runs per strategy of the twin (alternating order; measured = their median)")
@@ -562,6 +663,13 @@ def main(argv: list[str] | None = None) -> int:
         rows["measured_in"] = rows.get("measured_in") or str(a.calibrate)
         models = [m for m in a.models.split(",") if m and m in rows["profiles"]]
         calibrate(a, rows, models)
+        return finish(a, rows)
+    if a.calibrate_memory:
+        rows = json.loads(a.calibrate_memory.read_text())
+        models = [m for m in a.models.split(",") if m and m in rows["profiles"]]
+        a.out.mkdir(parents=True, exist_ok=True)
+        calibrate_memory(a, rows, models)
+        save(a, rows)
         return finish(a, rows)
     if a.pin and not (a.repredict or a.reprofile):
         need = max(strategy_ranks(strategy_file(s)) for s in a.strategies.split(",") if s)
@@ -591,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         return finish(a, rows)
     if a.repredict:
         rows = json.loads(a.repredict.read_text())
+        rows["link_burst"] = bool(a.link_burst or rows.get("link_burst"))
         a.out, a.no_predict = a.repredict.parent, False
         return finish(a, rows, at_batch=a.profile_batches == "auto")
     b = Bench(a)

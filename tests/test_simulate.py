@@ -501,6 +501,14 @@ def test_runtime_bytes_from_the_profiled_peak():
     assert z2.peak_memory_bytes == 13_500_000 and ddp.peak_memory_bytes == 17_500_000
     assert z2.per_rank[0]["memory"]["runtime"] == 1_500_000
     assert with_measured_peak(one_layer(), 10_000_000).runtime_bytes == 0
+    # a strategy runtime's own memory (runtime_memory: the file's key, or predict's argument, which wins)
+    # comes on top on every rank: DDP-2 17.5e6 + 0.5e6
+    doc = {**DP2, "runtime_memory": "0.5MB", "strategy": {"data_parallel": {"degree": 2}}}
+    assert strat(doc).runtime_memory == 500_000
+    both = run(m, doc)
+    assert both.peak_memory_bytes == 18_000_000 and both.per_rank[1]["memory"]["runtime"] == 2_000_000
+    assert both.runtime_memory_bytes == 500_000 and any("runtime memory 0.48 MiB" in n for n in both.notes)
+    assert run(m, doc, runtime_memory=0).peak_memory_bytes == 17_500_000
 
 
 def test_oom_verdict_and_ranking():
@@ -564,7 +572,9 @@ def test_model_from_real_profile(profile):
     assert "allocator" in mg.activation_source and mg.transient_bytes > 0
     assert logits <= mg.layers[-1].act_bytes <= 1.2 * logits
     shp = from_profile(profile, allocator=False)
-    assert "input shapes" in shp.activation_source and shp.transient_bytes == 0
+    # without allocator samples the transient is the loss's backward temporaries from shapes: the logits'
+    # gradient and the gradient it comes from (log_softmax's output's), 2 x the loss's input
+    assert "input shapes" in shp.activation_source and shp.transient_bytes == 2 * logits
     assert logits <= shp.layers[-1].act_bytes <= 1.3 * logits
     # the shape bound is an upper bound on what the blocks' backward frees
     for a, b in zip(mg.layers[2:4], shp.layers[2:4]):
@@ -596,9 +606,12 @@ def test_cli_compare_json_and_text(profile, tmp_path):
                                       "sharding: fsdp}\n  tensor_parallel: {degree: 2}\n  children:\n"
                                       "    - {module: tok, tensor_parallel: {degree: 1}}\n")
     r = dpro("simulate", profile, "--strategy", tmp_path / "ddp.yaml", "--compare", tmp_path / "pp.json",
-             "--compare", tmp_path / "tp.yaml", "--memory-limit", "1GiB", "--json")
+             "--compare", tmp_path / "tp.yaml", "--memory-limit", "1GiB", "--runtime-memory", "tp=2MiB",
+             "--link-burst", "64KiB", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
+    assert [s["runtime_memory_bytes"] for s in doc["strategies"]] == [0, 0, 2 * 2**20]
+    assert {s["links"]["burst_bytes"] for s in doc["strategies"]} == {65536}
     assert [s["name"] for s in doc["strategies"]] == ["ddp", "pp", "tp"]
     first = doc["strategies"][0]      # the --strategy's numbers are also at the top level
     assert (doc["name"], doc["iteration_ms"], doc["peak_memory_bytes"], doc["oom"]) == \

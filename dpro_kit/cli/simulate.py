@@ -82,6 +82,14 @@ interpolated between the measured batch sizes (docs/simulate.md).
               help="The strategy NAME's runtime CPU time per rank and iteration besides the model's ops (DTensor "
                    "dispatch, FSDP2's copies, the pipelining schedule), measured (bench/simulate_accuracy.py "
                    "--calibrate); overrides the file's runtime_overhead_ms (repeatable; docs/simulate.md).")
+@click.option("--runtime-memory", "runtime_memory", multiple=True, metavar="NAME=SIZE",
+              help="The strategy NAME's runtime memory per rank besides the model's parts (DTensor's and FSDP2's "
+                   "state, the pipelining runtime's buffers), measured (bench/simulate_accuracy.py "
+                   "--calibrate-memory); overrides the file's runtime_memory (repeatable; docs/simulate.md).")
+@click.option("--link-burst", default=None, metavar="SIZE",
+              help="Token-bucket depth of the links between hosts, each direction (a traffic shaper's burst, e.g. "
+                   "the emulated cluster's tbf: 64KiB at 200 Mbit/s; a cloud NIC's): a transfer after a pause "
+                   "leaves at the wire's speed for that many bytes (shared device model; docs/simulate.md).")
 @click.option("--timeline", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the --strategy's replayed iteration (every rank's ops, transfers, memory counters) as "
                    "Chrome/Perfetto trace JSON (open in https://ui.perfetto.dev).")
@@ -89,7 +97,8 @@ interpolated between the measured batch sizes (docs/simulate.md).
 def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], at_batch: tuple[Path, ...],
              memory_limit: str | None, profiled_peak: str | None,
              bandwidth_mbps: float | None, device_model: str, overlap_factor: float,
-             runtime_overhead: tuple[str, ...], timeline: Path | None,
+             runtime_overhead: tuple[str, ...], runtime_memory: tuple[str, ...], link_burst: str | None,
+             timeline: Path | None,
              as_json: bool, quiet: bool) -> None:
     """Predict how a training job would run under other parallelization strategies.
 
@@ -122,8 +131,20 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], at_b
             raise DproError(f"--runtime-overhead {item!r}: no strategy named {nm!r}",
                             hint="names: " + ", ".join(s.name for s in strategies))
         overheads[nm] = ms
+    rmems: dict[str, int] = {}
+    for item in runtime_memory:
+        nm, eq, val = item.rpartition("=")
+        if not (eq and nm):
+            raise DproError(f"--runtime-memory {item!r}: expected NAME=SIZE (e.g. tp-2=2MiB, or 0)")
+        if nm not in {s.name for s in strategies}:
+            raise DproError(f"--runtime-memory {item!r}: no strategy named {nm!r}",
+                            hint="names: " + ", ".join(s.name for s in strategies))
+        rmems[nm] = 0 if val.strip() in ("0", "0.0") else parse_memory(val, record="--runtime-memory")
+    burst = parse_memory(link_burst, record="--link-burst") if link_burst is not None else None
     from ..simulate.predict import pick_device_model
     dm = pick_device_model() if device_model == "auto" else device_model
+    if burst and dm != "shared":
+        raise DproError("--link-burst needs the shared device model", hint="drop --device-model fifo")
     if dm == "shared" and pick_device_model() != "shared":
         raise DproError("the replayer has no 'shared' device model", hint="use --device-model fifo")
     if overlap_factor and dm != "shared":
@@ -138,7 +159,8 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], at_b
     cm = session.comm_model
     default_bw = cm.default.bandwidth_Bps if cm is not None and cm.origin != "default" else None
     preds = [predict(model, s, bandwidth_mbps=bandwidth_mbps, default_bandwidth_Bps=default_bw, memory_limit=limit,
-                     device_model=dm, overlap_factor=overlap_factor, runtime_overhead_ms=overheads.get(s.name))
+                     device_model=dm, overlap_factor=overlap_factor, runtime_overhead_ms=overheads.get(s.name),
+                     runtime_memory=rmems.get(s.name), link_burst=burst)
              for s in strategies]
     ranked = rank_strategies(preds)
     if timeline is not None:

@@ -478,9 +478,12 @@ def from_profile(path: str | Path, *, session: Any = None, allocator: bool = Tru
         first_fw = next((i for i, k in enumerate(kinds) if k == "FW"), len(kinds))
         first_bw = next((i for i, k in enumerate(kinds) if k == "BW"), len(kinds))
         loss = [i for i in range(first_fw, first_bw) if kinds[i] == "OTHER"]
+        loss_in = 0
         for i, (k, oid, nm, d) in enumerate(zip(kinds, ids, opnames, durs)):
             if i in loss:   # the loss: outside the model's forward, before the backward -> the last layer
                 fwd[len(names) - 1].append((nm, float(d), shapes.get(oid, {})))
+                if nm not in VIEW_OPS:
+                    loss_in = max([loss_in] + [_numel(shp) * b for _p, shp, b in _tensor_inputs(shapes.get(oid, {}))[:1]])
                 continue
             if k != "FW":
                 continue
@@ -508,7 +511,7 @@ def from_profile(path: str | Path, *, session: Any = None, allocator: bool = Tru
             bwd[lay] += float(durs[i])
         upd = float(sum(d for k, d in zip(kinds, durs) if k == "UPDATE"))
         oth = float(sum(d for i, (k, d) in enumerate(zip(kinds, durs)) if k == "OTHER" and i not in loss))
-        per_iter.append((fwd, bwd, upd, oth))
+        per_iter.append((fwd, bwd, upd, oth, loss_in))
     if not any(per_iter[0][0]):
         raise DproError("the profile has no forward op (kind FW)", path=path)
     # medians over iterations; op lists from the median-length iteration, durations per position
@@ -546,7 +549,12 @@ def from_profile(path: str | Path, *, session: Any = None, allocator: bool = Tru
     if opt is None:
         opt = total_p
         notes.append("optimizer state assumed 1 x parameters (the profile does not record it)")
-    transient, act_source = 0, "input shapes (upper bound; profile with --memory for the allocator's)"
+    # without allocator samples: the loss's backward temporaries, from shapes -- when the backward starts
+    # the gradient of the loss's input (the logits) and the gradient it is computed from (the same shape:
+    # log_softmax's output gradient) exist together, beside the saved output the activations count
+    # (docs/simulate.md "Memory per device"); 2 x the loss's largest input, 0 when the profile has no loss op
+    transient = 2 * int(statistics.median(p[4] for p in per_iter))
+    act_source = "input shapes (upper bound; profile with --memory for the allocator's)"
     from ..optimize.memory import MemoryModel, build_profile, saved_activations
     prof = build_profile(s.profiled) if allocator and not s.profiled.memory.empty else None
     if prof is not None:

@@ -52,6 +52,7 @@ class Prediction:
     notes: list[str] = field(default_factory=list)
     overlap_factor: float = 0.0
     runtime_overhead_ms: float = 0.0
+    runtime_memory_bytes: int = 0
     #: the replay (:class:`dpro_kit.replay.ReplayResult`) and its memory timeline
     #: (:class:`dpro_kit.optimize.memory.ReplayMemory`), for ``--timeline``
     result: Any = None
@@ -65,6 +66,7 @@ class Prediction:
                 "peak_memory_bytes": int(self.peak_memory_bytes), "memory_limit_bytes": self.memory_limit_bytes,
                 "oom": self.oom, "device_model": self.device_model, "overlap_factor": self.overlap_factor,
                 "links": self.links, "runtime_overhead_ms": self.runtime_overhead_ms,
+                "runtime_memory_bytes": self.runtime_memory_bytes,
                 "collectives": self.collectives, "ranks": self.per_rank,
                 "stages": self.compiled.stage_layers if self.compiled else None, "notes": self.notes}
 
@@ -98,7 +100,8 @@ def pick_device_model() -> str:
 def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | None = None,
             default_bandwidth_Bps: float | None = None, memory_limit: int | None = None,
             device_model: str | None = None, overlap_factor: float = 0.0,
-            runtime_overhead_ms: float | None = None) -> Prediction:
+            runtime_overhead_ms: float | None = None, runtime_memory: int | None = None,
+            link_burst: int | None = None) -> Prediction:
     """Compile and replay ``strategy`` on ``model``.
 
     Parameters
@@ -124,6 +127,16 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
         The strategy runtime's own CPU time per rank and iteration, overriding the file's
         ``runtime_overhead_ms`` (None and none in the file: 0); measured, docs/simulate.md
         "Runtime overheads".
+    runtime_memory : int or None
+        Bytes per rank the strategy's runtime holds besides the model's parts (DTensor's, FSDP2's and the
+        pipelining runtime's own state), overriding the file's ``runtime_memory`` (None and none in the
+        file: 0); measured on the model's tiny twin, docs/simulate.md "Memory predicted from mechanism".
+        Added to every rank's ``runtime`` part, on top of :attr:`ModelGraph.runtime_bytes`.
+    link_burst : int or None
+        Token-bucket depth (bytes) of every host's links between hosts, each direction (a shaper's
+        burst, e.g. the emulated cluster's tbf: ``dpro_kit.cluster.tbf_params``; cloud NICs have such
+        buckets too): a transfer after a pause leaves at the wire's speed for that many bytes, then at the
+        rate (``shared`` device model; :func:`dpro_kit.replay.sharing.run_shared`).  None: plain links.
 
     Returns
     -------
@@ -146,11 +159,22 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
     intra = (strategy.intra_host_bandwidth_mbps or DEFAULT_INTRA_HOST_MBPS) * 1e6 / 8
     lat = strategy.latency_us if strategy.latency_us is not None else DEFAULT_LATENCY_US
     ovh = runtime_overhead_ms if runtime_overhead_ms is not None else (strategy.runtime_overhead_ms or 0.0)
+    rmem = int(runtime_memory if runtime_memory is not None else (strategy.runtime_memory or 0))
+    if rmem:
+        from dataclasses import replace
+        model = replace(model, runtime_bytes=model.runtime_bytes + rmem)
     comp = compile_strategy(model, strategy, bandwidth_Bps=bw, latency_us=lat, intra_Bps=intra, runtime_us=ovh * 1e3)
     dm = device_model or pick_device_model()
     opts = {"overlap_factor": float(overlap_factor)} if dm == "shared" else None
     if overlap_factor and dm != "shared":
         raise ValueError("overlap_factor needs the 'shared' device model")
+    line = bandwidth_mbps if bandwidth_mbps is not None else strategy.bandwidth_mbps
+    if link_burst:
+        if dm != "shared":
+            raise ValueError("link_burst needs the 'shared' device model")
+        # tokens in us of a transfer at its solo speed: the bucket's bytes (frames) at the line rate
+        line_Bps = line * 1e6 / 8 if line is not None else bw / eff
+        opts.update(token_bucket_us=float(link_burst) / line_Bps * 1e6, token_floor_us=float(lat))
     res = replay(comp.graph, device_model=dm, model_options=opts)
     g = comp.graph
     T = res.makespan_us
@@ -202,19 +226,22 @@ def predict(model: ModelGraph, strategy: Strategy, *, bandwidth_mbps: float | No
         e = colls.setdefault(kind, {"count": 0, "bytes": 0})
         e["count"] += 1
         e["bytes"] += c["bytes"]
-    line = bandwidth_mbps if bandwidth_mbps is not None else strategy.bandwidth_mbps
     links = {"inter_host_mbps": line if line is not None else bw * 8 / 1e6, "goodput_mbps": bw * 8 / 1e6,
-             "source": bw_src, "intra_host_mbps": intra * 8 / 1e6, "latency_us": lat}
+             "source": bw_src, "intra_host_mbps": intra * 8 / 1e6, "latency_us": lat,
+             "burst_bytes": int(link_burst) if link_burst else None}
     notes = list(model.notes) + list(comp.notes)
     if ovh:
         notes.append(f"runtime overhead {ovh:g} ms per rank and iteration added (measured, not modelled: "
                      "docs/simulate.md \"Runtime overheads\")")
+    if rmem:
+        notes.append(f"runtime memory {rmem / 2**20:.2f} MiB per rank added (the strategy runtime's own state, "
+                     "measured, not modelled: docs/simulate.md \"Memory predicted from mechanism\")")
     if dm == "fifo":
         notes.append("replayed with FIFO links (no bandwidth sharing between concurrent transfers)")
     return Prediction(strategy=strategy, iteration_ms=T / 1e3, breakdown_ms=breakdown, per_rank=per_rank,
                       peak_memory_bytes=peak, memory_limit_bytes=limit, oom=oom, links=links, device_model=dm,
                       collectives=colls, compiled=comp, notes=notes, overlap_factor=float(overlap_factor),
-                      runtime_overhead_ms=float(ovh),
+                      runtime_overhead_ms=float(ovh), runtime_memory_bytes=rmem,
                       result=res, memory=mem)
 
 

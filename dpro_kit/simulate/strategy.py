@@ -23,7 +23,8 @@ inter-host links, default :data:`dpro_kit.whatif.TCP_EFFICIENCY`), ``memory_limi
 ``--memory-limit`` overrides it), ``pipeline.split`` (``balanced`` by time, or ``even``),
 ``data_parallel.bucket_mb`` (DDP's gradient bucket
 cap, default 25), ``runtime_overhead_ms`` (the strategy runtime's own CPU time per rank and
-iteration, measured: docs/simulate.md "Runtime overheads") and, per node, ``tensor_parallel.degree`` 1 (replicate that subtree).
+iteration, measured: docs/simulate.md "Runtime overheads"), ``runtime_memory`` (the memory per rank
+it holds besides the model's parts, measured likewise: "Memory predicted from mechanism") and, per node, ``tensor_parallel.degree`` 1 (replicate that subtree).
 
 Propagation (§VII "Strategy Propagation", first step): a configuration not set on a
 node is inherited from its parent; a child applies to every module whose name starts
@@ -55,7 +56,7 @@ SHARDINGS = ("none", "zero1", "zero2", "zero3", "fsdp")
 SCHEDULES = ("gpipe", "1f1b")
 
 _TOP_KEYS = {"name", "ranks", "hosts", "bandwidth_mbps", "intra_host_bandwidth_mbps", "latency_us", "memory_limit",
-             "link_efficiency", "runtime_overhead_ms", "strategy"}
+             "link_efficiency", "runtime_overhead_ms", "runtime_memory", "strategy"}
 _NODE_KEYS = {"data_parallel", "tensor_parallel", "pipeline", "recompute", "children"}
 _DP_KEYS = {"degree", "sharding", "bucket_mb"}
 _TP_KEYS = {"degree"}
@@ -142,6 +143,9 @@ class Strategy:
     #: CPU time per rank and iteration the strategy's runtime spends besides the model's ops (DTensor
     #: dispatch, FSDP2's copies, the pipelining schedule; measured, not modelled: docs/simulate.md)
     runtime_overhead_ms: float | None = None
+    #: memory per rank the strategy's runtime holds besides the model's parts (DTensor's and FSDP2's
+    #: Python state, the pipelining runtime's buffers; measured on the tiny twin: docs/simulate.md)
+    runtime_memory: int | None = None
     path: str | None = None
 
     def settings(self, module: str) -> Settings:
@@ -303,6 +307,9 @@ def parse_strategy(doc: Any, *, path: str | None = None, default_name: str = "st
     mem = doc.get("memory_limit")
     if mem is not None:
         mem = parse_memory(mem, path=path, record="memory_limit")
+    rmem = doc.get("runtime_memory")
+    if rmem is not None:
+        rmem = parse_memory(rmem, path=path, record="runtime_memory")
     if "strategy" not in doc:
         raise err("strategy", "missing (the root of the strategy tree)",
                   "add e.g. 'strategy: {data_parallel: {degree: 2}}'")
@@ -343,7 +350,7 @@ def parse_strategy(doc: Any, *, path: str | None = None, default_name: str = "st
                     schedule=sched, root=root, max_in_flight=mif, split=split, bucket_mb=float(bucket), bandwidth_mbps=bw,
                     intra_host_bandwidth_mbps=ibw, latency_us=None if lat is None else float(lat),
                     memory_limit=mem, link_efficiency=None if eff is None else float(eff),
-                    runtime_overhead_ms=None if ovh is None else float(ovh), path=path)
+                    runtime_overhead_ms=None if ovh is None else float(ovh), runtime_memory=rmem, path=path)
 
 
 def _children(items: Any, key: str, parent: StrategyNode, dp: int, tp: int, err) -> list[StrategyNode]:
