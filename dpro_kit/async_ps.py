@@ -781,7 +781,7 @@ def start_offsets(n: int, d: int) -> list[list[float]]:
     :func:`predict` uses them as the start offsets of workers 2..W (fractions of one step): its
     prediction is the model's expectation over a uniform offset, and ``n`` random draws estimate it
     with an error of ``sd / sqrt(n)`` — measured on the TF W = 2 traces of docs/async.md, 8 random draws
-    gave means 7 % apart from seed to seed, these 8 points are within ~1.5 % of a 32-point grid.
+    gave means 5-9 % apart from seed to seed, these 8 points are within ~1.5 % of a 32-point grid.
     """
     g = 2.0
     for _ in range(100):
