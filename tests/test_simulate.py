@@ -509,6 +509,9 @@ def test_runtime_bytes_from_the_profiled_peak():
     assert both.peak_memory_bytes == 18_000_000 and both.per_rank[1]["memory"]["runtime"] == 2_000_000
     assert both.runtime_memory_bytes == 500_000 and any("runtime memory 0.48 MiB" in n for n in both.notes)
     assert run(m, doc, runtime_memory=0).peak_memory_bytes == 17_500_000
+    assert strat({**doc, "runtime_memory": 0}).runtime_memory == 0      # an amount on top: 0 is allowed
+    with pytest.raises(DproError, match="not a memory size"):
+        strat({**doc, "runtime_memory": -1})
 
 
 def test_oom_verdict_and_ranking():
@@ -659,6 +662,11 @@ def test_cli_errors(profile, tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no strategy named 'nope'" in r.stderr
     r = dpro("simulate", profile, "--strategy", ok, "--runtime-overhead", "ok=-1")
     assert r.returncode == 2 and "expected NAME=MS" in r.stderr
+    # --runtime-memory: the same NAME=VALUE rules (one helper), 0 allowed, a bad size named
+    for arg, want in (("ok", "expected NAME=SIZE"), ("nope=1MiB", "no strategy named 'nope'"),
+                      ("ok=lots", "not a memory size")):
+        r = dpro("simulate", profile, "--strategy", ok, "--runtime-memory", arg)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and want in r.stderr and "--runtime-memory" in r.stderr
     # a profile without --shapes (the committed 2-rank trace)
     r = dpro("simulate", ROOT / "examples/traces/ddp-2rank-gloo", "--strategy", ok)
     assert r.returncode == 2 and "no op shapes" in r.stderr and "--shapes" in r.stderr

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -118,28 +119,32 @@ def simulate(profile: Path, strategy_path: Path, compare: tuple[Path, ...], at_b
     limit = parse_memory(memory_limit, record="--memory-limit") if memory_limit is not None else None
     measured = parse_memory(profiled_peak, record="--profiled-peak") if profiled_peak is not None else None
     strategies = [load_strategy(p) for p in (strategy_path, *compare)]   # all files checked before any work
-    overheads: dict[str, float] = {}
-    for item in runtime_overhead:
-        nm, eq, val = item.rpartition("=")
+    names = [s.name for s in strategies]
+
+    def per_strategy(items: tuple[str, ...], option: str, unit: str, parse: Any) -> dict[str, Any]:
+        """``NAME=VALUE`` options (repeatable) -> {strategy name: parsed value}; one-line errors."""
+        out = {}
+        for item in items:
+            nm, eq, val = item.rpartition("=")
+            if not (eq and nm):
+                raise DproError(f"{option} {item!r}: expected NAME={unit}")
+            if nm not in names:
+                raise DproError(f"{option} {item!r}: no strategy named {nm!r}", hint="names: " + ", ".join(names))
+            out[nm] = parse(item, val)
+        return out
+
+    def overhead_ms(item: str, val: str) -> float:
         try:
-            ms = float(val) if eq and nm else float("nan")
+            ms = float(val)
         except ValueError:
             ms = float("nan")
         if not ms >= 0 or ms == float("inf"):
             raise DproError(f"--runtime-overhead {item!r}: expected NAME=MS with MS a number >= 0")
-        if nm not in {s.name for s in strategies}:
-            raise DproError(f"--runtime-overhead {item!r}: no strategy named {nm!r}",
-                            hint="names: " + ", ".join(s.name for s in strategies))
-        overheads[nm] = ms
-    rmems: dict[str, int] = {}
-    for item in runtime_memory:
-        nm, eq, val = item.rpartition("=")
-        if not (eq and nm):
-            raise DproError(f"--runtime-memory {item!r}: expected NAME=SIZE (e.g. tp-2=2MiB, or 0)")
-        if nm not in {s.name for s in strategies}:
-            raise DproError(f"--runtime-memory {item!r}: no strategy named {nm!r}",
-                            hint="names: " + ", ".join(s.name for s in strategies))
-        rmems[nm] = 0 if val.strip() in ("0", "0.0") else parse_memory(val, record="--runtime-memory")
+        return ms
+
+    overheads = per_strategy(runtime_overhead, "--runtime-overhead", "MS with MS a number >= 0", overhead_ms)
+    rmems = per_strategy(runtime_memory, "--runtime-memory", "SIZE (e.g. tp-2=2MiB, or 0)",
+                         lambda item, val: parse_memory(val, record="--runtime-memory", zero=True))
     burst = parse_memory(link_burst, record="--link-burst") if link_burst is not None else None
     from ..simulate.predict import pick_device_model
     dm = pick_device_model() if device_model == "auto" else device_model

@@ -309,7 +309,7 @@ def parse_strategy(doc: Any, *, path: str | None = None, default_name: str = "st
         mem = parse_memory(mem, path=path, record="memory_limit")
     rmem = doc.get("runtime_memory")
     if rmem is not None:
-        rmem = parse_memory(rmem, path=path, record="runtime_memory")
+        rmem = parse_memory(rmem, path=path, record="runtime_memory", zero=True)
     if "strategy" not in doc:
         raise err("strategy", "missing (the root of the strategy tree)",
                   "add e.g. 'strategy: {data_parallel: {degree: 2}}'")
@@ -402,7 +402,7 @@ def _children(items: Any, key: str, parent: StrategyNode, dp: int, tp: int, err)
     return out
 
 
-def parse_memory(value: Any, *, path: str | None = None, record: str = "memory_limit") -> int:
+def parse_memory(value: Any, *, path: str | None = None, record: str = "memory_limit", zero: bool = False) -> int:
     """``"8GiB"``, ``"512MB"``, ``1e9`` -> bytes (binary and decimal units); a DproError otherwise.
 
     Parameters
@@ -411,6 +411,8 @@ def parse_memory(value: Any, *, path: str | None = None, record: str = "memory_l
         The size.
     path, record : str
         Where it came from, for the error message.
+    zero : bool
+        Accept 0 (an amount added on top, such as ``runtime_memory``); a limit must be positive.
 
     Examples
     --------
@@ -433,9 +435,10 @@ def parse_memory(value: Any, *, path: str | None = None, record: str = "memory_l
                 except ValueError:
                     n = math.nan
                 break
-    if not math.isfinite(n) or n <= 0:
+    if not math.isfinite(n) or n < 0 or (n == 0 and not zero):
         raise DproError(f"not a memory size: {value!r}", path=path, record=record,
-                        hint="a positive size such as 8GiB, 512MB or 1e9 (bytes)")
+                        hint=f"a {'' if zero else 'positive '}size such as 8GiB, 512MB or 1e9 (bytes)"
+                        + (" or 0" if zero else ""))
     return int(n)
 
 
