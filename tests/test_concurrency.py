@@ -166,3 +166,53 @@ def test_unwritable_cache_is_said_once(tmp_path):
     notes = [ln for ln in r.stderr.splitlines() if "cannot write the alignment cache" in ln]
     assert len(notes) == 1, r.stderr
     assert json.loads(r.stdout)["iteration_time_ms"] > 0
+
+
+_STALE_MANIFEST_WRITER = """
+import json, sys, time
+from pathlib import Path
+from dpro_collect.files import folder_lock, atomic_write_text
+from dpro_torch.manifest import build_manifest, find_metas
+root = Path(sys.argv[1])
+with folder_lock(root) as got:
+    assert got
+    metas = find_metas(root)              # rank 0 reads rank 1's meta.json as the window left it
+    print("read", flush=True)
+    time.sleep(1.0)                       # ... rank 1 rewrites its meta.json at exit meanwhile
+    atomic_write_text(root / "manifest.json", json.dumps(build_manifest(root, metas)))
+"""
+
+
+def test_ranks_finishing_together_leave_the_final_manifest(tmp_path):
+    """Two ranks rebuild manifest.json as they exit; the one that read the other's older meta.json
+    must not rename its manifest last (CI 2026-11-28: measured_iteration_ms 12.50 instead of the
+    ranks' final 12.05 ms). Rank 0 is a process holding dpro_collect.files.folder_lock while it
+    builds from the old meta; rank 1 rewrites its meta and calls try_write_manifest: it waits."""
+    from dpro_collect.files import folder_lock
+    from dpro_torch.manifest import try_write_manifest
+    trace = tmp_path / "t"
+    shutil.copytree(REPO / "examples" / "traces" / "ddp-2rank-gloo", trace)
+    (trace / "manifest.json").unlink()
+    meta1 = trace / "host0" / "1" / "meta.json"
+    doc = json.loads(meta1.read_text())
+    final = doc["measured"]["median_unprofiled_us"]
+    doc["measured"]["median_unprofiled_us"] = final * 1.04   # the window-end version
+    meta1.write_text(json.dumps(doc))
+    proc = subprocess.Popen([sys.executable, "-c", _STALE_MANIFEST_WRITER, str(trace)], env=_env(tmp_path / "c"),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "read"
+        doc["measured"]["median_unprofiled_us"] = final           # rank 1's exit: its final meta.json
+        meta1.write_text(json.dumps(doc))
+        with folder_lock(trace, timeout_s=0.05) as got:
+            assert got is False                                   # rank 0 still holds it
+        t0 = time.monotonic()
+        assert try_write_manifest(trace) is True
+        assert time.monotonic() - t0 > 0.3                        # it waited for rank 0's write
+    finally:
+        assert proc.wait(timeout=60) == 0
+    man = json.loads((trace / "manifest.json").read_text())
+    assert man["extra"]["measured_iteration_ms_per_node"]["host0/1"] == round(final / 1e3, 4)
+    with folder_lock(trace, timeout_s=0.05) as got:
+        assert got is True                                        # released; no lock file left behind
+    assert sorted(p.name for p in trace.iterdir()) == ["README.md", "host0", "manifest.json", "train_times.json"]

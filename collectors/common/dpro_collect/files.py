@@ -1,14 +1,20 @@
 """Files collectors write and read back (standard library only): atomic writes, per-node ``meta.json``."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["atomic_write_text", "find_metas", "sweep_stale_temps"]
+try:
+    import fcntl
+except ImportError:   # not POSIX: no lock, the writers' race stays (see folder_lock)
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["atomic_write_text", "find_metas", "folder_lock", "sweep_stale_temps"]
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -85,6 +91,54 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def folder_lock(root: str | os.PathLike, *, timeout_s: float = 30.0) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on the folder ``root`` itself (no lock file is left behind).
+
+    Every rank writes its own ``meta.json`` and then rebuilds ``manifest.json`` from all of them.
+    Without a lock two ranks finishing together can both read, and the one that read an older
+    ``meta.json`` of the other (the version written when the profiling window ended, before the
+    rest of the run's steps were timed) can rename its manifest last: a manifest whose
+    ``measured_iteration_ms`` is not the ranks' final median (CI, 2026-11-28: 12.50 vs 12.05 ms).
+    Because each rank writes its ``meta.json`` *before* taking this lock, the last holder reads
+    every final ``meta.json``.  Yields whether the lock was taken: after ``timeout_s`` (a holder
+    stuck on a network file system), or where ``flock`` is not supported, the caller goes on
+    without it.
+
+    Parameters
+    ----------
+    root : str or PathLike
+        The trace directory (must exist).
+    timeout_s : float
+        How long to wait for another process's lock.
+    """
+    fd = None
+    got = False
+    try:
+        if fcntl is not None:
+            fd = os.open(os.fspath(root), os.O_RDONLY)
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    got = True
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.02)
+    except OSError:
+        got = False
+    try:
+        yield got
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                if got:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
 
 def find_metas(root: str | os.PathLike, fmt: str) -> list[tuple[Path, dict[str, Any]]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpro_collect import files
-from dpro_collect.files import atomic_write_text
+from dpro_collect.files import atomic_write_text, folder_lock
 from dpro_collect.schema import MANIFEST_FORMAT, MANIFEST_VERSION, MXNET_META_FORMAT, MXNET_RAW_FORMAT
 
 from . import __version__
@@ -103,12 +103,13 @@ def try_write_manifest(root: str | os.PathLike, *, run_id: str | None = None) ->
         Only this run's metas (default: the run of the newest meta).
     """
     root = Path(root)
-    metas = find_metas(root)
-    if metas and run_id is None or not any(d.get("run_id") == run_id for _, d in metas):
-        newest = max(metas, key=lambda m: m[0].stat().st_mtime, default=None)
-        run_id = newest[1].get("run_id") if newest else None
-    metas = [(p, d) for p, d in metas if d.get("run_id") == run_id]
-    if not _complete(metas) or not any(d["role"] == "worker" for _, d in metas):
-        return False
-    atomic_write_text(root / "manifest.json", json.dumps(build_manifest(root, metas), indent=2))
+    with folder_lock(root):   # read and write under the lock (dpro_collect.files.folder_lock)
+        metas = find_metas(root)
+        if metas and run_id is None or not any(d.get("run_id") == run_id for _, d in metas):
+            newest = max(metas, key=lambda m: m[0].stat().st_mtime, default=None)
+            run_id = newest[1].get("run_id") if newest else None
+        metas = [(p, d) for p, d in metas if d.get("run_id") == run_id]
+        if not _complete(metas) or not any(d["role"] == "worker" for _, d in metas):
+            return False
+        atomic_write_text(root / "manifest.json", json.dumps(build_manifest(root, metas), indent=2))
     return True

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dpro_collect import files
-from dpro_collect.files import atomic_write_text
+from dpro_collect.files import atomic_write_text, folder_lock
 from dpro_collect.schema import MANIFEST_FORMAT, MANIFEST_VERSION, TF_META_FORMAT
 from dpro_collect.schema import TF_RAW_FORMAT as RAW_FORMAT
 
@@ -98,8 +98,9 @@ def manifest_from_dir(root: str | os.PathLike) -> tuple[dict[str, Any] | None, s
 def try_write_manifest(root: str | os.PathLike, *, run_id: str | None = None) -> bool:
     """Write ``root/manifest.json`` when every worker of the run (``run_id``) has written its meta.json."""
     root = Path(root)
-    metas = [(p, d) for p, d in find_metas(root) if run_id is None or d.get("run_id") == run_id]
-    if not _complete(metas):
-        return False
-    atomic_write_text(root / "manifest.json", json.dumps(build_manifest(root, metas), indent=2))
+    with folder_lock(root):   # read and write under the lock (dpro_collect.files.folder_lock)
+        metas = [(p, d) for p, d in find_metas(root) if run_id is None or d.get("run_id") == run_id]
+        if not _complete(metas):
+            return False
+        atomic_write_text(root / "manifest.json", json.dumps(build_manifest(root, metas), indent=2))
     return True

@@ -20,6 +20,7 @@ from typing import Any
 
 from dpro_collect import files
 from dpro_collect.files import atomic_write_text as _atomic_write
+from dpro_collect.files import folder_lock
 from dpro_collect.schema import HOROVOD_RAW_FORMAT, MANIFEST_FORMAT, MANIFEST_VERSION, TORCH_META_FORMAT
 from dpro_collect.schema import TORCH_RAW_FORMAT as RAW_FORMAT
 
@@ -268,15 +269,16 @@ def manifest_from_dir(root: str | os.PathLike) -> tuple[dict[str, Any] | None, l
 def try_write_manifest(root: str | os.PathLike, *, run_id: str | None = None) -> bool:
     """Write ``root/manifest.json`` if every rank's meta.json (of this run) is there."""
     root = Path(root)
-    metas = find_metas(root)
-    if run_id is not None:
-        metas = [(p, d) for p, d in metas if d.get("run_id") == run_id]
-    if not metas:
-        return False
-    world = max(int(d["world_size"]) for _, d in metas)
-    if len({int(d["rank"]) for _, d in metas}) < world:
-        return False
-    _atomic_write(root / "manifest.json", json.dumps(build_manifest(root, metas), indent=2))
+    with folder_lock(root):   # read and write under the lock: the last writer has read every final meta.json
+        metas = find_metas(root)
+        if run_id is not None:
+            metas = [(p, d) for p, d in metas if d.get("run_id") == run_id]
+        if not metas:
+            return False
+        world = max(int(d["world_size"]) for _, d in metas)
+        if len({int(d["rank"]) for _, d in metas}) < world:
+            return False
+        _atomic_write(root / "manifest.json", json.dumps(build_manifest(root, metas), indent=2))
     return True
 
 
