@@ -209,6 +209,9 @@ class Switcher:
         #: at every switch, the machine's CPU time so far (``/proc/stat``'s first line: user nice system idle iowait
         #: irq softirq steal, in 1/100 s): what the rest of the machine did in each phase, softirq included
         self.proc_stat: list[list[int]] = []
+        #: at every switch, per group of the job (``host<i>``, ``nb<S>``) every thread's ``/proc/<tid>/schedstat``
+        #: ``[CPU ns, run-queue wait ns, times run]``: the slowed host's training thread and gloo's threads per phase
+        self.threads: list[dict[str, dict[str, list[int]]]] = []
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
@@ -264,8 +267,70 @@ class Switcher:
                 self.proc_stat.append([int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]])
             except (OSError, ValueError):
                 self.proc_stat.append([])
+            self.threads.append(group_threads(g.parent))
             i += 1
             self._stop.wait(self.phase_s)
+
+
+def group_threads(parent: Path) -> dict[str, dict[str, list[int]]]:
+    """Per cgroup under ``parent`` (a job's ``CpuBudget`` group: ``host<i>``, ``nb<S>``), every thread's
+    ``/proc/<tid>/schedstat``: ``{group: {tid: [CPU ns, run-queue wait ns, times run]}}`` (threads that went are left out)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    try:
+        groups = sorted(x for x in parent.iterdir() if x.is_dir())
+    except OSError:
+        return out
+    for g in groups:
+        th: dict[str, list[int]] = {}
+        try:
+            tids = (g / "tasks").read_text().split()
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                th[tid] = [int(x) for x in Path(f"/proc/{tid}/schedstat").read_text().split()]
+            except (OSError, ValueError):
+                continue
+        out[g.name] = th
+    return out
+
+
+def phase_threads(log: list[tuple[float, float | None]], threads: list[dict[str, dict[str, list[int]]]],
+                  proc_stat: list[list[int]] | None = None) -> list[dict[str, Any]]:
+    """``--ab``: per phase (between two switches of ``log``), per group, what its threads did, as fractions of the phase's
+    wall time: ``main_cpu`` / ``main_wait`` (the thread with the most CPU in that phase: the training thread; its CPU
+    and its wait for a core), ``main_runs_per_s`` (times it was put on a core: wake-ups and preemptions), ``other_cpu``
+    (the group's other threads: gloo's); with ``proc_stat`` the machine's ``softirq`` and ``busy`` (all but idle and
+    iowait) in CPUs.
+
+    >>> log = [(0.0, None), (1.0, 2.0), (2.0, None)]
+    >>> th = [{"host1": {"7": [0, 0, 0], "8": [0, 0, 0]}}, {"host1": {"7": [500_000_000, 10_000_000, 100], "8": [100_000_000, 0, 50]}},
+    ...       {"host1": {"7": [900_000_000, 510_000_000, 300], "8": [300_000_000, 0, 90]}}]
+    >>> phase_threads(log, th)
+    [{'F': None, 's': 1.0, 'host1': {'main_cpu': 0.5, 'main_wait': 0.01, 'main_runs_per_s': 100.0, 'other_cpu': 0.1}}, {'F': 2.0, 's': 1.0, 'host1': {'main_cpu': 0.4, 'main_wait': 0.5, 'main_runs_per_s': 200.0, 'other_cpu': 0.2}}]
+    """
+    out: list[dict[str, Any]] = []
+    for i in range(min(len(log), len(threads)) - 1):
+        dt = log[i + 1][0] - log[i][0]
+        if dt <= 0:
+            continue
+        ph: dict[str, Any] = {"F": log[i][1], "s": round(dt, 4)}
+        a, b = threads[i], threads[i + 1]
+        for g in sorted(set(a) & set(b)):
+            d = {t: [y - x for x, y in zip(a[g][t], b[g][t])] for t in set(a[g]) & set(b[g])}
+            if not d:
+                continue
+            main = max(d, key=lambda t: d[t][0])
+            ph[g] = {"main_cpu": round(d[main][0] / 1e9 / dt, 4), "main_wait": round(d[main][1] / 1e9 / dt, 4),
+                     "main_runs_per_s": round(d[main][2] / dt, 1),
+                     "other_cpu": round(sum(v[0] for t, v in d.items() if t != main) / 1e9 / dt, 4)}
+        if proc_stat and i + 1 < len(proc_stat) and len(proc_stat[i]) >= 7 and len(proc_stat[i + 1]) >= 7:
+            p, q = proc_stat[i], proc_stat[i + 1]
+            dd = [y - x for x, y in zip(p, q)]
+            ph["softirq"] = round(dd[6] / 100 / dt, 3)
+            ph["busy"] = round((sum(dd) - dd[3] - dd[4]) / 100 / dt, 3)
+        out.append(ph)
+    return out
 
 
 def ab_split(doc: dict[str, Any], log: list[tuple[float, float | None]], settle: int = 1
@@ -358,7 +423,53 @@ def ab_summary(dirs: list[Path], at_ms: tuple[float, ...] = (42.0, 50.0)) -> int
         print(f"| 1/{F:g} | {n} | {statistics.median(ys):.3f} ({ys[n // 10]:.3f}-{ys[9 * n // 10]:.3f}) | "
               f"{min(xs):.1f}-{max(xs):.1f} | {10 * k:+.3f} | {r:.2f} | "
               + " | ".join(f"{my + k * (x - mx):.3f}" for x in at_ms) + " |")
+    ab_threads_table(dirs)
     return 0
+
+
+def ab_threads_table(dirs: list[Path]) -> None:
+    """``--ab-summary``, jobs with a thread record (``ab.json`` ``threads``): per cut, medians over its phases of the
+    step (phase time / rank 0's steps in it) and, per step, the slowed host's training thread's CPU and wait for a core,
+    the times it was put on a core, its other threads' CPU, host0's training thread's, and the machine's softirq and
+    busy CPUs (``phase_threads``)."""
+    rows: dict[float | None, list[dict[str, float]]] = {}
+    for d in dirs:
+        for f in sorted(Path(d).glob("*/ab.json")):
+            ab = json.loads(f.read_text())
+            if not ab.get("threads"):
+                continue
+            doc = json.loads((f.parent / "times.json").read_text())
+            t, ends = float(doc["train_window_perf_counter_s"]["0"][0]), []
+            for x in doc["iteration_times_s"]["0"]:
+                t += x
+                ends.append(t)
+            log = [(float(x), F) for x, F in ab["log"]]
+            for i, ph in enumerate(phase_threads(log, ab["threads"], ab.get("proc_stat"))):
+                a, b = log[i][0], log[i][0] + ph["s"]
+                n = sum(1 for e in ends if a < e <= b)
+                nbs = [g for g in ph if g.startswith("nb")]
+                S = f"host{nbs[0][2:]}" if nbs else None
+                if n < 3 or S not in ph or "host0" not in ph:
+                    continue
+                per = ph["s"] * 1e3 / n
+                rows.setdefault(ph["F"], []).append({
+                    "step": per, "cpu": ph[S]["main_cpu"] * per, "wait": ph[S]["main_wait"] * per,
+                    "runs": ph[S]["main_runs_per_s"] * per / 1e3, "other": ph[S]["other_cpu"] * per,
+                    "cpu0": ph["host0"]["main_cpu"] * per, "wait0": ph["host0"]["main_wait"] * per,
+                    "other0": ph["host0"]["other_cpu"] * per,
+                    "softirq": ph.get("softirq", float("nan")), "busy": ph.get("busy", float("nan"))})
+    if not rows:
+        return
+    print("\nper step, medians over the phases (ms; softirq and busy: the machine's CPUs):")
+    print("| cut | phases | step | slowed host: training thread CPU | its wait for a core | times run | other threads' CPU "
+          "| host0: training thread CPU | wait | other threads | softirq | busy |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for F in sorted(rows, key=lambda x: 0.0 if x is None else x):
+        v = rows[F]
+        m = {k: statistics.median(r[k] for r in v) for k in v[0]}
+        print(f"| {'balanced' if F is None else f'1/{F:g}'} | {len(v)} | {m['step']:.2f} | {m['cpu']:.2f} | {m['wait']:.2f} | "
+              f"{m['runs']:.1f} | {m['other']:.2f} | {m['cpu0']:.2f} | {m['wait0']:.2f} | {m['other0']:.2f} | "
+              f"{m['softirq']:.3f} | {m['busy']:.3f} |")
 
 
 class Bench:
@@ -964,7 +1075,8 @@ def main(argv: list[str] | None = None) -> int:
                         j = b.job(model, rates, [None] * H, profile=False, neighbours=nb)
                     steps, phases = ab_split(json.loads((b.out / j["tag"] / "times.json").read_text()), sw.log)
                     (b.out / j["tag"] / "ab.json").write_text(json.dumps({"log": sw.log, "steps": {str(k): v for k, v in steps.items()},
-                                                                           "phases": phases, "proc_stat": sw.proc_stat}))
+                                                                           "phases": phases, "proc_stat": sw.proc_stat,
+                                                                           "threads": sw.threads}))
                     for F, v in phase_ratios(phases).items():
                         ab_phases.setdefault(f"cpu host{S} x1/{F:g}", []).extend(v)
                     mbj = statistics.median(steps[None])
