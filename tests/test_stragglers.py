@@ -396,6 +396,30 @@ def test_bench_ab_split():
     assert steps == {None: [100.0] * 3 + [200.0], 2.0: [200.0]}
 
 
+def test_bench_set_slice():
+    """bench/stragglers.py --neighbour-slice-us: a process's EEVDF slice set through sched_setattr shows in /proc/PID/sched
+    (se.slice, ns); skipped where the kernel has no per-task slice (before 6.12) or no /proc/PID/sched."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import stragglers as bench
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        f = Path(f"/proc/{p.pid}/sched")
+        if not f.exists() or "se.slice" not in f.read_text():
+            pytest.skip("no per-task slice in /proc/PID/sched")
+        try:
+            bench.set_slice(p.pid, 250)
+        except OSError as e:       # EINVAL: a kernel without the slice; EPERM: not allowed here
+            pytest.skip(str(e))
+        line = next(x for x in f.read_text().splitlines() if x.startswith("se.slice"))
+        assert int(line.split(":")[1]) == 250_000
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_bench_phase_threads():
     """bench/stragglers.py --ab's thread record, per phase: the thread with the most CPU in the phase is the training
     thread (its CPU, wait for a core and times run, over the phase's wall time), the rest of its group is 'other';
