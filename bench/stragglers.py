@@ -320,7 +320,7 @@ def phase_threads(log: list[tuple[float, float | None]], threads: list[dict[str,
     wall time: ``main_cpu`` / ``main_wait`` (the thread with the most CPU in that phase: the training thread; its CPU
     and its wait for a core), ``main_runs_per_s`` (times it was put on a core: wake-ups and preemptions), ``other_cpu``
     (the group's other threads: gloo's); with ``proc_stat`` the machine's ``softirq`` and ``busy`` (all but idle and
-    iowait) in CPUs.
+    iowait) in CPUs, ``steal`` (a virtual machine's CPUs given to others).
 
     >>> log = [(0.0, None), (1.0, 2.0), (2.0, None)]
     >>> th = [{"host1": {"7": [0, 0, 0], "8": [0, 0, 0]}}, {"host1": {"7": [500_000_000, 10_000_000, 100], "8": [100_000_000, 0, 50]}},
@@ -347,6 +347,7 @@ def phase_threads(log: list[tuple[float, float | None]], threads: list[dict[str,
             p, q = proc_stat[i], proc_stat[i + 1]
             dd = [y - x for x, y in zip(p, q)]
             ph["softirq"] = round(dd[6] / 100 / dt, 3)
+            ph["steal"] = round(dd[7] / 100 / dt, 3) if len(dd) > 7 else 0.0
             ph["busy"] = round((sum(dd) - dd[3] - dd[4]) / 100 / dt, 3)
         out.append(ph)
     return out
@@ -476,19 +477,20 @@ def ab_threads_table(dirs: list[Path]) -> None:
                     "runs": ph[S]["main_runs_per_s"] * per / 1e3, "other": ph[S]["other_cpu"] * per,
                     "cpu0": ph["host0"]["main_cpu"] * per, "wait0": ph["host0"]["main_wait"] * per,
                     "other0": ph["host0"]["other_cpu"] * per,
-                    "softirq": ph.get("softirq", float("nan")), "busy": ph.get("busy", float("nan"))})
+                    "softirq": ph.get("softirq", float("nan")), "steal": ph.get("steal", float("nan")),
+                    "busy": ph.get("busy", float("nan"))})
     if not rows:
         return
     print("\nper step, medians over the phases (ms; softirq and busy: the machine's CPUs):")
     print("| cut | phases | step | slowed host: training thread CPU | its wait for a core | times run | other threads' CPU "
-          "| host0: training thread CPU | wait | other threads | softirq | busy |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| host0: training thread CPU | wait | other threads | softirq | steal | busy |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for F in sorted(rows, key=lambda x: 0.0 if x is None else x):
         v = rows[F]
         m = {k: statistics.median(r[k] for r in v) for k in v[0]}
         print(f"| {'balanced' if F is None else f'1/{F:g}'} | {len(v)} | {m['step']:.2f} | {m['cpu']:.2f} | {m['wait']:.2f} | "
               f"{m['runs']:.1f} | {m['other']:.2f} | {m['cpu0']:.2f} | {m['wait0']:.2f} | {m['other0']:.2f} | "
-              f"{m['softirq']:.3f} | {m['busy']:.3f} |")
+              f"{m['softirq']:.3f} | {m['steal']:.3f} | {m['busy']:.3f} |")
 
 
 class Bench:

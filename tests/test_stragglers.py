@@ -427,7 +427,7 @@ def test_bench_phase_threads():
 
         phase 1 (0-1 s, balanced): tid 7 ran 0.5 s, waited 0.01 s, was run 100 times; tid 8 ran 0.1 s
         phase 2 (1-3 s, 1/2): tid 7 ran 0.4 s, waited 1.0 s, 200 runs; tid 8 ran 0.8 s (now the main thread)
-        /proc/stat over phase 2 (2 s, 100 Hz): softirq 20 ticks -> 0.1 CPU; 300 ticks busy, 100 idle -> 1.5 CPUs"""
+        /proc/stat over phase 2 (2 s, 100 Hz): softirq 20 ticks -> 0.1 CPU, steal 60 -> 0.3; 300 ticks busy, 100 idle -> 1.5 CPUs"""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import stragglers as bench
@@ -437,12 +437,12 @@ def test_bench_phase_threads():
     th = [{"host1": {"7": [0, 0, 0], "8": [0, 0, 0]}},
           {"host1": {"7": [500_000_000, 10_000_000, 100], "8": [100_000_000, 0, 50]}},
           {"host1": {"7": [900_000_000, 1_010_000_000, 300], "8": [900_000_000, 0, 90]}, "nb1": {}}]
-    ps = [[0] * 8, [0] * 8, [200, 0, 50, 100, 0, 0, 20, 30]]
+    ps = [[0] * 8, [0] * 8, [200, 0, 20, 100, 0, 0, 20, 60]]
     out = bench.phase_threads(log, th, ps)
     assert out[0] == {"F": None, "s": 1.0, "host1": {"main_cpu": 0.5, "main_wait": 0.01, "main_runs_per_s": 100.0,
-                                                     "other_cpu": 0.1}, "softirq": 0.0, "busy": 0.0}
+                                                     "other_cpu": 0.1}, "softirq": 0.0, "steal": 0.0, "busy": 0.0}
     assert out[1] == {"F": 2.0, "s": 2.0, "host1": {"main_cpu": 0.4, "main_wait": 0.0, "main_runs_per_s": 20.0,
-                                                    "other_cpu": 0.2}, "softirq": 0.1, "busy": 1.5}
+                                                    "other_cpu": 0.2}, "softirq": 0.1, "steal": 0.3, "busy": 1.5}
 
 
 def test_cli_slow_host():
