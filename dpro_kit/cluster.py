@@ -114,7 +114,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dpro_kit.errors import DproError
+from dpro_kit.errors import DproError, exit_on_sigterm
 
 __all__ = [
     "EmulatedCluster",
@@ -379,6 +379,7 @@ class EmulatedCluster:
         self._created: list[str] = []
         self._closed = False
         _LIVE.add(self)
+        exit_on_sigterm()   # a `kill` of the bench still deletes the namespaces (atexit below)
         try:
             self._build()
         except BaseException:

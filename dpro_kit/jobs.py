@@ -31,6 +31,7 @@ Example::
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import json
@@ -43,11 +44,12 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from dpro_kit.errors import DproError
+from dpro_kit.errors import DproError, exit_on_sigterm
 
 __all__ = [
     "JobResult",
@@ -258,6 +260,8 @@ class CpuBudget:
         self.neighbour_groups = [self.parent / f"nb{h}" for h in self.neighbours]
         self.neighbour_procs: list[subprocess.Popen] = []
         self.parent.mkdir()
+        _LIVE_BUDGETS.add(self)
+        exit_on_sigterm()   # a `kill` of the bench still removes the groups (atexit: _close_live_budgets)
         try:
             if shares is not None:
                 (self.parent / "cpu.shares").write_text(str(int(shares)))
@@ -364,12 +368,27 @@ class CpuBudget:
                         except ProcessLookupError:
                             pass
                     time.sleep(0.1)
+        _LIVE_BUDGETS.discard(self)
 
     def __enter__(self) -> "CpuBudget":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: budgets not closed yet (closed at exit: a ``sys.exit`` or SIGTERM path that skipped ``close``)
+_LIVE_BUDGETS: "weakref.WeakSet[CpuBudget]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_budgets() -> None:
+    """Last-resort clean-up of the cgroups of budgets never closed."""
+    for b in list(_LIVE_BUDGETS):
+        try:
+            b.close()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
 
 
 def _free_port() -> int:

@@ -327,6 +327,43 @@ def test_cleanup_stale_removes_only_dead_runs() -> None:
         subprocess.run(["ip", "netns", "del", stale], capture_output=True)
 
 
+_KILLED_BENCH = """
+import sys, time
+from dpro_kit.cluster import EmulatedCluster
+from dpro_kit.jobs import CpuBudget, cgroup_cpu_root
+c = EmulatedCluster(hosts=1, rate_mbit=100, prefix=sys.argv[1])   # a bench that never reaches its close()
+b = CpuBudget(1, 0.5, prefix=sys.argv[1]) if cgroup_cpu_root() is not None else None
+print(c.name, b.parent if b else "", flush=True)
+time.sleep(120)
+"""
+
+
+@needs_netns
+def test_killed_bench_removes_its_namespaces_and_cgroups() -> None:
+    """`kill PID` of a bench (SIGTERM) still deletes the namespaces and cgroups it made: Python's
+    default SIGTERM ends the process without atexit; dpro_kit.errors.exit_on_sigterm makes it unwind."""
+    import os
+    import signal
+    from pathlib import Path
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_BENCH, PREFIX], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        name, *group = proc.stdout.readline().split()
+        assert len(_ours(name)) == 2
+        if group:
+            assert Path(group[0]).is_dir()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        assert _ours(name) == []
+        if group:
+            assert not Path(group[0]).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cleanup_stale(PREFIX)
+
+
 # ---------------------------------------------------------------------------
 # (d) real gloo all_reduce across two hosts
 # ---------------------------------------------------------------------------

@@ -23,15 +23,12 @@ and ``_common`` only, never this package, so there is no import cycle.
 """
 from __future__ import annotations
 
-import signal
 import sys
-import threading
-from typing import Any, Callable
 
 import click
 
 from .. import __version__
-from ..errors import DproError
+from ..errors import DproError, exit_on_sigterm
 from . import align, async_predict, check, cluster, graph, merge, optimize, profile, replay, report, simulate
 from ._common import CONTEXT_SETTINGS, EXIT_BAD_INPUT, Progress
 
@@ -77,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     int
         The exit code: 0, 1 (``dpro check`` failed), 2 (bad input), 130 (interrupted).
     """
-    restore = _exit_on_sigterm()
+    restore = exit_on_sigterm()
     try:
         cli.main(args=argv, prog_name="dpro", standalone_mode=False)
     except DproError as exc:
@@ -98,20 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         restore()
     return 0
-
-
-def _exit_on_sigterm() -> Callable[[], None]:
-    """Make SIGTERM (``kill``, a job scheduler's time limit) an exit that unwinds, so an output being
-    written atomically removes its temporary file (:func:`dpro_kit.errors.atomic_write_text`); returns
-    the function that restores the previous handler.  Left alone when someone else handles SIGTERM."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return lambda: None
-
-    def on_term(signum: int, frame: Any) -> None:  # noqa: ARG001
-        raise SystemExit(128 + signum)
-    signal.signal(signal.SIGTERM, on_term)
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 __all__ = ["EXIT_BAD_INPUT", "Progress", "cli", "main"]
