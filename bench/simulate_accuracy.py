@@ -80,7 +80,6 @@ from dpro_kit.jobs import run_job  # noqa: E402
 TRAIN = ROOT / "examples" / "strategies" / "train.py"
 STRATS = ROOT / "examples" / "strategies"
 PY = sys.executable
-DPRO = [PY, "-m", "dpro_kit.cli"]
 ENV = dict(DPRO_QUIET="1", PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join(
     [str(ROOT / "collectors" / "torch"), str(ROOT / "collectors" / "common"), str(ROOT),
      os.environ.get("PYTHONPATH", "")]))
@@ -103,8 +102,40 @@ def strategy_name(path: Path) -> str:
 
 
 def simulate_available() -> bool:
-    p = subprocess.run(DPRO + ["simulate", "--help"], capture_output=True, text=True, env={**os.environ, **ENV})
-    return p.returncode == 0
+    try:
+        import dpro_kit.simulate.predict  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+#: profiles read once per bench process: trace -> its session (``dpro replay``'s), (trace, at-batch traces) ->
+#: (model graph, the profile's link rate): a ``--repredict`` reads each profile once instead of once per row
+_SESSIONS: dict[str, Any] = {}
+_MODELS: dict[tuple, tuple[Any, float | None]] = {}
+
+
+def _session(trace: str) -> Any:
+    """The trace's session as ``dpro simulate`` / ``dpro replay --no-align`` open it (cached)."""
+    if str(trace) not in _SESSIONS:
+        from dpro_kit.cli._common import Progress, open_session
+        _SESSIONS[str(trace)] = open_session(Path(trace), no_align=True, progress=Progress(False))
+    return _SESSIONS[str(trace)]
+
+
+def _model(trace: str, at_batch: list[str]) -> tuple[Any, float | None]:
+    """``dpro simulate``'s model of ``trace`` (op times fitted over ``at_batch``, ``--profile-at-batch``) and the
+    profile's link rate (its default when no rate is given), cached."""
+    key = (str(trace), tuple(str(t) for t in at_batch))
+    if key not in _MODELS:
+        from dpro_kit.simulate.model import fit_batches, from_profile
+        session = _session(trace)
+        model = from_profile(Path(trace), session=session)
+        if at_batch:
+            fit_batches(model, [from_profile(Path(t), allocator=False) for t in at_batch])
+        cm = session.comm_model
+        _MODELS[key] = (model, cm.default.bandwidth_Bps if cm is not None and cm.origin != "default" else None)
+    return _MODELS[key]
 
 
 def _num(doc: Any, *keys: str) -> float | None:
@@ -141,39 +172,42 @@ def rank_fractions(sfiles: list[Path]) -> list[float]:
 def simulate(trace: str, sfile: Path, rate: float, cap_bytes: int | None, at_batch: list[str] = (),
              profiled_peak: int | None = None, overhead_ms: float | None = None,
              runtime_memory: int | None = None, burst: bool = False) -> dict[str, Any]:
-    """``dpro simulate --json``: predicted ms, peak bytes (largest device), OOM verdict (with a cap);
-    ``profiled_peak``: the single process's measured peak (``--profiled-peak``); ``overhead_ms``: the
-    strategy runtime's measured overhead (``--runtime-overhead``, from ``--calibrate``); ``runtime_memory``: its
-    measured memory (``--runtime-memory``, from ``--calibrate-memory``); ``burst``: the emulated links' tbf burst
-    at ``rate`` (``dpro_kit.cluster.tbf_params``) as ``--link-burst``."""
-    cmd = DPRO + ["simulate", trace] + [a for t in at_batch for a in ("--profile-at-batch", t)] + [
+    """What ``dpro simulate TRACE --strategy SFILE --bandwidth-mbps RATE --json`` prints, computed in this process
+    (the command's own steps, each profile read once: :func:`_model`): predicted ms, peak bytes (largest device),
+    OOM verdict (with a cap); ``cmd``: the equivalent command line.  ``profiled_peak``: the single process's
+    measured peak (``--profiled-peak``); ``overhead_ms``: the strategy runtime's measured overhead
+    (``--runtime-overhead``, from ``--calibrate``); ``runtime_memory``: its measured memory (``--runtime-memory``,
+    from ``--calibrate-memory``); ``burst``: the emulated links' tbf burst at ``rate``
+    (``dpro_kit.cluster.tbf_params``) as ``--link-burst``."""
+    from dpro_kit.cluster import tbf_params
+    from dpro_kit.simulate.predict import pick_device_model, predict as sim_predict, with_measured_peak
+    from dpro_kit.simulate.strategy import load_strategy
+    cmd = ["simulate", trace] + [a for t in at_batch for a in ("--profile-at-batch", t)] + [
         "--strategy", str(sfile), "--bandwidth-mbps", f"{rate:g}", "--json"]
-    if overhead_ms is not None:
-        cmd += ["--runtime-overhead", f"{strategy_name(sfile)}={overhead_ms:.3f}"]
-    if burst:
-        from dpro_kit.cluster import tbf_params
-        cmd += ["--link-burst", str(tbf_params(rate)["burst"])]
+    ovh = None if overhead_ms is None else round(float(overhead_ms), 3)    # as the option carries it
+    link_burst = tbf_params(rate)["burst"] if burst else None
+    if ovh is not None:
+        cmd += ["--runtime-overhead", f"{strategy_name(sfile)}={ovh:.3f}"]
+    if link_burst:
+        cmd += ["--link-burst", str(link_burst)]
     if runtime_memory is not None:
-        cmd += ["--runtime-memory", f"{strategy_name(sfile)}={int(runtime_memory)}" if runtime_memory > 0
-                else f"{strategy_name(sfile)}=0"]
+        cmd += ["--runtime-memory", f"{strategy_name(sfile)}={max(0, int(runtime_memory))}"]
     if cap_bytes is not None:
         cmd += ["--memory-limit", str(int(cap_bytes))]
     if profiled_peak is not None:
         cmd += ["--profiled-peak", str(int(profiled_peak))]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **ENV})
-    if p.returncode != 0:
-        return {"error": f"exit {p.returncode}: {p.stderr.strip()[-300:]}", "cmd": " ".join(cmd[2:])}
-    doc = json.loads(p.stdout)
-    res = doc["results"][0] if isinstance(doc.get("results"), list) and doc["results"] else doc
-    peak = _num(res, "peak_memory_bytes", "peak_bytes")
-    if peak is None and isinstance(res.get("peak_memory_per_device"), dict):
-        vals = [v for v in res["peak_memory_per_device"].values() if isinstance(v, (int, float))]
-        peak = float(max(vals)) if vals else None
-    oom = res.get("oom")
-    if isinstance(oom, dict):
-        oom = oom.get("verdict", oom.get("oom"))
-    return {"ms": _num(res, "iteration_time_ms", "iteration_ms"), "peak_bytes": peak,
-            "oom": bool(oom) if oom is not None else None, "cmd": " ".join(cmd[2:])}
+    try:
+        model, default_bw = _model(trace, list(at_batch))
+        if profiled_peak is not None:
+            model = with_measured_peak(model, int(profiled_peak))
+        p = sim_predict(model, load_strategy(sfile), bandwidth_mbps=rate, default_bandwidth_Bps=default_bw,
+                        memory_limit=None if cap_bytes is None else int(cap_bytes), device_model=pick_device_model(),
+                        runtime_overhead_ms=ovh, runtime_memory=None if runtime_memory is None else max(0, int(runtime_memory)),
+                        link_burst=link_burst)
+    except Exception as e:     # noqa: BLE001 - a row's failure is recorded, the others are still predicted
+        return {"error": f"{type(e).__name__}: {str(e)[-300:]}", "cmd": " ".join(cmd)}
+    return {"ms": round(p.iteration_ms, 4), "peak_bytes": float(p.peak_memory_bytes), "oom": p.oom,
+            "cmd": " ".join(cmd)}
 
 
 class Bench:
@@ -533,10 +567,12 @@ def tables(rows: dict[str, Any]) -> str:
 
 
 def replay_ms(trace: str) -> float | None:
-    """``dpro replay TRACE --no-align --json``: the profile's own predicted iteration (the 1-rank simulation)."""
-    p = subprocess.run(DPRO + ["replay", trace, "--no-align", "--json"], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, **ENV})
-    return float(json.loads(p.stdout)["iteration_time_ms"]) if p.returncode == 0 else None
+    """``dpro replay TRACE --no-align --json``'s ``iteration_time_ms`` (the profile's own predicted iteration, the
+    1-rank simulation), computed in this process on the cached session."""
+    try:
+        return _session(trace).replay(1).iteration_time_us / 1e3
+    except Exception:     # noqa: BLE001
+        return None
 
 
 def single_rows(a: argparse.Namespace, b: Bench, rows: dict[str, Any], model: str) -> None:
@@ -586,7 +622,9 @@ def finish(a: argparse.Namespace, rows: dict[str, Any], at_batch: bool = True) -
         return 0
     predict(rows, at_batch=at_batch)
     save(a, rows)
-    print(tables(rows))
+    text = tables(rows)
+    (a.out / "tables.md").write_text(text + "\n")
+    print(text)
     return 0
 
 
@@ -622,8 +660,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="auto: profile the single process also at every per-rank batch of the strategies (dpro "
                          "simulate --profile-at-batch); none: only at the global batch (op times linear in the batch)")
     ap.add_argument("--prefix", default="sv", help="name prefix of the emulated hosts' cgroups and namespaces")
-    ap.add_argument("--out", type=Path, default=Path("bench-simulate"))
-    ap.add_argument("--repredict", type=Path, default=None, help="rows.json of an earlier run: predict and print, no job")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder of rows.json and tables.md (default bench-simulate; --repredict ROWS: ROWS's folder "
+                         "name + -repredict beside it; never ROWS's own folder)")
+    ap.add_argument("--repredict", type=Path, default=None,
+                    help="rows.json of an earlier run: predict and print, no job (in this process, each profile read "
+                         "once); writes --out/rows.json and --out/tables.md, not into ROWS's folder")
     ap.add_argument("--reprofile", type=Path, default=None,
                     help="rows.json of an earlier run: run only the profiles again (--models, --profile-batches) into "
                          "--out and predict that run's measurements from them")
@@ -658,6 +700,8 @@ def main(argv: list[str] | None = None) -> int:
                          "predict later with --repredict OUT/rows.json")
     a = ap.parse_args(argv)
     a.pin = [x.strip() for x in a.pin.split(",")] if a.pin else None
+    if a.out is None and not a.repredict:
+        a.out = Path("bench-simulate")
     if a.calibrate:
         rows = json.loads(a.calibrate.read_text())
         rows["measured_in"] = rows.get("measured_in") or str(a.calibrate)
@@ -700,7 +744,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.repredict:
         rows = json.loads(a.repredict.read_text())
         rows["link_burst"] = bool(a.link_burst or rows.get("link_burst"))
-        a.out, a.no_predict = a.repredict.parent, False
+        a.no_predict = False
+        a.out = a.out or a.repredict.parent.with_name(a.repredict.parent.name + "-repredict")
+        if a.out.resolve() == a.repredict.parent.resolve():
+            ap.error(f"--out {a.out}: the folder of the rows it re-predicts (give another folder)")
+        a.out.mkdir(parents=True, exist_ok=True)
         return finish(a, rows, at_batch=a.profile_batches == "auto")
     b = Bench(a)
     models = [m for m in a.models.split(",") if m]

@@ -846,3 +846,29 @@ def test_profiler_cost_note(profile, half_profile, tmp_path):
     doc = json.loads(dpro("simulate", profile, "--profile-at-batch", half_profile, "-s", tmp_path / "ddp.yaml",
                           "--json").stdout)
     assert sum(COST_NOT_MEASURED in n for n in doc["strategies"][0]["notes"]) == 1
+
+
+def test_bench_predicts_in_process_what_the_command_prints(profile, half_profile, tmp_path):
+    """bench/simulate_accuracy.py predicts in its own process (each profile read once: a --repredict of 50 rows
+    took 20+ minutes as 50 `dpro simulate` runs): the same numbers as the command line it records; and a
+    --repredict never writes into the folder of the rows it reads."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("simulate_accuracy", ROOT / "bench" / "simulate_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sf = tmp_path / "pp.yaml"
+    sf.write_text("name: pp\nranks: 2\nhosts: 2\nstrategy:\n  pipeline: {stages: 2, micro_batches: 2}\n")
+    got = bench.simulate(str(profile), sf, 200.0, 2**20, [str(half_profile)], profiled_peak=30 * 2**20,
+                         overhead_ms=1.23456, runtime_memory=2**20, burst=True)
+    assert "error" not in got, got
+    r = dpro(*got["cmd"].split())
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (got["ms"], got["peak_bytes"], got["oom"]) == (doc["iteration_ms"], doc["peak_memory_bytes"], doc["oom"])
+    assert "--runtime-overhead pp=1.235" in got["cmd"] and "--link-burst 65536" in got["cmd"]
+    rows = tmp_path / "run" / "rows.json"
+    rows.parent.mkdir()
+    rows.write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--repredict", str(rows), "--out", str(rows.parent)])
+    assert e.value.code == 2
