@@ -100,7 +100,6 @@ Example::
 """
 from __future__ import annotations
 
-import atexit
 import ipaddress
 import itertools
 import os
@@ -110,11 +109,12 @@ import signal
 import subprocess
 import threading
 import time
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dpro_kit.errors import DproError, exit_on_sigterm
+from dpro_collect.files import pid_alive as _pid_alive
+from dpro_kit.cleanup import close_at_exit, closed, exit_on_sigterm
+from dpro_kit.errors import DproError
 
 __all__ = [
     "EmulatedCluster",
@@ -145,7 +145,6 @@ _BRIDGE1 = "br1"
 
 _COUNTER = itertools.count()
 _COUNTER_LOCK = threading.Lock()
-_LIVE: "weakref.WeakSet[EmulatedCluster]" = weakref.WeakSet()
 _CMD_TIMEOUT_S = 30.0
 
 
@@ -212,16 +211,6 @@ def list_namespaces() -> list[str]:
         return []
     # lines look like "name" or "name (id: 3)"
     return [ln.split()[0] for ln in cp.stdout.splitlines() if ln.strip()]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _ns_regex(prefix: str) -> re.Pattern[str]:
@@ -378,8 +367,8 @@ class EmulatedCluster:
         self._procs: list[subprocess.Popen] = []
         self._created: list[str] = []
         self._closed = False
-        _LIVE.add(self)
-        exit_on_sigterm()   # a `kill` of the bench still deletes the namespaces (atexit below)
+        close_at_exit(self)   # a `sys.exit` path that skipped close() (dpro_kit.cleanup)
+        exit_on_sigterm()     # and a `kill` of the bench: both still delete the namespaces
         try:
             self._build()
         except BaseException:
@@ -568,7 +557,7 @@ class EmulatedCluster:
         for ns in reversed(self._created):
             _delete_ns(ns)
         self._created.clear()
-        _LIVE.discard(self)
+        closed(self)
 
     def __enter__(self) -> "EmulatedCluster":
         return self
@@ -580,12 +569,3 @@ class EmulatedCluster:
         return (f"EmulatedCluster(name={self.name!r}, hosts={self.hosts}, rate_mbit={self.rate_mbit}, "
                 f"second_rate_mbit={self.second_rate_mbit}, closed={self._closed})")
 
-
-@atexit.register
-def _close_live_clusters() -> None:
-    """Last-resort cleanup for clusters never closed (e.g. ``sys.exit`` paths)."""
-    for c in list(_LIVE):
-        try:
-            c.close()
-        except Exception:  # pragma: no cover - best effort at exit
-            pass

@@ -31,7 +31,6 @@ Example::
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import itertools
 import json
@@ -44,12 +43,12 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from dpro_kit.errors import DproError, exit_on_sigterm
+from dpro_kit.cleanup import close_at_exit, closed, exit_on_sigterm
+from dpro_kit.errors import DproError
 
 __all__ = [
     "JobResult",
@@ -260,8 +259,8 @@ class CpuBudget:
         self.neighbour_groups = [self.parent / f"nb{h}" for h in self.neighbours]
         self.neighbour_procs: list[subprocess.Popen] = []
         self.parent.mkdir()
-        _LIVE_BUDGETS.add(self)
-        exit_on_sigterm()   # a `kill` of the bench still removes the groups (atexit: _close_live_budgets)
+        close_at_exit(self)   # a `sys.exit` path that skipped close() (dpro_kit.cleanup)
+        exit_on_sigterm()     # and a `kill` of the bench: both still remove the groups
         try:
             if shares is not None:
                 (self.parent / "cpu.shares").write_text(str(int(shares)))
@@ -368,27 +367,13 @@ class CpuBudget:
                         except ProcessLookupError:
                             pass
                     time.sleep(0.1)
-        _LIVE_BUDGETS.discard(self)
+        closed(self)
 
     def __enter__(self) -> "CpuBudget":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-#: budgets not closed yet (closed at exit: a ``sys.exit`` or SIGTERM path that skipped ``close``)
-_LIVE_BUDGETS: "weakref.WeakSet[CpuBudget]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live_budgets() -> None:
-    """Last-resort clean-up of the cgroups of budgets never closed."""
-    for b in list(_LIVE_BUDGETS):
-        try:
-            b.close()
-        except Exception:  # pragma: no cover - best effort at exit
-            pass
 
 
 def _free_port() -> int:

@@ -73,7 +73,7 @@ def test_four_commands_at_once(tmp_path, monkeypatch):
 _SLOW_WRITER = """
 import os, sys, time
 from dpro_collect import files
-from dpro_kit.errors import exit_on_sigterm
+from dpro_kit.cleanup import exit_on_sigterm
 exit_on_sigterm()
 real = os.fsync
 def slow(fd):

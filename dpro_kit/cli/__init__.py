@@ -28,7 +28,8 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import DproError, exit_on_sigterm
+from ..cleanup import exit_on_sigterm
+from ..errors import DproError
 from . import align, async_predict, check, cluster, graph, merge, optimize, profile, replay, report, simulate
 from ._common import CONTEXT_SETTINGS, EXIT_BAD_INPUT, Progress
 

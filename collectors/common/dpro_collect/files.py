@@ -14,7 +14,7 @@ try:
 except ImportError:   # not POSIX: no lock, the writers' race stays (see folder_lock)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["atomic_write_text", "find_metas", "folder_lock", "sweep_stale_temps"]
+__all__ = ["atomic_write_text", "find_metas", "folder_lock", "pid_alive", "sweep_stale_temps"]
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -74,7 +74,7 @@ def sweep_stale_temps(path: str | os.PathLike, *, min_age_s: float = 60.0) -> li
     for tmp in candidates:
         try:
             pid = int(tmp.name.rsplit(".tmp-", 1)[1].split("-")[0])
-            if now - tmp.stat().st_mtime < min_age_s or _alive(pid):
+            if now - tmp.stat().st_mtime < min_age_s or pid_alive(pid):
                 continue
             tmp.unlink()
             removed.append(tmp)
@@ -83,7 +83,8 @@ def sweep_stale_temps(path: str | os.PathLike, *, min_age_s: float = 60.0) -> li
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (one of another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
