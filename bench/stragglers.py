@@ -450,7 +450,8 @@ def ab_summary(dirs: list[Path], at_ms: tuple[float, ...] = (42.0, 50.0)) -> int
 def ab_threads_table(dirs: list[Path]) -> None:
     """``--ab-summary``, jobs with a thread record (``ab.json`` ``threads``): per cut, medians over its phases of the
     step (phase time / rank 0's steps in it) and, per step, the slowed host's training thread's CPU and wait for a core,
-    the times it was put on a core, its other threads' CPU, host0's training thread's, and the machine's softirq and
+    that wait beyond ``(F - 1)`` x its CPU (what a thread runnable throughout at ``1/F`` of its core waits), the times it
+    was put on a core, its other threads' CPU, host0's training thread's, and the machine's softirq and
     busy CPUs (``phase_threads``)."""
     rows: dict[float | None, list[dict[str, float]]] = {}
     for d in dirs:
@@ -474,6 +475,8 @@ def ab_threads_table(dirs: list[Path]) -> None:
                 per = ph["s"] * 1e3 / n
                 rows.setdefault(ph["F"], []).append({
                     "step": per, "cpu": ph[S]["main_cpu"] * per, "wait": ph[S]["main_wait"] * per,
+                    # a thread runnable throughout at 1/F of its core waits (F - 1) x its CPU; the rest is other waiting
+                    "beyond": (ph[S]["main_wait"] - ((ph["F"] or 1.0) - 1.0) * ph[S]["main_cpu"]) * per,
                     "runs": ph[S]["main_runs_per_s"] * per / 1e3, "other": ph[S]["other_cpu"] * per,
                     "cpu0": ph["host0"]["main_cpu"] * per, "wait0": ph["host0"]["main_wait"] * per,
                     "other0": ph["host0"]["other_cpu"] * per,
@@ -482,13 +485,14 @@ def ab_threads_table(dirs: list[Path]) -> None:
     if not rows:
         return
     print("\nper step, medians over the phases (ms; softirq and busy: the machine's CPUs):")
-    print("| cut | phases | step | slowed host: training thread CPU | its wait for a core | times run | other threads' CPU "
+    print("| cut | phases | step | slowed host: training thread CPU | its wait for a core | wait beyond (F - 1) x CPU | times run "
+          "| other threads' CPU "
           "| host0: training thread CPU | wait | other threads | softirq | steal | busy |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for F in sorted(rows, key=lambda x: 0.0 if x is None else x):
         v = rows[F]
         m = {k: statistics.median(r[k] for r in v) for k in v[0]}
-        print(f"| {'balanced' if F is None else f'1/{F:g}'} | {len(v)} | {m['step']:.2f} | {m['cpu']:.2f} | {m['wait']:.2f} | "
+        print(f"| {'balanced' if F is None else f'1/{F:g}'} | {len(v)} | {m['step']:.2f} | {m['cpu']:.2f} | {m['wait']:.2f} | {m['beyond']:.2f} | "
               f"{m['runs']:.1f} | {m['other']:.2f} | {m['cpu0']:.2f} | {m['wait0']:.2f} | {m['other0']:.2f} | "
               f"{m['softirq']:.3f} | {m['steal']:.3f} | {m['busy']:.3f} |")
 
