@@ -450,8 +450,8 @@ def ab_summary(dirs: list[Path], at_ms: tuple[float, ...] = (42.0, 50.0)) -> int
 def ab_threads_table(dirs: list[Path]) -> None:
     """``--ab-summary``, jobs with a thread record (``ab.json`` ``threads``): per cut, medians over its phases of the
     step (phase time / rank 0's steps in it) and, per step, the slowed host's training thread's CPU and wait for a core,
-    that wait beyond ``(F - 1)`` x its CPU (what a thread runnable throughout at ``1/F`` of its core waits), the times it
-    was put on a core, its other threads' CPU, host0's training thread's, and the machine's softirq and
+    that wait beyond ``(F - 1)`` x its CPU (what a thread runnable throughout at ``1/F`` of its core waits; with a base
+    neighbour of weight b, ``ab.json`` ``base``, ``F (1024 + b) / 1024 - 1``), the times it was put on a core, its other threads' CPU, host0's training thread's, and the machine's softirq and
     busy CPUs (``phase_threads``)."""
     rows: dict[float | None, list[dict[str, float]]] = {}
     for d in dirs:
@@ -465,6 +465,7 @@ def ab_threads_table(dirs: list[Path]) -> None:
                 t += x
                 ends.append(t)
             log = [(float(x), F) for x, F in ab["log"]]
+            k0 = (1024 + int(ab.get("base") or 0)) / 1024     # 1 / the host's share of its core in the balanced job
             for i, ph in enumerate(phase_threads(log, ab["threads"], ab.get("proc_stat"))):
                 a, b = log[i][0], log[i][0] + ph["s"]
                 n = sum(1 for e in ends if a < e <= b)
@@ -475,8 +476,9 @@ def ab_threads_table(dirs: list[Path]) -> None:
                 per = ph["s"] * 1e3 / n
                 rows.setdefault(ph["F"], []).append({
                     "step": per, "cpu": ph[S]["main_cpu"] * per, "wait": ph[S]["main_wait"] * per,
-                    # a thread runnable throughout at 1/F of its core waits (F - 1) x its CPU; the rest is other waiting
-                    "beyond": (ph[S]["main_wait"] - ((ph["F"] or 1.0) - 1.0) * ph[S]["main_cpu"]) * per,
+                    # a thread runnable throughout at a share s of its core waits (1/s - 1) x its CPU (1/s = F without a
+                    # base neighbour, F (1024 + base) / 1024 with one); the rest is other waiting
+                    "beyond": (ph[S]["main_wait"] - ((ph["F"] or 1.0) * k0 - 1.0) * ph[S]["main_cpu"]) * per,
                     "runs": ph[S]["main_runs_per_s"] * per / 1e3, "other": ph[S]["other_cpu"] * per,
                     "cpu0": ph["host0"]["main_cpu"] * per, "wait0": ph["host0"]["main_wait"] * per,
                     "other0": ph["host0"]["other_cpu"] * per,
@@ -485,7 +487,7 @@ def ab_threads_table(dirs: list[Path]) -> None:
     if not rows:
         return
     print("\nper step, medians over the phases (ms; softirq and busy: the machine's CPUs):")
-    print("| cut | phases | step | slowed host: training thread CPU | its wait for a core | wait beyond (F - 1) x CPU | times run "
+    print("| cut | phases | step | slowed host: training thread CPU | its wait for a core | wait beyond its share | times run "
           "| other threads' CPU "
           "| host0: training thread CPU | wait | other threads | softirq | steal | busy |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -1107,7 +1109,7 @@ def main(argv: list[str] | None = None) -> int:
                     steps, phases = ab_split(json.loads((b.out / j["tag"] / "times.json").read_text()), sw.log)
                     (b.out / j["tag"] / "ab.json").write_text(json.dumps({"log": sw.log, "steps": {str(k): v for k, v in steps.items()},
                                                                            "phases": phases, "proc_stat": sw.proc_stat,
-                                                                           "threads": sw.threads}))
+                                                                           "threads": sw.threads, "base": a.neighbour_base}))
                     for F, v in phase_ratios(phases).items():
                         ab_phases.setdefault(f"cpu host{S} x1/{F:g}", []).extend(v)
                     mbj = statistics.median(steps[None])
