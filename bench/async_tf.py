@@ -101,6 +101,33 @@ class _CpuSampler:
 RUN_CPU: dict[str, dict] = {}
 # the last run's measured steps (--step-times): [[worker clock at the step's start, when its gradients were ready], ...]
 STEP_TIMES: list[list[float]] = []
+# the last run's losses, per role (ps, chief, worker): TCP counters of each host's namespace and the packets its
+# link's two tbf shapers dropped, over the whole run (warm-up included)
+RUN_TCP: dict[str, list[dict[str, int]]] = {}
+TCP_KEYS = {"Tcp": ("RetransSegs",), "TcpExt": ("TCPTimeouts", "TCPLossProbes", "TCPLossProbeRecovery", "TCPFastRetrans")}
+
+
+def tcp_counters(c, host: int) -> dict[str, int]:
+    """Host ``host``'s TCP loss counters (/proc/net/snmp and netstat of its namespace: retransmitted segments,
+    retransmission timeouts, tail-loss probes, fast retransmits) and the drops of its upload (``up_drops``) and
+    download (``down_drops``) tbf shapers."""
+    import re
+    out: dict[str, int] = {}
+    cp = subprocess.run(["nsenter", f"--net=/run/netns/{c.netns(host)}", "cat", "/proc/net/snmp", "/proc/net/netstat"],
+                        capture_output=True, text=True, check=True)
+    lines = cp.stdout.splitlines()
+    for head, vals in zip(lines, lines[1:]):
+        name, _, keys = head.partition(":")
+        vname, _, nums = vals.partition(":")
+        if name != vname or name not in TCP_KEYS or not nums.split() or not nums.split()[0].lstrip("-").isdigit():
+            continue
+        row = dict(zip(keys.split(), nums.split()))
+        out.update({k: int(row[k]) for k in TCP_KEYS[name] if k in row})
+    for key, ns, dev in (("up_drops", c.netns(host), "eth0"), ("down_drops", c.bridge_ns, f"h{host}")):
+        q = subprocess.run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+        m = re.search(r"dropped (\d+)", q)
+        out[key] = int(m.group(1)) if m else -1
+    return out
 
 
 def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: int, depth: int, batch: int,
@@ -166,6 +193,12 @@ def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: i
             err = "".join(errs)
             sampler.stop()
             out = "".join(ln for _, ln in lines)
+            hosts_of = {"ps": ps_hosts, "chief": [1], "worker": [2 + i for i in range(workers)]}
+            RUN_TCP.clear()
+            try:
+                RUN_TCP.update({role: [tcp_counters(c, h) for h in hs] for role, hs in hosts_of.items()})
+            except (OSError, subprocess.CalledProcessError) as exc:     # a diagnostic: never fail the run for it
+                print(f"TCP counters not read: {exc}", file=sys.stderr)
             for s in servers:
                 s.kill()
             if profile is not None:   # what dpro profile said (the trace's conversion)
@@ -281,6 +314,8 @@ def main(argv=None) -> int:
     measured: dict[str, list[float]] = json.loads(meas_path.read_text()) if meas_path.exists() else {}
     cpu_path = args.out / "cpu.json"     # per run and role: CPU s per step and CPUs used
     cpu_runs: dict[str, list[dict]] = json.loads(cpu_path.read_text()) if cpu_path.exists() else {}
+    tcp_path = args.out / "tcp.json"     # per run and role: TCP loss counters and shaper drops per host (tcp_counters)
+    tcp_runs: dict[str, list[dict]] = json.loads(tcp_path.read_text()) if tcp_path.exists() else {}
     st_path = args.out / "step_times.json"    # per run (--step-times): the steps' [start, gradients ready]
     st_runs: dict[str, list] = json.loads(st_path.read_text()) if st_path.exists() else {}
     configs = [(b, w) for b in bws for w in ws]
@@ -301,7 +336,12 @@ def main(argv=None) -> int:
             meas_path.write_text(json.dumps(measured, indent=1))
             cpu_runs.setdefault(key, []).append(dict(RUN_CPU))
             cpu_path.write_text(json.dumps(cpu_runs, indent=1))
-            print(f"round {r} {b:g} Mbit/s W={w}: {sps:.3f} steps/s ({time.time() - t:.0f} s)", flush=True)
+            tcp_runs.setdefault(key, []).append(dict(RUN_TCP))
+            tcp_path.write_text(json.dumps(tcp_runs, indent=1))
+            loss = "; ".join(f"{role} " + ", ".join(f"{k} {sum(h.get(k, 0) for h in hs)}" for k in
+                                                   ("RetransSegs", "TCPTimeouts", "TCPLossProbes", "up_drops", "down_drops"))
+                             for role, hs in RUN_TCP.items() if role != "chief")
+            print(f"round {r} {b:g} Mbit/s W={w}: {sps:.3f} steps/s ({time.time() - t:.0f} s); {loss}", flush=True)
     if st_runs:    # --step-times: how the W = 2 runs' workers interleaved (docs/async.md)
         print("\n| Mbit/s | W | run | steady period per worker, ms | download phase, ms | W = 2: phase distance "
               "min(p, 1 - p) per step, median (share >= 0.4) | first 8 steps |")
