@@ -361,12 +361,12 @@ def main(argv=None) -> int:
                 d = ph["distance"]
                 print(f"| {b} | 2 | {r} | {ph['period_ms']:.1f} | {ph['download_ms']:.1f} | {ph['median_distance']:.2f} "
                       f"({sum(x >= 0.4 for x in d) / max(1, len(d)):.0%}) | {' '.join(f'{x:.2f}' for x in d[:8])} |")
+    place_path = args.out / "placement.json"     # the job's placement as train.py printed it (--source step-trace)
+    if PLACEMENT:
+        place_path.write_text(json.dumps(PLACEMENT, indent=1))
     if args.measure_only:
         return 0
     from dpro_kit.async_ps import calibrate, link_model, predict, template_from_trace
-    place_path = args.out / "placement.json"
-    if PLACEMENT:
-        place_path.write_text(json.dumps(PLACEMENT, indent=1))
     placement = json.loads(place_path.read_text()) if place_path.exists() else None
     templates = {}
     if args.source == "ps-trace":   # the real 1-worker job under dpro profile, once per bandwidth
@@ -389,10 +389,9 @@ def main(argv=None) -> int:
                                            batch=args.batch)
         tpl = template_from_trace(trace, num_ps=args.ps, placement=placement if args.ps > 1 else None)
         templates = {b: tpl for b in bws}
-    if args.ps > 1:
-        per_ps = [sum(b for v, b in tpl.variables.items() if (placement or {}).get(v, 0) % args.ps == p)
-                  for p in range(args.ps)]
-        print(f"variable bytes per PS (the job's placement): {per_ps}")
+    if args.ps > 1:   # what the prediction places on each PS: the bytes of the template's reads
+        per_ps = [int(sum(o.work for o in tpl.ops if o.res == "down" and o.ps == p)) for p in range(args.ps)]
+        print(f"bytes read per step from each PS (the prediction's placement): {per_ps}")
     cpu_doc = json.loads((args.out / "cpu.json").read_text()) if (args.out / "cpu.json").exists() else {}
     quota = {"ps": args.ps_cpus or args.cpus_per_host, "chief": args.cpus_per_host, "worker": args.cpus_per_host}
 
