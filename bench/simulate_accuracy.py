@@ -171,14 +171,15 @@ def rank_fractions(sfiles: list[Path]) -> list[float]:
 
 def simulate(trace: str, sfile: Path, rate: float, cap_bytes: int | None, at_batch: list[str] = (),
              profiled_peak: int | None = None, overhead_ms: float | None = None,
-             runtime_memory: int | None = None, burst: bool = False) -> dict[str, Any]:
+             runtime_memory: int | None = None, burst: bool = False, gamma: float = 0.0) -> dict[str, Any]:
     """What ``dpro simulate TRACE --strategy SFILE --bandwidth-mbps RATE --json`` prints, computed in this process
     (the command's own steps, each profile read once: :func:`_model`): predicted ms, peak bytes (largest device),
     OOM verdict (with a cap); ``cmd``: the equivalent command line.  ``profiled_peak``: the single process's
     measured peak (``--profiled-peak``); ``overhead_ms``: the strategy runtime's measured overhead
     (``--runtime-overhead``, from ``--calibrate``); ``runtime_memory``: its measured memory (``--runtime-memory``,
     from ``--calibrate-memory``); ``burst``: the emulated links' tbf burst at ``rate``
-    (``dpro_kit.cluster.tbf_params``) as ``--link-burst``."""
+    (``dpro_kit.cluster.tbf_params``) as ``--link-burst``; ``gamma``: the overlap factor at ``rate``
+    (``--overlap-factor``, measured: :func:`overlap_factors`)."""
     from dpro_kit.cluster import tbf_params
     from dpro_kit.simulate.predict import pick_device_model, predict as sim_predict, with_measured_peak
     from dpro_kit.simulate.strategy import load_strategy
@@ -190,6 +191,8 @@ def simulate(trace: str, sfile: Path, rate: float, cap_bytes: int | None, at_bat
         cmd += ["--runtime-overhead", f"{strategy_name(sfile)}={ovh:.3f}"]
     if link_burst:
         cmd += ["--link-burst", str(link_burst)]
+    if gamma:
+        cmd += ["--overlap-factor", f"{gamma:g}"]
     if runtime_memory is not None:
         cmd += ["--runtime-memory", f"{strategy_name(sfile)}={max(0, int(runtime_memory))}"]
     if cap_bytes is not None:
@@ -203,7 +206,7 @@ def simulate(trace: str, sfile: Path, rate: float, cap_bytes: int | None, at_bat
         p = sim_predict(model, load_strategy(sfile), bandwidth_mbps=rate, default_bandwidth_Bps=default_bw,
                         memory_limit=None if cap_bytes is None else int(cap_bytes), device_model=pick_device_model(),
                         runtime_overhead_ms=ovh, runtime_memory=None if runtime_memory is None else max(0, int(runtime_memory)),
-                        link_burst=link_burst)
+                        link_burst=link_burst, overlap_factor=float(gamma))
     except Exception as e:     # noqa: BLE001 - a row's failure is recorded, the others are still predicted
         return {"error": f"{type(e).__name__}: {str(e)[-300:]}", "cmd": " ".join(cmd)}
     return {"ms": round(p.iteration_ms, 4), "peak_bytes": float(p.peak_memory_bytes), "oom": p.oom,
@@ -316,11 +319,15 @@ def predict(rows: dict[str, Any], at_batch: bool = True) -> None:
     burst = bool(rows.get("link_burst"))
     if burst:
         rows["simulate"] += ", --link-burst = the emulated links' tbf burst"
+    gam = overlap_factors(rows)
+    if gam:
+        rows["simulate"] += ", --overlap-factor " + ", ".join(f"{g:g} at {r} Mbit/s" for r, g in gam.items())
     for r in rows["time"]:
         trace = rows["profiles"][r["model"]]["trace"]
         cap = rows["caps"].get(r["model"])
         r["pred"] = simulate(trace, _sfile(r), r["rate"], cap, [p["trace"] for p in extra.get(r["model"], [])],
-                             overhead_ms=(ovh.get(r["model"]) or {}).get(r["strategy"]), burst=burst)
+                             overhead_ms=(ovh.get(r["model"]) or {}).get(r["strategy"]), burst=burst,
+                             gamma=gam.get(f"{r['rate']:g}", 0.0))
     single = rows.get("single_memory") or {}
     rmem = calibrated_memory(rows, at_batch)
     if rmem:
@@ -378,6 +385,12 @@ def calibrate(a: argparse.Namespace, rows: dict[str, Any], models: list[str]) ->
         save(a, rows)
 
 
+def overlap_factors(rows: dict[str, Any]) -> dict[str, float]:
+    """Proteus' overlap factor per link rate (``"1000"`` -> gamma), as ``rows["overlap_factor"]`` holds it (given
+    with ``--overlap-factor``): the twins' overheads and the rows are predicted with it."""
+    return {f"{float(k):g}": float(v) for k, v in (rows.get("overlap_factor") or {}).items()}
+
+
 def calibrated_overheads(rows: dict[str, Any], at_batch: bool = True) -> dict[str, dict[str, float]]:
     """Per model and strategy: the runtime overhead (ms per rank and iteration) = the tiny twin's measured
     iteration minus ``dpro simulate``'s prediction of it without overhead (from the twin's own profiles, at
@@ -390,7 +403,8 @@ def calibrated_overheads(rows: dict[str, Any], at_batch: bool = True) -> dict[st
         for name, sr in c["strategies"].items():
             sf = Path(sr["strategy_file"])
             sf = sf if sf.exists() else STRATS / sf.name
-            pr = simulate(c["profile"]["trace"], sf, c["rate"], None, extra, burst=bool(rows.get("link_burst")))
+            pr = simulate(c["profile"]["trace"], sf, c["rate"], None, extra, burst=bool(rows.get("link_burst")),
+                          gamma=overlap_factors(rows).get(f"{c['rate']:g}", 0.0))
             sr["predicted_ms"] = pr.get("ms")
             sr["overhead_ms"] = None if pr.get("ms") is None else round(max(0.0, sr["measured_ms"] - pr["ms"]), 3)
             if sr["overhead_ms"] is not None:
@@ -628,6 +642,20 @@ def finish(a: argparse.Namespace, rows: dict[str, Any], at_batch: bool = True) -
     return 0
 
 
+def _rate_values(text: str) -> dict[str, float]:
+    """``1000=0.41,200=1.87`` -> {"1000": 0.41, "200": 1.87} (argparse type)."""
+    out = {}
+    for item in text.split(","):
+        k, eq, v = item.partition("=")
+        try:
+            out[f"{float(k):g}"] = float(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected RATE=VALUE") from None
+        if not eq or out[f"{float(k):g}"] < 0:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected RATE=VALUE with VALUE >= 0")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -683,6 +711,9 @@ def main(argv: list[str] | None = None) -> int:
                          "tiny twin (train.py --memory --width-div, the single process and every strategy, loopback "
                          "at nice 19: no lock needed), then predict ROWS's memory rows with it (--runtime-memory); "
                          "writes --out/rows.json")
+    ap.add_argument("--overlap-factor", type=_rate_values, default=None, metavar="RATE=G,...",
+                    help="Proteus' overlap factor per link rate (dpro simulate --overlap-factor at that rate; e.g. "
+                         "1000=0.41,200=1.87), for the twins' overheads and the rows; stored in rows.json")
     ap.add_argument("--link-burst", action="store_true",
                     help="predict with the emulated links' token bucket (dpro simulate --link-burst = the tbf burst "
                          "of dpro_kit.cluster.tbf_params at each rate; the twins' overheads likewise); stored in "
@@ -744,6 +775,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.repredict:
         rows = json.loads(a.repredict.read_text())
         rows["link_burst"] = bool(a.link_burst or rows.get("link_burst"))
+        if a.overlap_factor is not None:
+            rows["overlap_factor"] = a.overlap_factor
         a.no_predict = False
         a.out = a.out or a.repredict.parent.with_name(a.repredict.parent.name + "-repredict")
         if a.out.resolve() == a.repredict.parent.resolve():

@@ -859,13 +859,15 @@ def test_bench_predicts_in_process_what_the_command_prints(profile, half_profile
     sf = tmp_path / "pp.yaml"
     sf.write_text("name: pp\nranks: 2\nhosts: 2\nstrategy:\n  pipeline: {stages: 2, micro_batches: 2}\n")
     got = bench.simulate(str(profile), sf, 200.0, 2**20, [str(half_profile)], profiled_peak=30 * 2**20,
-                         overhead_ms=1.23456, runtime_memory=2**20, burst=True)
+                         overhead_ms=1.23456, runtime_memory=2**20, burst=True, gamma=0.4)
     assert "error" not in got, got
     r = dpro(*got["cmd"].split())
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert (got["ms"], got["peak_bytes"], got["oom"]) == (doc["iteration_ms"], doc["peak_memory_bytes"], doc["oom"])
     assert "--runtime-overhead pp=1.235" in got["cmd"] and "--link-burst 65536" in got["cmd"]
+    assert "--overlap-factor 0.4" in got["cmd"]
+    assert bench._rate_values("1000=0.41,200=1.87") == {"1000": 0.41, "200": 1.87}
     rows = tmp_path / "run" / "rows.json"
     rows.parent.mkdir()
     rows.write_text("{}")
