@@ -874,3 +874,21 @@ def test_bench_predicts_in_process_what_the_command_prints(profile, half_profile
     with pytest.raises(SystemExit) as e:
         bench.main(["--repredict", str(rows), "--out", str(rows.parent)])
     assert e.value.code == 2
+
+
+def test_bench_profile_rounds_keeps_the_median_process():
+    """--profile-rounds N: of N profiles the one whose process ran its unprofiled iterations at the median speed."""
+    import argparse
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("simulate_accuracy", ROOT / "bench" / "simulate_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    class Jobs:
+        speeds = iter([15.4, 12.0, 13.0])
+
+        def job(self, model, sfile, ranks, rate, profile=False, batch=None):
+            ms = next(self.speeds)
+            return {"tag": f"p{ms}", "ms": ms + 5, "unprofiled_ms": ms, "trace": f"t{ms}", "batch": batch}
+    got = bench.profile_job(argparse.Namespace(profile_rounds=3), Jobs(), "mlp", 16)
+    assert (got["trace"], got["rounds_unprofiled_ms"]) == ("t13.0", [15.4, 12.0, 13.0])
