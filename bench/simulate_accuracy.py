@@ -47,8 +47,7 @@ provoked: the job's allocations are not capped), predicted = ``dpro simulate --m
     python bench/simulate_accuracy.py --repredict bench-cal/rows.json   # predicted with the runtimes' overheads
     python bench/simulate_accuracy.py --calibrate-memory bench-cal/rows.json --memory-rounds 3 --out bench-cmem
     python bench/simulate_accuracy.py --repredict bench-cal/rows.json --link-burst   # links with the tbf's burst
-    python bench/simulate_accuracy.py --repredict bench-cal/rows.json --overlap-factor 1000=0.38,200=1.58 \
-        --out bench-cal-gamma      # gamma per rate from bench/overlap_probe.py
+    python bench/simulate_accuracy.py --repredict bench-cal/rows.json --overlap-factor 1000=0.38,200=1.58 --out bench-cal-g  # gamma: bench/overlap_probe.py
     python bench/simulate_accuracy.py --pin 0,1 --profile-rounds 3 --out bench-median   # the median of 3 profiles
 
 ``--calibrate ROWS`` measures what each strategy's runtime costs besides the model's ops (DTensor
