@@ -101,6 +101,8 @@ class _CpuSampler:
 RUN_CPU: dict[str, dict] = {}
 # the last run's measured steps (--step-times): [[worker clock at the step's start, when its gradients were ready], ...]
 STEP_TIMES: list[list[float]] = []
+# ... and per step the PS's clock once its variable writes were done (train.py "applied_times"), same order
+STEP_APPLIED: list[float] = []
 # the last run's losses, per role (ps, chief, worker): TCP counters of each host's namespace and the packets its
 # link's two tbf shapers dropped, over the whole run (warm-up included)
 RUN_TCP: dict[str, list[dict[str, int]]] = {}
@@ -209,6 +211,7 @@ def run_pss(workers: int, rate_mbit: float, *, steps: int, warmup: int, width: i
             doc = json.loads(last)
             PLACEMENT.update(doc.get("placement") or {})
             STEP_TIMES[:] = doc.get("step_times") or []
+            STEP_APPLIED[:] = doc.get("applied_times") or []
             # every task's CPU time over the measured steps (they end when train.py prints its line)
             both = sampler.between(t_end - float(doc["wall_s"]), t_end)
             n = len(servers) + 1
@@ -318,6 +321,8 @@ def main(argv=None) -> int:
     tcp_runs: dict[str, list[dict]] = json.loads(tcp_path.read_text()) if tcp_path.exists() else {}
     st_path = args.out / "step_times.json"    # per run (--step-times): the steps' [start, gradients ready]
     st_runs: dict[str, list] = json.loads(st_path.read_text()) if st_path.exists() else {}
+    ap_path = args.out / "applied_times.json"   # per run (--step-times): the PS's clock when each step's writes were done
+    ap_runs: dict[str, list] = json.loads(ap_path.read_text()) if ap_path.exists() else {}
     configs = [(b, w) for b in bws for w in ws]
     for r in range(args.rounds):
         order = configs if r % 2 == 0 else list(reversed(configs))   # alternate the order every round
@@ -333,6 +338,8 @@ def main(argv=None) -> int:
             if args.step_times:
                 st_runs.setdefault(key, []).append(list(STEP_TIMES))
                 st_path.write_text(json.dumps(st_runs))
+                ap_runs.setdefault(key, []).append(list(STEP_APPLIED))
+                ap_path.write_text(json.dumps(ap_runs))
             meas_path.write_text(json.dumps(measured, indent=1))
             cpu_runs.setdefault(key, []).append(dict(RUN_CPU))
             cpu_path.write_text(json.dumps(cpu_runs, indent=1))

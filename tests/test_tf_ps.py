@@ -221,6 +221,8 @@ def test_step_times_of_a_real_two_worker_job():
         assert all(g <= s2 for (_, g), (s2, _) in zip(seq, seq[1:]))
     ph = async_tf.phasing(steps)
     assert ph["distance"] and all(0.0 <= d <= 0.5 for d in ph["distance"]) and ph["period_ms"] > ph["download_ms"] > 0
+    # the PS's clock once each step's writes were done: after its gradients were ready
+    assert len(async_tf.STEP_APPLIED) == 8 and all(g < a for (_, g), a in zip(steps, async_tf.STEP_APPLIED))
     # every host's TCP loss counters and shaper drops were read from its namespace (bench/async_tf.py tcp_counters)
     assert [len(async_tf.RUN_TCP[r]) for r in ("ps", "chief", "worker")] == [1, 1, 2]
     assert all(h["RetransSegs"] >= 0 and h["up_drops"] >= 0 and h["down_drops"] >= 0

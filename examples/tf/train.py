@@ -10,7 +10,8 @@
 * Prints one JSON line at the end: ``{"steps", "wall_s", "steps_per_s", "step_ms": [...]}``
   (``steps_per_s`` over the steps after ``--warmup``); ``--strategy ps`` prints ``placement`` instead
   of ``step_ms``, and with ``--step-times`` each measured step's worker clock at its start and when its
-  gradients are ready (``step_times``: how the workers' steps interleave).
+  gradients are ready (``step_times``: how the workers' steps interleave) and the PS's clock once the step's variable
+  writes are done (``applied_times``).
 """
 from __future__ import annotations
 
@@ -105,8 +106,16 @@ def main(argv=None) -> int:
                     grads = tape.gradient(loss, model.trainable_variables)
                 with tf.control_dependencies(grads):
                     t_grads = tf.timestamp()
+                graph = tf.compat.v1.get_default_graph()
+                n0 = len(graph.get_operations())
                 opt.apply_gradients(zip(grads, model.trainable_variables))
-                return loss, t_start, t_grads
+                writes = [op for op in graph.get_operations()[n0:]
+                          if op.type in ("AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp")
+                          or op.type.startswith("ResourceApply")]
+                first = model.trainable_variables[0]
+                with tf.device(getattr(first, "_value", first).device), tf.control_dependencies(writes):
+                    t_applied = tf.timestamp()     # on the (first variable's) PS, once the step's writes are done
+                return loss, t_start, t_grads, t_applied
 
             @tf.function
             def worker_fn():
@@ -121,7 +130,9 @@ def main(argv=None) -> int:
             wall = time.perf_counter() - t0
             extra = {}
             if args.step_times:      # one clock on emulated hosts (one machine): comparable across workers
-                extra["step_times"] = [[float(v) for v in r.fetch()[1:]] for r in results]
+                vals = [[float(v) for v in r.fetch()[1:]] for r in results]
+                extra["step_times"] = [v[:2] for v in vals]
+                extra["applied_times"] = [v[2] for v in vals]    # the PS's clock when the step's writes were done
             # where each variable lives (task index of its PS): ParameterServerStrategy's own placement
             placement = {}
             for v in list(model.variables) + list(opt.variables):
